@@ -1,0 +1,167 @@
+"""Grouped-query attention kernels: a plain reference and a memory-efficient blockwise one.
+
+Masks are built from positions, so one code path serves causal training, sliding windows,
+right-padded batches, spliced sequences and KV-cache decoding:
+
+    allowed(q, k) = k_valid[k] and k_pos[k] <= q_pos[q] and (window <= 0 or q_pos - k_pos < window)
+
+Shapes: q [B, S, KV, G, hd] (G = heads per kv head), k / v [B, T, KV, hd], q_pos [B, S],
+k_pos [B, T], k_valid [B, T] bool, window a (possibly traced) int scalar, 0 = no window.
+Softmax statistics are kept in fp32. A query with no allowed key gets a finite, unused
+output (never NaN), so padded rows are harmless.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+_MASK = -1e30
+
+
+def _allowed(q_pos, k_pos, k_valid, window):
+    """Boolean mask [B, S, T]."""
+    qp = q_pos[:, :, None]
+    kp = k_pos[:, None, :]
+    ok = (kp <= qp) & k_valid[:, None, :]
+    return ok & ((window <= 0) | (qp - kp < window))
+
+
+def plain_attention(q, k, v, q_pos, k_pos, k_valid, window, scale):
+    """Reference attention materializing the [B, KV, G, S, T] scores. Returns [B, S, KV, G, hd]."""
+    s = jnp.einsum("bskgd,btkd->bkgst", q, k, preferred_element_type=jnp.float32) * scale
+    mask = _allowed(q_pos, k_pos, k_valid, window)[:, None, None]
+    s = jnp.where(mask, s, _MASK)
+    p = jax.nn.softmax(s, axis=-1)
+    return jnp.einsum("bkgst,btkd->bskgd", p.astype(v.dtype), v, preferred_element_type=jnp.float32).astype(q.dtype)
+
+
+def _blocks(x, size, axis=1):
+    """[B, N*size, ...] -> [N, B, size, ...]."""
+    n = x.shape[axis] // size
+    x = x.reshape(x.shape[:axis] + (n, size) + x.shape[axis + 1:])
+    return jnp.moveaxis(x, axis, 0)
+
+
+def _unblocks(x, axis=1):
+    """Inverse of ``_blocks``."""
+    x = jnp.moveaxis(x, 0, axis)
+    return x.reshape(x.shape[:axis] + (x.shape[axis] * x.shape[axis + 1],) + x.shape[axis + 2:])
+
+
+def _pad_to(x, mult, axis, value=0):
+    n = x.shape[axis]
+    pad = (-n) % mult
+    if pad == 0:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, pad)
+    return jnp.pad(x, widths, constant_values=value)
+
+
+def blockwise_attention(q, k, v, q_pos, k_pos, k_valid, window, scale, block_q=512, block_kv=512):
+    """Flash-style attention in pure JAX: O(S * block) memory forward and backward.
+
+    Sequences are padded to block multiples internally. The backward pass is a custom VJP
+    that recomputes scores block by block from the saved log-sum-exp.
+    """
+    S, T = q.shape[1], k.shape[1]
+    bq, bk = min(block_q, S), min(block_kv, T)
+    qp = _pad_to(q, bq, 1)
+    qpos = _pad_to(q_pos, bq, 1)
+    kp, vp = _pad_to(k, bk, 1), _pad_to(v, bk, 1)
+    kpos = _pad_to(k_pos, bk, 1)
+    kval = _pad_to(k_valid, bk, 1, value=False)
+    window = jnp.asarray(window, jnp.int32)
+    out = _flash(qp, kp, vp, qpos, kpos, kval, window, scale, bq, bk)
+    return out[:, :S]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9))
+def _flash(q, k, v, q_pos, k_pos, k_valid, window, scale, bq, bk):
+    return _flash_fwd(q, k, v, q_pos, k_pos, k_valid, window, scale, bq, bk)[0]
+
+
+def _flash_fwd(q, k, v, q_pos, k_pos, k_valid, window, scale, bq, bk):
+    kb, vb = _blocks(k, bk), _blocks(v, bk)
+    kposb, kvalb = _blocks(k_pos, bk), _blocks(k_valid, bk)
+
+    def q_block(args):
+        qi, qposi = args  # [B, bq, KV, G, hd], [B, bq]
+        B, _, KV, G, hd = qi.shape
+        m0 = jnp.full((B, KV, G, bq), _MASK, jnp.float32)
+        l0 = jnp.zeros((B, KV, G, bq), jnp.float32)
+        a0 = jnp.zeros((B, KV, G, bq, hd), jnp.float32)
+
+        def kv_step(carry, xs):
+            m, l, acc = carry
+            kj, vj, kposj, kvalj = xs
+            s = jnp.einsum("bskgd,btkd->bkgst", qi, kj, preferred_element_type=jnp.float32) * scale
+            mask = _allowed(qposi, kposj, kvalj, window)[:, None, None]
+            s = jnp.where(mask, s, _MASK)
+            m_new = jnp.maximum(m, s.max(-1))
+            corr = jnp.exp(m - m_new)
+            p = jnp.exp(s - m_new[..., None])
+            l = l * corr + p.sum(-1)
+            acc = acc * corr[..., None] + jnp.einsum(
+                "bkgst,btkd->bkgsd", p.astype(vj.dtype), vj, preferred_element_type=jnp.float32)
+            return (m_new, l, acc), None
+
+        (m, l, acc), _ = jax.lax.scan(kv_step, (m0, l0, a0), (kb, vb, kposb, kvalb))
+        out = acc / l[..., None]
+        lse = m + jnp.log(l)
+        return jnp.moveaxis(out, 3, 1).astype(qi.dtype), lse  # [B, bq, KV, G, hd], [B, KV, G, bq]
+
+    outs, lses = jax.lax.map(q_block, (_blocks(q, bq), _blocks(q_pos, bq)))
+    out = _unblocks(outs)
+    return out, (q, k, v, q_pos, k_pos, k_valid, window, out, lses)
+
+
+def _flash_bwd(scale, bq, bk, res, d_out):
+    q, k, v, q_pos, k_pos, k_valid, window, out, lses = res
+    qb, dob = _blocks(q, bq), _blocks(d_out, bq)
+    qposb = _blocks(q_pos, bq)
+    # D_i = rowsum(dO * O) per query, laid out like lse: [N, B, KV, G, bq]
+    dsum = jnp.moveaxis(_blocks(jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), -1), bq), 2, -1)
+    kb, vb = _blocks(k, bk), _blocks(v, bk)
+    kposb, kvalb = _blocks(k_pos, bk), _blocks(k_valid, bk)
+
+    def kv_block(dq_acc, xs):
+        kj, vj, kposj, kvalj = xs
+
+        def q_step(carry, ys):
+            dk, dv = carry
+            qi, doi, qposi, lsei, di = ys
+            s = jnp.einsum("bskgd,btkd->bkgst", qi, kj, preferred_element_type=jnp.float32) * scale
+            mask = _allowed(qposi, kposj, kvalj, window)[:, None, None]
+            p = jnp.where(mask, jnp.exp(s - lsei[..., None]), 0.0)
+            dv = dv + jnp.einsum("bkgst,bskgd->btkd", p, doi.astype(jnp.float32))
+            dp = jnp.einsum("bskgd,btkd->bkgst", doi.astype(jnp.float32), vj.astype(jnp.float32))
+            ds = p * (dp - di[..., None]) * scale
+            dk = dk + jnp.einsum("bkgst,bskgd->btkd", ds, qi.astype(jnp.float32))
+            dqi = jnp.einsum("bkgst,btkd->bskgd", ds, kj.astype(jnp.float32))
+            return (dk, dv), dqi
+
+        zeros = jnp.zeros(kj.shape, jnp.float32)
+        (dk, dv), dq_blocks = jax.lax.scan(q_step, (zeros, zeros), (qb, dob, qposb, lses, dsum))
+        return dq_acc + dq_blocks, (dk, dv)
+
+    dq0 = jnp.zeros(qb.shape, jnp.float32)
+    dq_blocks, (dkb, dvb) = jax.lax.scan(kv_block, dq0, (kb, vb, kposb, kvalb))
+    dq = _unblocks(dq_blocks).astype(q.dtype)
+    dk, dv = _unblocks(dkb).astype(k.dtype), _unblocks(dvb).astype(v.dtype)
+    return dq, dk, dv, None, None, None, None
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def attention(q, k, v, q_pos, k_pos, k_valid, window, scale, impl="plain", block_q=512, block_kv=512):
+    """Dispatch to the configured attention implementation."""
+    if impl == "plain":
+        return plain_attention(q, k, v, q_pos, k_pos, k_valid, window, scale)
+    if impl == "blockwise":
+        return blockwise_attention(q, k, v, q_pos, k_pos, k_valid, window, scale, block_q, block_kv)
+    raise ValueError(f"attention impl {impl!r} is unknown; use plain or blockwise.")
