@@ -1,0 +1,180 @@
+"""Synthetic EnvScaler-style stateful tool-use environment (CPU-friendly, procedurally built).
+
+Three domains (bank accounts, shop stock, hotel rooms), nine structural families (see
+:mod:`lopd_jax.envs.synthetic_domains` for the table). A task is a short instruction over a
+small random initial state; the tools are the methods of the domain's state class; the
+reward is the fraction of the family's checks (over the final state and, for "tell me"
+families, the final answer) that pass. Tasks need 1-3 tool calls and use a small vocabulary
+of entity names, so a tiny model can learn them in minutes.
+
+Splits: every family draws instances from one seeded stream; an instance goes to
+"heldout" when a hash of its instruction text falls in the held-out bucket, so held-out
+instructions (entity / value combinations) never occur in training, while the families,
+tools and entity vocabulary are shared.
+
+``oracle_turns(task)`` gives the exact correct assistant turns (one tool call per turn,
+then a plain-text answer) for tests and supervised warm-up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from typing import Any, Sequence
+
+from lopd_jax.envs.base import TaskSource, Toolbox, ToolUseEnvironment, check_split
+from lopd_jax.envs.synthetic_domains import DOMAINS, FAMILIES, Family
+from lopd_jax.types import AssistantTurn, Message, Task, ToolCall, ToolSchema
+
+ENV_ID = "synthetic"
+
+
+def _resolve_families(families: Sequence[str] | None) -> list[str]:
+    if families is None:
+        return list(FAMILIES)
+    out: list[str] = []
+    for name in families:
+        if name in FAMILIES:
+            out.append(name)
+        elif name in DOMAINS:
+            out += [f for f, fam in FAMILIES.items() if fam.domain == name]
+        else:
+            raise ValueError(f"unknown synthetic family or domain {name!r}; families: "
+                             f"{list(FAMILIES)}; domains: {list(DOMAINS)}")
+    return list(dict.fromkeys(out))
+
+
+class SyntheticTaskSource(TaskSource):
+    """Seeded, deterministic task lists for the synthetic families.
+
+    Args:
+        n_train_per_family: training tasks per family.
+        n_heldout_per_family: held-out tasks per family.
+        seed: generation seed (also decides which instructions are held out).
+        families: family ids and/or domain names to include (default: all).
+        heldout_fraction: share of instruction texts reserved for the held-out split.
+    """
+
+    env_id = ENV_ID
+
+    def __init__(self, n_train_per_family: int = 48, n_heldout_per_family: int = 16,
+                 seed: int = 0, families: Sequence[str] | None = None,
+                 heldout_fraction: float = 0.25):
+        """See the class docstring."""
+        if n_train_per_family < 0 or n_heldout_per_family < 0:
+            raise ValueError("n_train_per_family and n_heldout_per_family must be >= 0")
+        if not 0.0 < heldout_fraction < 1.0:
+            raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction}")
+        self.n = {"train": n_train_per_family, "heldout": n_heldout_per_family}
+        self.seed = seed
+        self.families = _resolve_families(families)
+        self.heldout_fraction = heldout_fraction
+        self._cache: dict[str, list[Task]] | None = None
+
+    def _split_of(self, instruction: str) -> str:
+        digest = hashlib.sha256(f"{self.seed}:{instruction}".encode()).digest()
+        u = int.from_bytes(digest[:8], "big") / 2.0**64
+        return "heldout" if u < self.heldout_fraction else "train"
+
+    def _generate(self, family: Family) -> dict[str, list[Task]]:
+        rng = random.Random(f"lopd-synthetic:{self.seed}:{family.family_id}")
+        out: dict[str, list[Task]] = {"train": [], "heldout": []}
+        seen: set[str] = set()
+        budget = 200 * (self.n["train"] + self.n["heldout"]) + 100
+        for _ in range(budget):
+            if all(len(out[s]) >= self.n[s] for s in out):
+                break
+            params = family.sample(rng)
+            instruction = family.instruction(params)
+            split = self._split_of(instruction)
+            signature = json.dumps(params, sort_keys=True)
+            if len(out[split]) >= self.n[split] or signature in seen:
+                continue
+            seen.add(signature)
+            out[split].append(Task(
+                task_id=f"{family.family_id}/{split}/{len(out[split]):04d}",
+                env_id=ENV_ID, instruction=instruction, family=family.family_id,
+                payload={"family": family.family_id, "domain": family.domain,
+                         "params": params}))
+        for split, tasks in out.items():
+            if len(tasks) < self.n[split]:
+                raise ValueError(
+                    f"family {family.family_id!r} produced only {len(tasks)} unique "
+                    f"{split} tasks (asked {self.n[split]}); lower n_{split}_per_family")
+        return out
+
+    def tasks(self, split: str) -> list[Task]:
+        """Tasks of ``split``, grouped by family in a fixed order."""
+        check_split(split)
+        if self._cache is None:
+            cache: dict[str, list[Task]] = {"train": [], "heldout": []}
+            for fid in self.families:
+                for s, tasks in self._generate(FAMILIES[fid]).items():
+                    cache[s] += tasks
+            self._cache = cache
+        return list(self._cache[split])
+
+    def make_env(self) -> "SyntheticEnvironment":
+        """A fresh synthetic environment."""
+        return SyntheticEnvironment()
+
+
+def _family_of(task: Task) -> Family:
+    if task.env_id != ENV_ID:
+        raise ValueError(f"task {task.task_id!r} belongs to {task.env_id!r}, not {ENV_ID!r}")
+    fid = task.payload.get("family")
+    if fid not in FAMILIES or "params" not in task.payload:
+        raise ValueError(f"task {task.task_id!r} has no valid synthetic payload "
+                         f"(family {fid!r}); build tasks with SyntheticTaskSource")
+    return FAMILIES[fid]
+
+
+class SyntheticEnvironment(ToolUseEnvironment):
+    """One episode of a synthetic task; tools are the domain state's public methods."""
+
+    env_id = ENV_ID
+
+    def _setup(self, task: Task) -> tuple[list[Message], list[ToolSchema]]:
+        self._family = _family_of(task)
+        self._params: dict[str, Any] = task.payload["params"]
+        self._domain = DOMAINS[self._family.domain]
+        self._state = self._domain.build(json.loads(json.dumps(self._params["initial"])))
+        self._toolbox = Toolbox(self._state)
+        messages = [{"role": "system", "content": self._domain.system},
+                    {"role": "user", "content": task.instruction}]
+        return messages, [dict(s) for s in self._toolbox.schemas]
+
+    def _invoke(self, name: str, arguments: dict[str, Any]) -> str:
+        return self._toolbox.call(name, arguments)
+
+    def check_results(self) -> list[tuple[str, bool]]:
+        """Each check's description and whether it passes on the current state."""
+        if self.task is None:
+            raise RuntimeError("check_results() called before reset(task)")
+        snap = self._domain.snapshot(self._state)
+        answer = self.final_answer or ""
+        return [(desc, bool(fn(snap, answer))) for desc, fn in self._family.checks(self._params)]
+
+    def _score(self) -> float:
+        results = self.check_results()
+        return sum(ok for _, ok in results) / len(results)
+
+
+def render_tool_call(call: ToolCall) -> str:
+    """A call in the Qwen3 / Hermes ``<tool_call>`` text form."""
+    body = json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False)
+    return f"<tool_call>\n{body}\n</tool_call>"
+
+
+def oracle_calls(task: Task) -> tuple[list[ToolCall], str]:
+    """The exact correct tool calls for ``task`` and a correct final answer."""
+    family = _family_of(task)
+    return family.oracle(task.payload["params"])
+
+
+def oracle_turns(task: Task) -> list[AssistantTurn]:
+    """The oracle policy as assistant turns: one tool call per turn, then the answer."""
+    calls, answer = oracle_calls(task)
+    turns = [AssistantTurn(raw=render_tool_call(c), content="", tool_calls=[c]) for c in calls]
+    return turns + [AssistantTurn(raw=answer, content=answer)]

@@ -1,0 +1,266 @@
+"""Synthetic tool-use family, the shared environment API helpers, and the registry."""
+
+import pytest
+
+from lopd_jax.envs import registry
+from lopd_jax.envs.base import (EpisodeStats, Toolbox, ToolError, parse_docstring,
+                                tool_schema_from_function, validate_arguments)
+from lopd_jax.envs.synthetic import (SyntheticTaskSource, oracle_calls, oracle_turns,
+                                     render_tool_call)
+from lopd_jax.envs.synthetic_domains import DOMAINS, FAMILIES, Bank
+from lopd_jax.types import AssistantTurn, ToolCall
+
+
+@pytest.fixture(scope="module")
+def source():
+    return SyntheticTaskSource(n_train_per_family=12, n_heldout_per_family=6, seed=0)
+
+
+def calls_turn(*calls, parse_errors=()):
+    return AssistantTurn(raw="", content="", tool_calls=list(calls),
+                         parse_errors=list(parse_errors))
+
+
+def answer_turn(text):
+    return AssistantTurn(raw=text, content=text)
+
+
+def run(source, task, turns):
+    env = source.make_env()
+    env.reset(task)
+    observations = []
+    for turn in turns:
+        result = env.step(turn)
+        observations += result.observation
+        if result.done:
+            return result, observations, env
+    raise AssertionError("episode did not end")
+
+
+def first(source, family, split="train"):
+    return next(t for t in source.tasks(split) if t.family == family)
+
+
+def test_oracle_gets_full_reward_on_both_splits_of_every_family(source):
+    seen_domains = set()
+    for split in ("train", "heldout"):
+        tasks = source.tasks(split)
+        assert {t.family for t in tasks} == set(FAMILIES)
+        for task in tasks:
+            result, obs, env = run(source, task, oracle_turns(task))
+            assert result.reward == 1.0, (task.task_id, env.check_results())
+            assert not any(o["content"].startswith("Error") for o in obs), obs
+            assert all(o["role"] == "tool" for o in obs)
+            stats = result.info["stats"]
+            assert stats["errors"] == 0 and stats["tool_calls"] == len(oracle_calls(task)[0])
+            assert 1 <= stats["tool_calls"] <= 3
+            seen_domains.add(task.payload["domain"])
+    assert seen_domains == set(DOMAINS)
+
+
+def test_splits_are_disjoint_and_generation_is_deterministic(source):
+    train, heldout = source.tasks("train"), source.tasks("heldout")
+    assert len(train) == 12 * len(FAMILIES) and len(heldout) == 6 * len(FAMILIES)
+    assert not {t.instruction for t in train} & {t.instruction for t in heldout}
+    assert len({t.task_id for t in train + heldout}) == len(train) + len(heldout)
+    again = SyntheticTaskSource(n_train_per_family=12, n_heldout_per_family=6, seed=0)
+    assert [(t.task_id, t.instruction, t.payload) for t in again.tasks("train")] == \
+        [(t.task_id, t.instruction, t.payload) for t in train]
+    # A smaller request is a prefix of a larger one (stable task lists).
+    small = SyntheticTaskSource(n_train_per_family=4, n_heldout_per_family=2, seed=0)
+    fam = "bank.transfer_report"
+    assert [t.payload for t in small.tasks("train") if t.family == fam] == \
+        [t.payload for t in train if t.family == fam][:4]
+    other = SyntheticTaskSource(n_train_per_family=12, n_heldout_per_family=6, seed=1)
+    assert [t.instruction for t in other.tasks("train")] != [t.instruction for t in train]
+    # Same task, same turns -> same messages, observations and reward.
+    task = first(source, "hotel.free_on_floor")
+    env_a, env_b = source.make_env(), source.make_env()
+    assert env_a.reset(task) == env_b.reset(task)
+    runs = [run(source, task, oracle_turns(task))[:2] for _ in range(2)]
+    assert runs[0][0].reward == runs[1][0].reward and runs[0][1] == runs[1][1]
+
+
+def test_wrong_policies_get_the_expected_partial_reward(source):
+    t = first(source, "bank.transfer_report")
+    calls, _ = oracle_calls(t)
+    result, _, _ = run(source, t, [calls_turn(c) for c in calls] + [answer_turn("Done.")])
+    assert result.reward == pytest.approx(3 / 4)  # balances right, answer lacks the number
+
+    t = first(source, "bank.deposit")
+    p = t.payload["params"]
+    wrong = ToolCall("deposit", {"account": p["account"], "amount": p["amount"] + 10})
+    result, _, _ = run(source, t, [calls_turn(wrong), answer_turn("Done.")])
+    assert result.reward == pytest.approx(1 / 2)  # wrong balance, nothing else touched
+    result, _, _ = run(source, t, [answer_turn("I will not.")])
+    assert result.reward == pytest.approx(1 / 2)
+
+    t = first(source, "hotel.move_guest")
+    p = t.payload["params"]
+    book_only = ToolCall("book_room", {"room": p["to_room"], "guest": p["guest"]})
+    result, _, env = run(source, t, [calls_turn(book_only), answer_turn("Done.")])
+    assert result.reward == pytest.approx(2 / 3)  # old room still held
+    assert [ok for _, ok in env.check_results()] == [False, True, True]
+
+    t = first(source, "shop.restock_two")
+    p = t.payload["params"]
+    one = ToolCall("restock", {"item": p["item1"], "quantity": p["quantity1"]})
+    result, _, _ = run(source, t, [calls_turn(one), answer_turn("Done.")])
+    assert result.reward == pytest.approx(2 / 3)
+
+
+def test_finish_scores_the_current_state(source):
+    t = first(source, "bank.transfer_report")
+    env = source.make_env()
+    env.reset(t)
+    for c in oracle_calls(t)[0]:
+        assert not env.step(calls_turn(c)).done
+    assert env.finish() == pytest.approx(3 / 4)  # no answer was given
+    with pytest.raises(RuntimeError, match="after the episode ended"):
+        env.step(answer_turn("late"))
+
+
+def test_malformed_unknown_and_bad_calls_give_error_observations(source):
+    t = first(source, "bank.deposit")
+    p = t.payload["params"]
+    acct = p["account"]
+    env = source.make_env()
+    with pytest.raises(RuntimeError, match="before reset"):
+        env.step(answer_turn("hi"))
+    env.reset(t)
+    bad = [
+        ToolCall("launch_rocket", {}),                                  # unknown tool
+        ToolCall("deposit", {"account": acct}),                         # missing argument
+        ToolCall("deposit", {"account": acct, "amount": 5, "memo": 1}),  # unknown argument
+        ToolCall("deposit", {"account": acct, "amount": "5"}),          # wrong type
+        ToolCall("deposit", {"account": acct, "amount": True}),         # bool is not int
+        ToolCall("deposit", {"account": "zed", "amount": 5}),           # tool raises ToolError
+        ToolCall("withdraw", {"account": acct, "amount": 10**6}),       # insufficient funds
+        ToolCall("deposit", ["not", "a", "dict"]),                      # non-object arguments
+        ToolCall("deposit", {"account": acct, "amount": -5}),           # invalid value
+    ]
+    result = env.step(calls_turn(*bad, parse_errors=["unterminated JSON object"]))
+    assert not result.done
+    contents = [o["content"] for o in result.observation]
+    assert len(contents) == len(bad) + 1
+    assert all(c.startswith("Error: ") for c in contents), contents
+    assert "malformed tool call: unterminated JSON" in contents[0]
+    assert "unknown tool 'launch_rocket'" in contents[1] and "deposit" in contents[1]
+    assert "missing required argument(s) ['amount']" in contents[2]
+    assert "unknown argument(s) ['memo']" in contents[3]
+    assert "must be of type integer, got str" in contents[4]
+    assert "must be of type integer, got bool" in contents[5]
+    assert "no account named 'zed'" in contents[6]
+    assert "has only" in contents[7]
+    assert "must be a JSON object" in contents[8]
+    assert "positive" in contents[9]
+    stats = result.info["stats"]
+    assert stats == {**stats, "errors": 10, "parse_errors": 1, "unknown_tools": 1,
+                     "invalid_arguments": 5, "tool_exceptions": 3, "tool_calls": 9}
+    # State untouched by all of that: the oracle still earns full reward afterwards.
+    for turn in oracle_turns(t):
+        result = env.step(turn)
+    assert result.done and result.reward == 1.0
+    assert result.info["stats"]["turns"] == 3
+
+
+def test_repeated_identical_calls_are_counted(source):
+    t = first(source, "shop.sell_report")
+    env = source.make_env()
+    env.reset(t)
+    check = ToolCall("check_stock", {"item": t.payload["params"]["item"]})
+    env.step(calls_turn(check, check))
+    result = env.step(calls_turn(check))
+    assert result.info["stats"]["repeated_calls"] == 2
+    assert result.observation[0]["content"] == str(t.payload["params"]["initial"][
+        t.payload["params"]["item"]])
+    env.reset(t)
+    assert env.stats == EpisodeStats()
+
+
+def test_schemas_from_signatures_and_docstrings():
+    schemas = {s["function"]["name"]: s["function"] for s in Toolbox(Bank({"a": 1})).schemas}
+    assert sorted(schemas) == ["deposit", "get_balance", "transfer", "withdraw"]
+    tr = schemas["transfer"]
+    assert tr["description"] == "Move money from one account to another."
+    assert tr["parameters"]["required"] == ["source", "target", "amount"]
+    assert tr["parameters"]["properties"]["amount"] == {"type": "integer",
+                                                        "description": "how much to move."}
+
+    def f(a: int, b: "list[str]", c: float | None = None, *rest, **extra):
+        """Summary line
+        continues here.
+
+        Args:
+            a (int): first
+                and more.
+            b: second.
+
+        Returns:
+            nothing.
+        """
+
+    schema = tool_schema_from_function(f)["function"]
+    assert schema["description"] == "Summary line continues here."
+    props = schema["parameters"]["properties"]
+    assert props["a"] == {"type": "integer", "description": "first and more."}
+    assert props["b"] == {"type": "array", "items": {"type": "string"}, "description": "second."}
+    assert props["c"] == {"type": ["number", "null"]}
+    assert schema["parameters"]["required"] == ["a", "b"]
+    assert "additionalProperties" not in schema["parameters"]  # **extra accepts more
+    assert parse_docstring(None) == ("", {})
+    assert validate_arguments(tool_schema_from_function(f), {"a": 1, "b": ["x"], "z": 0}) is None
+    assert "items" not in props["a"]
+    err = validate_arguments(tool_schema_from_function(f), {"a": 1, "b": ["x", 2]})
+    assert err == "argument 'b'[1] must be of type string, got int 2"
+    assert validate_arguments(tool_schema_from_function(f), {"a": 1, "b": [], "c": None}) is None
+    enum = {"function": {"name": "g", "parameters": {"properties": {"m": {"enum": ["x", "y"]}}}}}
+    assert "must be one of ['x', 'y']" in validate_arguments(enum, {"m": "z"})
+    pyish = {"function": {"name": "h", "parameters": {"properties": {"n": {"type": "int"}}}}}
+    assert "must be of type integer" in validate_arguments(pyish, {"n": "1"})
+    assert validate_arguments(pyish, {"n": 1}) is None
+
+
+def test_toolbox_call_raises_tool_errors_for_bad_calls():
+    box = Toolbox(Bank({"ann": 10}))
+    assert box.call("get_balance", {"account": "ann"}) == "10"
+    with pytest.raises(ToolError, match="unknown tool 'nope'"):
+        box.call("nope", {})
+    with pytest.raises(ToolError, match="missing required"):
+        box.call("deposit", {"account": "ann"})
+
+
+def test_oracle_turns_render_qwen_tool_calls(source):
+    t = first(source, "hotel.free_on_floor")
+    turns = oracle_turns(t)
+    assert [len(x.tool_calls) for x in turns] == [1, 1, 0]
+    assert turns[0].raw == render_tool_call(turns[0].tool_calls[0])
+    assert turns[0].raw.startswith("<tool_call>\n{\"name\": \"list_free_rooms\"")
+    assert turns[-1].content == turns[-1].raw and turns[-1].content.startswith("Room ")
+
+
+def test_bad_configuration_errors_are_clear():
+    with pytest.raises(ValueError, match="unknown synthetic family or domain 'space'"):
+        SyntheticTaskSource(families=["space"])
+    with pytest.raises(ValueError, match="unknown split 'test'"):
+        SyntheticTaskSource(n_train_per_family=1).tasks("test")
+    only = SyntheticTaskSource(n_train_per_family=2, n_heldout_per_family=1, families=["hotel"])
+    assert {t.payload["domain"] for t in only.tasks("train")} == {"hotel"}
+    env = only.make_env()
+    wrong = only.tasks("train")[0]
+    with pytest.raises(ValueError, match="belongs to 'other'"):
+        env.reset(type(wrong)(task_id="x", env_id="other", instruction="?"))
+
+
+def test_registry(monkeypatch):
+    src = registry.get_task_source("synthetic", n_train_per_family=2, n_heldout_per_family=1)
+    assert isinstance(src, SyntheticTaskSource) and src.env_id == "synthetic"
+    assert {"synthetic", "envscaler", "bfcl", "humaneval", "taco"} <= set(
+        registry.known_task_sources())
+    with pytest.raises(ValueError, match=r"unknown task source 'nope'; known: \[.*'synthetic'"):
+        registry.get_task_source("nope")
+    monkeypatch.setitem(registry._SOURCES, "ghost", "lopd_jax.envs.no_such_module:Ghost")
+    with pytest.raises(ImportError, match="registered as lopd_jax.envs.no_such_module:Ghost"):
+        registry.get_task_source("ghost")
+    with pytest.raises(ValueError, match="module:ClassName"):
+        registry.register_task_source("bad", "no_colon")
