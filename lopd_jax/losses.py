@@ -1,0 +1,395 @@
+"""LOPD losses: aggregation, privilege margin, anchor, dual ascent, fused objective, GRPO.
+
+SPEC sections 2.7-2.10 (LOPD), 3 (cold start NLL) and 7 (GRPO). All functions are pure JAX
+and jit-able; arrays are batch-major (``[B, S]`` per-token, ``[B]`` per rollout). Under
+SPMD ``jit`` the sums below run over the global batch, so token means are global.
+
+The KL itself and the chunked LM-head projection live in :mod:`lopd_jax.losses_kl` and
+are re-exported here.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from lopd_jax.losses_kl import (
+    TAIL_LOG_CLAMP,
+    chunked_distill_stats,
+    chunked_token_logp,
+    project_logits,
+    scan_sequence_chunks,
+    topm_tail_reverse_kl,
+)
+
+__all__ = [
+    "TAIL_LOG_CLAMP",
+    "COMPOSER_KL_WEIGHTINGS",
+    "chunked_distill_stats",
+    "chunked_token_logp",
+    "project_logits",
+    "scan_sequence_chunks",
+    "topm_tail_reverse_kl",
+    "masked_token_mean",
+    "rollout_mean",
+    "privilege_delta",
+    "advantages_from_rewards",
+    "anchor_loss",
+    "dual_update",
+    "composer_kl_grad_scale",
+    "lopd_loss_from_stats",
+    "lopd_objective",
+    "group_advantages",
+    "ppo_clip_loss",
+    "ppo_clip_fraction",
+    "nll_token_mean",
+]
+
+COMPOSER_KL_WEIGHTINGS = ("token_mean", "rollout_mean")
+
+
+def _check_mask(x: jax.Array, mask: jax.Array) -> jax.Array:
+    if x.shape != mask.shape or x.ndim != 2:
+        raise ValueError(
+            f"values {x.shape} and mask {mask.shape} must both be [B, S]; build the "
+            "supervision mask with the same padding as the token arrays."
+        )
+    return mask.astype(bool)
+
+
+def _row_counts(m: jax.Array) -> jax.Array:
+    """Supervised tokens per rollout ``n_i`` as fp32 ``[B]``."""
+    return jnp.sum(m, axis=1, dtype=jnp.float32)
+
+
+def _row_means(x: jax.Array, m: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Masked mean inside each rollout (0 for empty rows) and the counts ``n_i``."""
+    n = _row_counts(m)
+    sums = jnp.sum(jnp.where(m, x.astype(jnp.float32), 0.0), axis=1)
+    return sums / jnp.maximum(n, 1.0), n
+
+
+def masked_token_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
+    """Global token mean sum(mask * x) / sum(mask); 0 (not NaN) when the mask is empty.
+
+    ``mask`` is bool or float 0/1 ``[B, S]``; masked-out entries of ``x`` may hold any
+    value, including inf / NaN, without affecting the result.
+    """
+    m = _check_mask(x, mask)
+    total = jnp.sum(jnp.where(m, x.astype(jnp.float32), 0.0))
+    return total / jnp.maximum(jnp.sum(m, dtype=jnp.float32), 1.0)
+
+
+def rollout_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
+    """Token mean inside each rollout, then mean over rollouts with >= 1 supervised token.
+
+    Returns 0 when no rollout has a supervised token.
+    """
+    m = _check_mask(x, mask)
+    means, n = _row_means(x, m)
+    has = (n > 0).astype(jnp.float32)
+    return jnp.sum(means * has) / jnp.maximum(jnp.sum(has), 1.0)
+
+
+def privilege_delta(
+    teacher_logp: jax.Array,
+    student_logp: jax.Array,
+    mask: jax.Array,
+    advantages: jax.Array,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Privilege margin Delta of SPEC 2.8.
+
+    delta = teacher_logp - stop_grad(student_logp) per token; delta_i = A_i * mean_i(delta)
+    over rollout i's n_i supervised tokens (0 if n_i = 0); Delta = sum n_i delta_i / sum n_i.
+
+    Args:
+      teacher_logp, student_logp: ``[B, S]`` log-probs of the sampled tokens.
+      mask: ``[B, S]`` supervision mask.
+      advantages: ``[B]`` per-rollout advantages A_i.
+
+    Returns:
+      ``(Delta scalar, delta_i [B], n_i [B])``. Gradient flows only through teacher_logp.
+    """
+    m = _check_mask(teacher_logp, mask)
+    if student_logp.shape != teacher_logp.shape:
+        raise ValueError(
+            f"student_logp {student_logp.shape} must match teacher_logp {teacher_logp.shape}."
+        )
+    if advantages.shape != (teacher_logp.shape[0],):
+        raise ValueError(
+            f"advantages {advantages.shape} must be one per rollout, shape "
+            f"({teacher_logp.shape[0]},); compute them with advantages_from_rewards."
+        )
+    delta = teacher_logp.astype(jnp.float32) - jax.lax.stop_gradient(
+        student_logp.astype(jnp.float32)
+    )
+    means, n = _row_means(delta, m)
+    delta_i = advantages.astype(jnp.float32) * means
+    big_delta = jnp.sum(n * delta_i) / jnp.maximum(jnp.sum(n), 1.0)
+    return big_delta, delta_i, n
+
+
+def advantages_from_rewards(rewards: jax.Array) -> jax.Array:
+    """LOPD advantage A = 2r - 1, mapping rewards in [0, 1] to [-1, 1] (SPEC 2.2)."""
+    return 2.0 * jnp.asarray(rewards, jnp.float32) - 1.0
+
+
+def anchor_loss(latents: jax.Array, latents0: jax.Array) -> jax.Array:
+    """mean((c - stop_grad(c0))^2) over all elements, in fp32 (SPEC 2.9)."""
+    if latents.shape != latents0.shape:
+        raise ValueError(
+            f"latents {latents.shape} and anchor latents {latents0.shape} must match; "
+            "compute c_phi0 for the same tasks and retrieved experiences."
+        )
+    diff = latents.astype(jnp.float32) - jax.lax.stop_gradient(latents0.astype(jnp.float32))
+    return jnp.mean(jnp.square(diff))
+
+
+def dual_update(beta, margin, delta, eta) -> jax.Array:
+    """Dual ascent on the privilege constraint: max(0, beta + eta * (margin - Delta))."""
+    beta = jnp.asarray(beta, jnp.float32)
+    delta = jax.lax.stop_gradient(jnp.asarray(delta, jnp.float32))
+    return jnp.maximum(0.0, beta + eta * (margin - delta))
+
+
+def composer_kl_grad_scale(mask: jax.Array, composer_kl_weighting: str) -> jax.Array | None:
+    """Per-token factor turning the token-mean KL gradient into the composer's weighting.
+
+    The student's KL weight per supervised token is 1/N (N = all supervised tokens); the
+    rollout-mean weight is 1/(n_i R) (R = rollouts with n_i >= 1). Their ratio N/(n_i R),
+    applied to the gradient the KL sends into the teacher's logits only, gives the composer
+    exactly the gradient of ``rollout_mean(kl)``. Returns None for ``token_mean`` (ratio 1).
+    """
+    if composer_kl_weighting not in COMPOSER_KL_WEIGHTINGS:
+        raise ValueError(
+            f"composer_kl_weighting={composer_kl_weighting!r}; choose one of "
+            f"{COMPOSER_KL_WEIGHTINGS}."
+        )
+    if composer_kl_weighting == "token_mean":
+        return None
+    m = mask.astype(bool)
+    n = _row_counts(m)
+    total = jnp.maximum(jnp.sum(n), 1.0)
+    rollouts = jnp.maximum(jnp.sum((n > 0).astype(jnp.float32)), 1.0)
+    ratio = total / (jnp.maximum(n, 1.0) * rollouts)
+    return jnp.where(m, ratio[:, None], 0.0)
+
+
+def lopd_loss_from_stats(
+    stats: dict[str, jax.Array],
+    mask: jax.Array,
+    advantages: jax.Array,
+    beta,
+    latents: jax.Array | None = None,
+    latents0: jax.Array | None = None,
+    *,
+    margin: float = 0.05,
+    anchor_weight: float = 0.2,
+    composer_kl_weighting: str = "rollout_mean",
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """L = L_distill + beta (m - Delta) + lambda anchor from per-token stats (SPEC 2.10).
+
+    ``stats`` holds ``kl``, ``student_logp``, ``teacher_logp`` and optionally
+    ``teacher_topm_mass`` (``[B, S]``, as from :func:`chunked_distill_stats`). ``beta`` is
+    held fixed (stop-gradient). The value's KL part is always the global token mean;
+    ``composer_kl_weighting`` only names the composer KL metric here -- the composer's
+    gradient weighting is set by the ``teacher_kl_grad_scale`` the stats were built with
+    (see :func:`lopd_objective`). Latents may both be None (no anchor term).
+    """
+    if composer_kl_weighting not in COMPOSER_KL_WEIGHTINGS:
+        raise ValueError(
+            f"composer_kl_weighting={composer_kl_weighting!r}; choose one of "
+            f"{COMPOSER_KL_WEIGHTINGS}."
+        )
+    if (latents is None) != (latents0 is None):
+        raise ValueError("pass both latents and latents0 for the anchor, or neither.")
+    kl = stats["kl"]
+    distill = masked_token_mean(kl, mask)
+    big_delta, delta_i, n = privilege_delta(
+        stats["teacher_logp"], stats["student_logp"], mask, advantages
+    )
+    anchor = jnp.float32(0.0) if latents is None else anchor_loss(latents, latents0)
+    beta = jax.lax.stop_gradient(jnp.asarray(beta, jnp.float32))
+    loss = distill + beta * (margin - big_delta) + anchor_weight * anchor
+
+    sg = jax.lax.stop_gradient
+    if composer_kl_weighting == "rollout_mean":
+        composer_kl = rollout_mean(sg(kl), mask)
+    else:
+        composer_kl = sg(distill)
+    gap = masked_token_mean(sg(stats["teacher_logp"] - stats["student_logp"]), mask)
+    metrics = {
+        "loss": sg(loss),
+        "distill_kl": sg(distill),
+        "composer_kl": composer_kl,
+        "delta": sg(big_delta),
+        "margin_gap": sg(margin - big_delta),
+        "beta": beta,
+        "anchor": sg(anchor),
+        "teacher_student_logp_gap": gap,
+        "supervised_tokens": jnp.sum(n),
+        "supervised_rollouts": jnp.sum((n > 0).astype(jnp.float32)),
+        "delta_per_rollout": sg(delta_i),
+    }
+    if "teacher_topm_mass" in stats:
+        metrics["teacher_topm_mass"] = masked_token_mean(sg(stats["teacher_topm_mass"]), mask)
+    return loss, metrics
+
+
+def lopd_objective(
+    student_hidden: jax.Array,
+    student_head: jax.Array,
+    teacher_hidden: jax.Array,
+    teacher_head: jax.Array,
+    targets: jax.Array,
+    mask: jax.Array,
+    advantages: jax.Array,
+    beta,
+    latents: jax.Array | None = None,
+    latents0: jax.Array | None = None,
+    *,
+    margin: float = 0.05,
+    anchor_weight: float = 0.2,
+    composer_kl_weighting: str = "rollout_mean",
+    top_m: int = 20,
+    chunk_size: int = 512,
+    compute_dtype=jnp.float32,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The fused LOPD scalar for one step: student and composer gradients in one backward.
+
+    The method asks for two differently weighted KL terms: the student minimizes the global
+    token-mean KL, the composer the ``composer_kl_weighting`` KL. Written out, that is
+    ``token_mean(kl(S, sg(T))) + [w_C(kl(sg(S), T)) - sg(...)]``. Because the student
+    reaches the KL only through ``student_hidden``/``student_head`` and the composer only
+    through ``teacher_hidden`` (its latents), the same gradients come from ONE KL pass:
+    the value is the token mean, and the gradient the KL sends into the teacher's logits is
+    multiplied per token by ``w_C / w_token`` (:func:`composer_kl_grad_scale`). So:
+
+    * d loss / d student params = d token_mean(kl) (the margin term has none: the student
+      log-prob in Delta is stop-gradient; the anchor does not involve the student);
+    * d loss / d composer params = d w_C(kl) - beta d Delta + lambda d anchor.
+
+    The caller stop-gradients whatever is frozen (the teacher's head / theta0 weights).
+
+    Args:
+      student_hidden, teacher_hidden: ``[B, S, D]`` final hidden states, position-aligned.
+      student_head, teacher_head: ``[D, V]`` LM-head kernels.
+      targets: ``[B, S]`` sampled token ids; mask: ``[B, S]`` supervision mask.
+      advantages: ``[B]`` (A = 2r - 1); beta: current dual variable (held fixed).
+      latents, latents0: c_phi and the cold-start c_phi0 for the anchor (or both None).
+
+    Returns:
+      ``(loss, metrics)``; metrics are stop-gradient scalars (plus ``delta_per_rollout``).
+    """
+    scale = composer_kl_grad_scale(mask, composer_kl_weighting)
+    stats = chunked_distill_stats(
+        student_hidden,
+        student_head,
+        teacher_hidden,
+        teacher_head,
+        targets,
+        top_m=top_m,
+        chunk_size=chunk_size,
+        compute_dtype=compute_dtype,
+        teacher_kl_grad_scale=scale,
+    )
+    return lopd_loss_from_stats(
+        stats,
+        mask,
+        advantages,
+        beta,
+        latents,
+        latents0,
+        margin=margin,
+        anchor_weight=anchor_weight,
+        composer_kl_weighting=composer_kl_weighting,
+    )
+
+
+def group_advantages(
+    rewards: jax.Array, eps: float = 1e-6, *, group_size: int | None = None, ddof: int = 1
+) -> jax.Array:
+    """GRPO advantages (r - mean_group) / (std_group + eps) (SPEC 7).
+
+    Args:
+      rewards: ``[B, G]``, or flat ``[B * G]`` with rollouts of a task adjacent (then
+        ``group_size`` is required).
+      eps: added to the group standard deviation.
+      group_size: G for flat input.
+      ddof: 1 = unbiased std as ``torch.std`` (TRL, verl); 0 = population std.
+
+    Returns:
+      advantages with the shape of ``rewards``; a constant group gives zeros.
+    """
+    r = jnp.asarray(rewards, jnp.float32)
+    flat = r.ndim == 1
+    if flat:
+        if group_size is None or group_size < 1 or r.shape[0] % group_size:
+            raise ValueError(
+                f"flat rewards {r.shape} need group_size dividing their length (got "
+                f"{group_size!r}); or pass rewards shaped [B, G]."
+            )
+        r = r.reshape(-1, group_size)
+    elif r.ndim != 2:
+        raise ValueError(f"rewards {r.shape} must be [B, G] or [B * G].")
+    if r.shape[1] - ddof < 1:
+        raise ValueError(f"group size {r.shape[1]} is too small for ddof={ddof}.")
+    std = jnp.std(r, axis=1, keepdims=True, ddof=ddof)
+    adv = (r - jnp.mean(r, axis=1, keepdims=True)) / (std + eps)
+    return adv.reshape(-1) if flat else adv
+
+
+def _ppo_terms(logp_new, logp_old, advantages, mask, clip_eps):
+    m = _check_mask(logp_new, mask)
+    if logp_old.shape != logp_new.shape:
+        raise ValueError(f"logp_old {logp_old.shape} must match logp_new {logp_new.shape}.")
+    adv = jnp.asarray(advantages, jnp.float32)
+    if adv.shape == (logp_new.shape[0],):
+        adv = adv[:, None]
+    elif adv.shape != logp_new.shape:
+        raise ValueError(
+            f"advantages {adv.shape} must be per rollout [{logp_new.shape[0]}] or per "
+            f"token {logp_new.shape}."
+        )
+    # Masked positions may hold garbage log-probs; zero them before exp.
+    log_ratio = jnp.where(
+        m, logp_new.astype(jnp.float32) - jax.lax.stop_gradient(logp_old.astype(jnp.float32)), 0.0
+    )
+    ratio = jnp.exp(log_ratio)
+    clipped = jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
+    return m, adv, ratio, clipped
+
+
+def ppo_clip_loss(
+    logp_new: jax.Array,
+    logp_old: jax.Array,
+    advantages: jax.Array,
+    mask: jax.Array,
+    clip_eps: float = 0.2,
+) -> jax.Array:
+    """PPO-clip policy loss, token mean: -min(r A, clip(r, 1-eps, 1+eps) A), r = e^(new-old).
+
+    ``advantages`` is per rollout ``[B]`` or per token ``[B, S]``; ``logp_old`` is treated
+    as a constant.
+    """
+    m, adv, ratio, clipped = _ppo_terms(logp_new, logp_old, advantages, mask, clip_eps)
+    per_token = -jnp.minimum(ratio * adv, clipped * adv)
+    return masked_token_mean(per_token, m)
+
+
+def ppo_clip_fraction(
+    logp_new: jax.Array,
+    logp_old: jax.Array,
+    advantages: jax.Array,
+    mask: jax.Array,
+    clip_eps: float = 0.2,
+) -> jax.Array:
+    """Fraction of supervised tokens whose clipped branch is active (no gradient)."""
+    m, adv, ratio, clipped = _ppo_terms(logp_new, logp_old, advantages, mask, clip_eps)
+    active = (clipped * adv < ratio * adv).astype(jnp.float32)
+    return jax.lax.stop_gradient(masked_token_mean(active, m))
+
+
+def nll_token_mean(logp: jax.Array, mask: jax.Array) -> jax.Array:
+    """Cold-start loss: token-mean negative log-likelihood of the masked tokens (SPEC 3)."""
+    return masked_token_mean(-logp, mask)
