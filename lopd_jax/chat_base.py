@@ -1,0 +1,337 @@
+"""The chat-format interface shared by every model family, and the pieces around it.
+
+"Token in, token out" (ARCHITECTURE principle 7): a rollout keeps one list of token ids per
+trajectory plus a supervision mask. The sampler appends exactly the ids the model generated
+(mask 1, including the end-of-turn id); a :class:`ChatFormat` supplies the ids of
+everything else (mask 0): the prompt up to the first generation prompt
+(:meth:`ChatFormat.prompt_ids`) and, after each generated turn, the separator, the
+observation turns and the next generation prompt (:meth:`ChatFormat.observation_ids`).
+Decoded text is only parsed (:meth:`ChatFormat.parse_assistant`), never re-tokenized.
+
+The latent splice (SPEC 2.5) needs the framing ids around the latent slots
+(:meth:`ChatFormat.framing_ids`) and the token index where the first user message's
+content starts (:meth:`ChatFormat.insertion_point`).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import json
+from typing import Any, ClassVar, Sequence
+
+from lopd_jax.tokenizers import LATENT_TOKEN, validate_tokenizer
+from lopd_jax.types import AssistantTurn, Message, ToolCall, ToolSchema
+
+DEFAULT_FRAMING_BEFORE = ("Reference example: a different, already solved task, given as "
+                          "latent memory:\n")
+DEFAULT_FRAMING_AFTER = "\nEnd of reference example. Now solve your own task from scratch.\n\n"
+
+
+@dataclasses.dataclass(frozen=True)
+class LatentFraming:
+    """Fixed text around the latent slots inserted before the task text (SPEC 2.5)."""
+
+    before: str = DEFAULT_FRAMING_BEFORE
+    after: str = DEFAULT_FRAMING_AFTER
+    num_slots: int = 96
+
+    def __post_init__(self):
+        if self.num_slots < 1:
+            raise ValueError(f"LatentFraming.num_slots must be >= 1, got {self.num_slots} "
+                             "(it is n_ret * K, e.g. 3 * 32 = 96)")
+
+
+@dataclasses.dataclass(frozen=True)
+class LatentBlock:
+    """Token ids of one inserted block: ``before_ids + [slot_id] * num_slots + after_ids``.
+
+    Its length ``L_ins`` is fixed, so teacher position ``j + L_ins`` predicts the same
+    token as student position ``j`` for every ``j`` at or after the insertion point.
+    """
+
+    before_ids: tuple[int, ...]
+    slot_id: int
+    num_slots: int
+    after_ids: tuple[int, ...]
+
+    @property
+    def ids(self) -> list[int]:
+        """The whole block."""
+        return [*self.before_ids, *([self.slot_id] * self.num_slots), *self.after_ids]
+
+    @property
+    def length(self) -> int:
+        """``L_ins``: how far the block shifts every later position."""
+        return len(self.before_ids) + self.num_slots + len(self.after_ids)
+
+    @property
+    def slot_start(self) -> int:
+        """Offset of the first latent slot inside the block."""
+        return len(self.before_ids)
+
+    def splice(self, ids: Sequence[int], insertion_point: int) -> list[int]:
+        """``ids`` with the block inserted at ``insertion_point`` (a list-level reference)."""
+        if not 0 <= insertion_point <= len(ids):
+            raise ValueError(f"insertion_point {insertion_point} outside [0, {len(ids)}]")
+        return [*ids[:insertion_point], *self.ids, *ids[insertion_point:]]
+
+
+@dataclasses.dataclass
+class TokenTrajectory:
+    """One trajectory's token ids and supervision mask, built turn by turn.
+
+    ``mask[i]`` is 1 exactly on ids the policy generated (added with
+    :meth:`add_generated`), 0 on everything the chat format or environment supplied.
+    """
+
+    ids: list[int] = dataclasses.field(default_factory=list)
+    mask: list[int] = dataclasses.field(default_factory=list)
+
+    def add_context(self, ids: Sequence[int]) -> None:
+        """Append non-generated ids (prompt, observations): mask 0."""
+        self.ids.extend(int(i) for i in ids)
+        self.mask.extend([0] * len(ids))
+
+    def add_generated(self, ids: Sequence[int]) -> None:
+        """Append ids the policy sampled, end-of-turn id included: mask 1."""
+        self.ids.extend(int(i) for i in ids)
+        self.mask.extend([1] * len(ids))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def split_thinking(text: str) -> tuple[str, str]:
+    """Split ``text`` into (thinking, rest) at the first ``</think>``.
+
+    The thinking is what follows the last ``<think>`` before it (or the start of the text,
+    when the generation prompt already opened the block), stripped of newlines. An unclosed
+    ``<think>`` makes the whole remainder thinking; text without tags has no thinking.
+    """
+    close = text.find("</think>")
+    if close == -1:
+        opened = text.find("<think>")
+        if opened == -1:
+            return "", text
+        return text[opened + len("<think>"):].strip("\n"), text[:opened]
+    head = text[:close]
+    opened = head.rfind("<think>")
+    before = head[:opened] if opened != -1 else ""
+    thinking = head[opened + len("<think>"):] if opened != -1 else head
+    return thinking.strip("\n"), before + text[close + len("</think>"):]
+
+
+def _snippet(text: str, limit: int = 80) -> str:
+    text = text.strip()
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+def scan_blocks(text: str, open_tag: str, close_tag: str) -> tuple[str, list[str], list[str]]:
+    """Cut ``open_tag ... close_tag`` blocks out of ``text``.
+
+    Returns (the text outside the blocks, the block bodies in order, errors for an unclosed
+    block or a stray closing tag). An unclosed block swallows the rest of the text.
+    """
+    outside, bodies, errors = [], [], []
+    pos = 0
+    while True:
+        start = text.find(open_tag, pos)
+        stray = text.find(close_tag, pos)
+        if stray != -1 and (start == -1 or stray < start):
+            errors.append(f"stray {close_tag} with no opening {open_tag}")
+            outside.append(text[pos:stray])
+            pos = stray + len(close_tag)
+            continue
+        if start == -1:
+            outside.append(text[pos:])
+            break
+        outside.append(text[pos:start])
+        body_start = start + len(open_tag)
+        end = text.find(close_tag, body_start)
+        reopened = text.find(open_tag, body_start)
+        if end == -1 or (reopened != -1 and reopened < end):
+            stop = len(text) if end == -1 else reopened
+            errors.append(f"unclosed {open_tag} block (no {close_tag} before "
+                          f"{'the end of the turn' if end == -1 else 'the next ' + open_tag}): "
+                          f"{_snippet(text[body_start:stop])}")
+            if end == -1:
+                break
+            pos = reopened
+            continue
+        bodies.append(text[body_start:end])
+        pos = end + len(close_tag)
+    return "".join(outside), bodies, errors
+
+
+def call_from_json(obj: Any, where: str) -> tuple[ToolCall | None, str | None]:
+    """Validate one decoded ``{"name": str, "arguments": {...}}`` object.
+
+    A missing ``arguments`` means no arguments; anything else malformed yields an error
+    message (prefixed with ``where``) instead of a call.
+    """
+    if not isinstance(obj, dict):
+        return None, (f"{where}: a call must be a JSON object with 'name' and 'arguments', "
+                      f"got {type(obj).__name__}")
+    name = obj.get("name")
+    if not isinstance(name, str) or not name.strip():
+        return None, f"{where}: missing or empty 'name' string in {_snippet(json.dumps(obj))}"
+    arguments = obj.get("arguments", {})
+    if not isinstance(arguments, dict):
+        return None, (f"{where}: 'arguments' of {name!r} must be a JSON object, got "
+                      f"{type(arguments).__name__} {_snippet(json.dumps(arguments))}")
+    return ToolCall(name=name.strip(), arguments=arguments), None
+
+
+def tojson(value: Any) -> str:
+    """JSON text as ``transformers`` chat templates write it (``tojson``: no ASCII escaping)."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def message_text(message: Message, field: str = "content") -> str:
+    """A message's text field; ``None`` / missing is empty, anything else not a str is an error."""
+    value = message.get(field)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise TypeError(f"message {field} must be a str (got {type(value).__name__} in a "
+                        f"{message.get('role')!r} message); join multi-part content into text")
+    return value
+
+
+class ChatFormat(abc.ABC):
+    """How one model family turns messages into token ids and generated text into calls.
+
+    Subclasses render text exactly as the family's chat template does; this base class
+    tokenizes it with the checkpoint's own ``transformers`` tokenizer and adds the
+    token-in-token-out helpers. ``enable_thinking`` is the default for every call that
+    takes it; ``latent_token`` overrides the latent-slot placeholder (default: the
+    tokenizer's ``<|latent|>`` if it has one, else the family's fallback).
+    """
+
+    family: ClassVar[str]
+    end_of_turn_token: ClassVar[str]
+    stop_tokens: ClassVar[tuple[str, ...]]
+    user_header: ClassVar[str] = "<|im_start|>user\n"
+    turn_separator: ClassVar[str] = "\n"
+    fallback_latent_token: ClassVar[str]
+    format_tokens: ClassVar[tuple[str, ...]]
+
+    def __init__(self, tokenizer: Any, *, enable_thinking: bool = False,
+                 latent_token: str | None = None):
+        self.tokenizer = tokenizer
+        self.enable_thinking = bool(enable_thinking)
+        if latent_token is None:
+            latent_token = (LATENT_TOKEN if LATENT_TOKEN in tokenizer.get_vocab()
+                            else self.fallback_latent_token)
+        self.latent_token = latent_token
+        validate_tokenizer(tokenizer, self)
+        vocab = tokenizer.get_vocab()
+        self.end_of_turn_id: int = vocab[self.end_of_turn_token]
+        self.stop_ids: tuple[int, ...] = tuple(vocab[t] for t in self.stop_tokens)
+        self.latent_id: int = vocab[self.latent_token]
+        self._user_header_ids = self.encode(self.user_header)
+
+    # ---- what each family defines -------------------------------------------------
+    @abc.abstractmethod
+    def render(self, messages: Sequence[Message], tools: Sequence[ToolSchema] | None = None,
+               *, add_generation_prompt: bool = False,
+               enable_thinking: bool | None = None) -> str:
+        """The conversation as the family's chat template renders it."""
+
+    @abc.abstractmethod
+    def render_observation(self, messages: Sequence[Message], *,
+                           enable_thinking: bool | None = None) -> str:
+        """Text after a closed assistant turn: separator, observation turns, next prompt."""
+
+    @abc.abstractmethod
+    def parse_assistant(self, text: str) -> AssistantTurn:
+        """Parse one generated assistant turn (without its end-of-turn token)."""
+
+    # ---- shared -------------------------------------------------------------------
+    @property
+    def required_tokens(self) -> tuple[str, ...]:
+        """Tokens the tokenizer must hold as single ids for this format."""
+        return (*self.format_tokens, self.latent_token)
+
+    @property
+    def end_of_turn_ids(self) -> tuple[int, ...]:
+        """Ids the format closes a turn with (``(end_of_turn_id,)``); sampling stops on any
+        of :attr:`stop_ids`, which also holds the end-of-text id."""
+        return (self.end_of_turn_id,)
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        """Text forms of the stop ids (for samplers that stop on strings)."""
+        return self.stop_tokens
+
+    def _thinking(self, enable_thinking: bool | None) -> bool:
+        return self.enable_thinking if enable_thinking is None else bool(enable_thinking)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (no BOS/EOS added)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def prompt_ids(self, messages: Sequence[Message],
+                   tools: Sequence[ToolSchema] | None = None, *,
+                   enable_thinking: bool | None = None) -> list[int]:
+        """Ids of the rendered conversation ending with the assistant generation prompt."""
+        return self.encode(self.render(messages, tools, add_generation_prompt=True,
+                                       enable_thinking=enable_thinking))
+
+    def observation_ids(self, messages: Sequence[Message], *,
+                        enable_thinking: bool | None = None,
+                        turn_closed: bool = True) -> list[int]:
+        """Ids to append after a generated turn: separator, observations, next prompt.
+
+        ``turn_closed=False`` is for a turn cut off before its end-of-turn id (token cap):
+        the end-of-turn id is then supplied here (mask 0, it was not generated).
+        """
+        if not messages:
+            raise ValueError("observation_ids needs at least one observation message; an "
+                             "empty observation means the episode is done")
+        for m in messages:
+            if m.get("role") == "assistant":
+                raise ValueError("observation messages must not contain assistant turns: "
+                                 "append the ids the policy generated instead")
+        ids = self.encode(self.render_observation(messages, enable_thinking=enable_thinking))
+        return ids if turn_closed else [self.end_of_turn_id, *ids]
+
+    def decode_generated(self, ids: Sequence[int]) -> str:
+        """Text of generated ids, trailing stop ids removed, tags kept for parsing."""
+        ids = list(ids)
+        while ids and ids[-1] in self.stop_ids:
+            ids.pop()
+        return self.tokenizer.decode(ids, skip_special_tokens=False,
+                                     clean_up_tokenization_spaces=False)
+
+    def parse_generated(self, ids: Sequence[int]) -> AssistantTurn:
+        """:meth:`parse_assistant` of :meth:`decode_generated`."""
+        return self.parse_assistant(self.decode_generated(ids))
+
+    def assistant_message(self, turn: AssistantTurn) -> Message:
+        """The assistant message dict (HF convention) for a parsed turn."""
+        message: Message = {"role": "assistant", "content": turn.content}
+        if turn.thinking:
+            message["reasoning_content"] = turn.thinking
+        if turn.tool_calls:
+            message["tool_calls"] = [c.to_message_field() for c in turn.tool_calls]
+        return message
+
+    def framing_ids(self, framing: LatentFraming | None = None) -> LatentBlock:
+        """Ids of the latent block: framing text before, ``num_slots`` slots, text after."""
+        framing = framing or LatentFraming()
+        return LatentBlock(before_ids=tuple(self.encode(framing.before)), slot_id=self.latent_id,
+                           num_slots=framing.num_slots, after_ids=tuple(self.encode(framing.after)))
+
+    def insertion_point(self, prompt_ids: Sequence[int]) -> int:
+        """Index in ``prompt_ids`` where the first user message's content starts."""
+        header = self._user_header_ids
+        n = len(header)
+        for i in range(len(prompt_ids) - n + 1):
+            if list(prompt_ids[i:i + n]) == header:
+                return i + n
+        raise ValueError(
+            f"no first-user-turn header {self.user_header!r} (ids {header}) found in the "
+            "prompt ids: the prompt needs a user message, and its content must not begin "
+            "with whitespace that the tokenizer merges into the header's newline")
