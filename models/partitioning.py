@@ -26,6 +26,7 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("layers", None),
     ("norm", None),
     ("lora_rank", None),
+    ("kv", "tensor"),
     ("latents", None),
     # activations
     ("act_batch", ("data", "fsdp")),
