@@ -1,0 +1,60 @@
+"""The composer phi = (encoder LoRA psi, compressor chi): experiences -> latent vectors.
+
+The encoder is the frozen backbone theta0 with its LoRA switched on; it reads each
+retrieved experience (task-conditioned text, tokenized) and returns final hidden states,
+which the shared-weight compressor (lopd_jax.compressor) turns into K vectors. The n_ret
+experiences of a task are encoded separately and concatenated in retrieval order:
+B tasks x n_ret experiences -> [B, n_ret * K, d].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from lopd_jax.compressor import Compressor
+from models.config import LoraConfig, ModelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class ComposerConfig:
+    """Composer sizes: latents per experience K, compressor depth, experiences n_ret, LoRA."""
+
+    num_latents: int = 32
+    depth: int = 8
+    n_ret: int = 3
+    ff_mult: int = 4
+    lora: LoraConfig = LoraConfig(rank=8, alpha=16.0, dropout=0.0)
+    max_experience_tokens: int = 2048
+
+    @property
+    def num_slots(self) -> int:
+        """Latent vectors per task (n_ret * K; 96 by default)."""
+        return self.n_ret * self.num_latents
+
+
+def make_compressor(model_cfg: ModelConfig, cfg: ComposerConfig, rngs: nnx.Rngs) -> Compressor:
+    """A compressor sized to the backbone (width = hidden size, heads = attention heads)."""
+    d, heads = model_cfg.hidden_size, model_cfg.num_heads
+    while d % heads:  # head_dim = d / heads must be whole (SPEC 4)
+        heads -= 1
+    return Compressor(d, heads, num_latents=cfg.num_latents, depth=cfg.depth, ff_mult=cfg.ff_mult,
+                      param_dtype=model_cfg.jnp_param_dtype, dtype=model_cfg.jnp_dtype, rngs=rngs)
+
+
+def compose(encoder, compressor: Compressor, exp_tokens: jax.Array, exp_mask: jax.Array,
+            dropout_rng=None) -> jax.Array:
+    """Latents [B, n_ret * K, d] from experience tokens [B, n_ret, L] with mask [B, n_ret, L].
+
+    ``encoder`` is a Decoder whose LoRA parameters are the composer's; it is called with
+    ``lora=True`` and ``return_hidden=True`` (hidden states after the final norm).
+    """
+    B, n, L = exp_tokens.shape
+    flat_ids = exp_tokens.reshape(B * n, L)
+    flat_mask = exp_mask.reshape(B * n, L).astype(bool)
+    hidden = encoder(flat_ids, attention_mask=flat_mask, lora=True, return_hidden=True, dropout_rng=dropout_rng)
+    latents = compressor(hidden, flat_mask)  # [B * n, K, d]
+    return latents.reshape(B, n * latents.shape[1], latents.shape[2]).astype(jnp.float32)

@@ -1,0 +1,119 @@
+"""Device mesh and sharding helpers: logical axes of NNX state -> NamedShardings.
+
+State is handled as pure dicts (``nnx.State.to_pure_dict()``) inside jitted steps; the
+logical axes travel beside it as a dict of the same structure, read from each variable's
+``logical_axes`` metadata.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+from models.partitioning import DEFAULT_RULES, Rules
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Mesh shape over the named axes ``data``, ``fsdp`` and ``tensor``.
+
+    One entry may be -1 ("all remaining devices"). ``rules`` maps logical axis names to
+    mesh axes (see :mod:`models.partitioning`).
+    """
+
+    data: int = 1
+    fsdp: int = -1
+    tensor: int = 1
+    rules: tuple = DEFAULT_RULES
+
+    def shape(self, num_devices: int) -> tuple[int, int, int]:
+        """Concrete (data, fsdp, tensor) sizes for ``num_devices`` devices."""
+        sizes = [self.data, self.fsdp, self.tensor]
+        if sizes.count(-1) > 1:
+            raise ValueError(f"at most one mesh axis may be -1, got {dict(zip(MESH_AXES, sizes))}")
+        known = math.prod(s for s in sizes if s != -1)
+        if -1 in sizes:
+            if num_devices % known:
+                raise ValueError(f"{num_devices} devices do not divide into mesh {dict(zip(MESH_AXES, sizes))}")
+            sizes[sizes.index(-1)] = num_devices // known
+        if math.prod(sizes) != num_devices:
+            raise ValueError(
+                f"mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices but "
+                f"{num_devices} are available; change the mesh sizes in the config."
+            )
+        return tuple(sizes)
+
+
+def make_mesh(cfg: MeshConfig = MeshConfig(), devices=None) -> Mesh:
+    """A mesh with Auto axis types over ``devices`` (default: all devices)."""
+    devices = list(jax.devices() if devices is None else devices)
+    shape = cfg.shape(len(devices))
+    return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+
+
+def rules_for(mesh: Mesh, cfg: MeshConfig = MeshConfig()) -> Rules:
+    """The logical-axis rules of ``cfg`` bound to ``mesh``."""
+    return Rules(mesh, tuple(cfg.rules))
+
+
+def _is_var(x):
+    return isinstance(x, nnx.Variable)
+
+
+def split_state(module: nnx.Module, *filters):
+    """``nnx.split`` returning pure-dict states plus their logical axes.
+
+    Returns ``(graphdef, [pure_dict, ...], [axes_dict, ...])``, one per filter.
+    """
+    graphdef, *states = nnx.split(module, *filters)
+    pure = [s.to_pure_dict() for s in states]
+    axes = [nnx.State(jax.tree.map(lambda v: tuple(v.logical_axes), s, is_leaf=_is_var)).to_pure_dict()
+            if len(s) else {} for s in states]
+    return graphdef, pure, axes
+
+
+def tree_shardings(tree: Any, axes: Any, rules: Rules | None):
+    """NamedShardings for a pure-dict ``tree`` given its logical ``axes`` tree."""
+    if rules is None:
+        return None
+    return jax.tree.map(lambda x, a: rules.sharding(a, np.shape(x)), tree, axes,
+                        is_leaf=lambda a: isinstance(a, tuple) and all(isinstance(n, (str, type(None))) for n in a))
+
+
+def opt_state_shardings(opt: optax.GradientTransformation, opt_state: Any, param_shardings: Any, rules: Rules):
+    """Shardings for an optax state: parameter-shaped leaves follow their parameter."""
+    rep = rules.replicated()
+    return optax.tree_map_params(opt, lambda _, s: s, opt_state, param_shardings,
+                                 transform_non_params=lambda _: rep)
+
+
+def batch_sharding(rules: Rules | None, ndim: int):
+    """Sharding for a batch-major array of ``ndim`` dims (batch over data x fsdp)."""
+    if rules is None:
+        return None
+    return rules.sharding(("act_batch",) + (None,) * (ndim - 1))
+
+
+def replicated(rules: Rules | None):
+    """Replicated sharding (None without a mesh)."""
+    return None if rules is None else rules.replicated()
+
+
+def put(tree, shardings):
+    """``jax.device_put`` a tree onto shardings (no-op placement without a mesh)."""
+    if shardings is None:
+        return tree
+    return jax.device_put(tree, shardings)
+
+
+__all__ = ["MeshConfig", "make_mesh", "rules_for", "split_state", "tree_shardings", "opt_state_shardings",
+           "batch_sharding", "replicated", "put", "Mesh", "NamedSharding", "P"]

@@ -1,0 +1,164 @@
+"""The jitted train steps: LOPD (SPEC 2), composer cold start (SPEC 3) and GRPO (SPEC 7).
+
+Each ``make_*_step(system)`` returns one ``jax.jit`` function with explicit in / out
+shardings on the system's mesh (when it has one) and the state donated. Batch arrays are
+batch-major; token-level arrays are [B, S] with ``loss_mask`` the supervision mask omega
+on tokens (1 on generated assistant tokens). The loss at position j predicts token j + 1,
+so the steps use ``loss_mask[:, 1:]`` as the per-prediction mask.
+
+LOPD batch keys: tokens, attention_mask, loss_mask, insert_at [B], exp_tokens /
+exp_mask [B, n_ret, L_e], rewards [B].
+Cold start: the same minus rewards (trajectories are successful ones).
+GRPO: tokens, attention_mask, loss_mask, old_logp [B, S] (sampler log-prob of token t,
+aligned with tokens), rewards [B] with the G rollouts of a task adjacent.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from lopd_jax import losses
+from lopd_jax.losses_kl import chunked_token_logp
+from lopd_jax.splice import teacher_hidden_states
+from train.system import LOPDSystem
+
+sg = jax.lax.stop_gradient
+
+
+def _jit(fn, system: LOPDSystem, state_sh, frozen_sh, batch_sh, donate=(0,)):
+    if system.rules is None:
+        return jax.jit(fn, donate_argnums=donate)
+    rep = system.rules.replicated()
+    return jax.jit(fn, in_shardings=(state_sh, frozen_sh, batch_sh), out_shardings=(state_sh, rep),
+                   donate_argnums=donate)
+
+
+def _apply(opt, grads, opt_state, params):
+    updates, opt_state = opt.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+
+def lopd_loss(system: LOPDSystem, student_p, composer_p, state, frozen, batch, rng):
+    """The fused LOPD objective of one batch: (loss, metrics). See train.steps docstring."""
+    cfg = system.step_cfg
+    frozen = sg(frozen)
+    latents = system.latents(frozen, composer_p, batch["exp_tokens"], batch["exp_mask"], rng)
+    latents0 = sg(system.latents(frozen, sg(state["composer0"]), batch["exp_tokens"], batch["exp_mask"]))
+    teacher = system.backbone(frozen, sg(composer_p["lora"]))
+    tokens, amask = batch["tokens"], batch["attention_mask"].astype(bool)
+    t_hidden = teacher_hidden_states(teacher, tokens, amask, batch["insert_at"], latents, system.layout)
+    student, use_lora = system.student(student_p, frozen, composer_p["lora"])
+    s_hidden = student(tokens, attention_mask=amask, lora=use_lora, return_hidden=True)
+    mask = batch["loss_mask"][:, 1:].astype(jnp.float32)
+    adv = losses.advantages_from_rewards(batch["rewards"].astype(jnp.float32))
+    loss, metrics = losses.lopd_objective(
+        s_hidden[:, :-1], student.lm_head_kernel(), t_hidden[:, :-1], sg(teacher.lm_head_kernel()),
+        tokens[:, 1:], mask, adv, state["beta"], latents, latents0,
+        margin=cfg.margin, anchor_weight=cfg.anchor_weight, composer_kl_weighting=cfg.composer_kl_weighting,
+        top_m=cfg.top_m, chunk_size=cfg.logits_chunk, compute_dtype=system.model_cfg.jnp_dtype)
+    return loss, metrics
+
+
+def make_lopd_step(system: LOPDSystem, example_state, example_batch):
+    """The fused LOPD step ``(state, frozen, batch) -> (state, metrics)``.
+
+    One forward / backward gives both gradients: the student's (global token-mean KL) and
+    the composer's (its KL weighting through the frozen teacher, the margin and anchor).
+    Then one AdamW step each and the dual ascent on beta.
+    """
+    cfg = system.step_cfg
+
+    def step(state, frozen, batch):
+        rng, sub = jax.random.split(state["rng"])
+        argnums = (0,) if cfg.freeze_composer else (0, 1)
+        fn = lambda sp, cp: lopd_loss(system, sp, cp, state, frozen, batch, sub)  # noqa: E731
+        (loss, metrics), grads = jax.value_and_grad(fn, argnums=argnums, has_aux=True)(
+            state["student"], state["composer"])
+        new = dict(state)
+        new["student"], new["student_opt"] = _apply(system.student_opt, grads[0], state["student_opt"],
+                                                    state["student"])
+        metrics["student_grad_norm"] = optax.global_norm(grads[0])
+        if not cfg.freeze_composer:
+            new["composer"], new["composer_opt"] = _apply(system.composer_opt, grads[1], state["composer_opt"],
+                                                          state["composer"])
+            metrics["composer_grad_norm"] = optax.global_norm(grads[1])
+        new["beta"] = losses.dual_update(state["beta"], cfg.margin, metrics["delta"], cfg.eta_beta)
+        new["step"] = state["step"] + 1
+        new["rng"] = rng
+        metrics["beta_next"] = new["beta"]
+        metrics["mean_reward"] = jnp.mean(batch["rewards"].astype(jnp.float32))
+        metrics["tokens"] = jnp.sum(batch["attention_mask"].astype(jnp.float32))
+        return new, metrics
+
+    return _jit(step, system, system.state_shardings(example_state), system.frozen_shardings(),
+                system.batch_shardings(example_batch))
+
+
+def cold_start_loss(system: LOPDSystem, composer_p, frozen, batch, rng):
+    """Token-mean NLL of assistant tokens under the teacher-format prompt with latents."""
+    frozen = sg(frozen)
+    latents = system.latents(frozen, composer_p, batch["exp_tokens"], batch["exp_mask"], rng)
+    teacher = system.backbone(frozen, sg(composer_p["lora"]))
+    tokens, amask = batch["tokens"], batch["attention_mask"].astype(bool)
+    t_hidden = teacher_hidden_states(teacher, tokens, amask, batch["insert_at"], latents, system.layout)
+    logp = chunked_token_logp(t_hidden[:, :-1], sg(teacher.lm_head_kernel()), tokens[:, 1:],
+                              chunk_size=system.step_cfg.logits_chunk, compute_dtype=system.model_cfg.jnp_dtype)
+    mask = batch["loss_mask"][:, 1:].astype(jnp.float32)
+    nll = losses.nll_token_mean(logp, mask)
+    return nll, {"nll": nll, "tokens": jnp.sum(mask)}
+
+
+def make_cold_start_step(system: LOPDSystem, example_state, example_batch):
+    """Cold start ``(state, frozen, batch) -> (state, metrics)``: phi only, two clip groups."""
+
+    def step(state, frozen, batch):
+        rng, sub = jax.random.split(state["rng"])
+        (loss, metrics), grads = jax.value_and_grad(
+            lambda cp: cold_start_loss(system, cp, frozen, batch, sub), has_aux=True)(state["composer"])
+        new = dict(state)
+        new["composer"], new["composer_opt"] = {}, {}
+        for group, opt in system.cold_start_opt.items():
+            new["composer"][group], new["composer_opt"][group] = _apply(
+                opt, grads[group], state["composer_opt"][group], state["composer"][group])
+            metrics[f"{group}_grad_norm"] = optax.global_norm(grads[group])
+        new["step"] = state["step"] + 1
+        new["rng"] = rng
+        return new, metrics
+
+    return _jit(step, system, system.cold_start_shardings(example_state), system.frozen_shardings(),
+                system.batch_shardings(example_batch))
+
+
+def grpo_loss(system: LOPDSystem, student_p, state, frozen, batch, group_size: int):
+    """PPO-clip loss with group-normalized advantages (token mean)."""
+    student, use_lora = system.student(student_p, sg(frozen), state["composer"]["lora"])
+    tokens, amask = batch["tokens"], batch["attention_mask"].astype(bool)
+    hidden = student(tokens, attention_mask=amask, lora=use_lora, return_hidden=True)
+    logp = chunked_token_logp(hidden[:, :-1], student.lm_head_kernel(), tokens[:, 1:],
+                              chunk_size=system.step_cfg.logits_chunk, compute_dtype=system.model_cfg.jnp_dtype)
+    adv = losses.group_advantages(batch["rewards"].astype(jnp.float32), group_size=group_size)
+    mask = batch["loss_mask"][:, 1:].astype(jnp.float32)
+    old = batch["old_logp"][:, 1:]
+    eps = system.step_cfg.grpo_clip_eps
+    loss = losses.ppo_clip_loss(logp, old, adv, mask, clip_eps=eps)
+    return loss, {"loss": loss, "clip_fraction": losses.ppo_clip_fraction(logp, old, adv, mask, clip_eps=eps),
+                  "tokens": jnp.sum(mask)}
+
+
+def make_grpo_step(system: LOPDSystem, example_state, example_batch, group_size: int = 4):
+    """GRPO ``(state, frozen, batch) -> (state, metrics)`` on the student (SPEC 7)."""
+
+    def step(state, frozen, batch):
+        (loss, metrics), grads = jax.value_and_grad(
+            lambda sp: grpo_loss(system, sp, state, frozen, batch, group_size), has_aux=True)(state["student"])
+        new = dict(state)
+        new["student"], new["student_opt"] = _apply(system.student_opt, grads, state["student_opt"], state["student"])
+        metrics["student_grad_norm"] = optax.global_norm(grads)
+        metrics["mean_reward"] = jnp.mean(batch["rewards"].astype(jnp.float32))
+        new["step"] = state["step"] + 1
+        return new, metrics
+
+    return _jit(step, system, system.state_shardings(example_state), system.frozen_shardings(),
+                system.batch_shardings(example_batch))
