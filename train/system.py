@@ -131,12 +131,22 @@ class LOPDSystem:
 
     def init_state(self, composer=None, seed: int = 0):
         """(state, frozen) for LOPD; ``composer`` defaults to the freshly built one (phi0)."""
-        frozen = self._theta0
         if composer is None:
             composer = {"lora": self._lora0, "compressor": self._comp0}
+        return self._state_from(self._theta0, composer, self._lora0, seed), self._theta0
+
+    def abstract_state(self, seed: int = 0):
+        """(state, frozen) as ShapeDtypeStructs, without allocating (for AOT compilation)."""
+        composer = {"lora": self._lora0, "compressor": self._comp0}
+        state = jax.eval_shape(lambda t, c, lo: self._state_from(t, c, lo, seed), self._theta0, composer, self._lora0)
+        frozen = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), self._theta0)
+        return state, frozen
+
+    def _state_from(self, frozen, composer, fresh_lora, seed):
         copy = lambda t: jax.tree.map(jnp.copy, t)  # noqa: E731  (no buffer shared with frozen)
-        student = copy(frozen) if self.step_cfg.student_mode == "full" else copy(self._lora0)
-        state = {
+        # a LoRA-only student starts from a fresh adapter (B = 0), i.e. exactly theta0
+        student = copy(frozen) if self.step_cfg.student_mode == "full" else copy(fresh_lora)
+        return {
             "step": jnp.zeros((), jnp.int32),
             "beta": jnp.zeros((), jnp.float32),
             "rng": jax.random.PRNGKey(seed),
@@ -146,7 +156,6 @@ class LOPDSystem:
             "composer_opt": self.composer_opt.init(composer),
             "composer0": copy(composer),
         }
-        return state, frozen
 
     def init_cold_start_state(self, seed: int = 0):
         """State for the cold start: composer params, their two optimizer groups, step, rng."""
