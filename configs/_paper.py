@@ -1,0 +1,41 @@
+"""Shared pieces of the full-size configs: the paper's hyperparameters (SPEC defaults)
+and the TPU memory layout (FSDP over all chips, full remat, blockwise attention,
+logits chunk 1024). Each named config fills in its backbone.
+"""
+
+from lopd_jax.composer import ComposerConfig
+from lopd_jax.config import (BankSection, CheckpointSection, EnvSection, ModelSection, RolloutSection,
+                             StagesSection, TrainConfig)
+from models.config import LoraConfig
+from train.mesh import MeshConfig
+from train.system import StepConfig
+
+
+def paper_config(name: str, *, source: str = "envscaler", workdir: str) -> TrainConfig:
+    """LOPD at paper settings on backbone ``name``.
+
+    Set ``model.hf_path`` to the Hugging Face checkpoint (local or gs://) for a real run;
+    without it the architecture is built with random weights (compile checks). Task files
+    go in ``env.kwargs`` (e.g. ``env.kwargs.train_path=...`` for EnvScaler).
+    """
+    return TrainConfig(
+        model=ModelSection(name=name, tokenizer="auto", dtype="bfloat16", param_dtype="bfloat16",
+                           attention_impl="blockwise", attention_block_q=512, attention_block_kv=512,
+                           remat_policy="full"),
+        composer=ComposerConfig(num_latents=32, depth=8, n_ret=3, ff_mult=4,
+                                lora=LoraConfig(rank=8, alpha=16.0, dropout=0.0), max_experience_tokens=2048),
+        steps=StepConfig(margin=0.05, anchor_weight=0.2, eta_beta=0.5, top_m=20, logits_chunk=1024,
+                         student_lr=1e-5, composer_lr=1e-5, student_clip=1.0, composer_clip=1.0,
+                         cold_start_lr=1e-5, cold_start_encoder_clip=3.0, cold_start_compressor_clip=30.0),
+        mesh=MeshConfig(data=1, fsdp=-1, tensor=1),
+        bank=BankSection(min_reward=1.0, retrieval_mode="symmetric", allow_self_retrieval=True),
+        env=EnvSection(source=source, tasks_per_step=32, group_size=1),
+        rollout=RolloutSection(temperature=0.7, top_p=0.95, top_k=20, max_env_steps=30,
+                               max_turn_tokens=2048, max_total_tokens=40_960),
+        # 1,600 rollouts at B = 32 is the paper's horizon (SPEC 8)
+        stages=StagesSection(warmup_steps=0, cold_start_steps=1000, cold_start_batch=8, lopd_steps=50,
+                             eval_tasks=None, eval_every=10),
+        checkpoint=CheckpointSection(every_steps=10, keep=3, async_save=True),
+        seed=0,
+        workdir=workdir,
+    )

@@ -1,0 +1,148 @@
+"""Typed run configs: named configs, dotted overrides, JSON round trip, resume checks."""
+
+import json
+
+import pytest
+
+from lopd_jax.config import (ConfigError, TrainConfig, apply_overrides, check_resume, config_diff, from_dict,
+                             known_configs, load_config, load_run_config, save_run_config, to_dict)
+
+pytestmark = pytest.mark.timeout(60)
+
+NAMES = ("tiny", "qwen3_4b", "qwen3_8b", "olmo3_7b")
+
+
+def test_named_configs_load_and_round_trip():
+    assert set(NAMES) <= set(known_configs()) and "_paper" not in known_configs()
+    for name in NAMES:
+        cfg = load_config(name)
+        assert isinstance(cfg, TrainConfig)
+        assert from_dict(json.loads(json.dumps(to_dict(cfg)))) == cfg
+
+
+def test_paper_hyperparameters_and_tpu_layout():
+    for name in ("qwen3_4b", "qwen3_8b", "olmo3_7b"):
+        c = load_config(name)
+        assert c.model.name == name and c.env.tasks_per_step == 32
+        s = c.steps
+        assert (s.student_lr, s.composer_lr, s.student_clip, s.composer_clip) == (1e-5, 1e-5, 1.0, 1.0)
+        assert (s.margin, s.anchor_weight, s.eta_beta, s.top_m) == (0.05, 0.2, 0.5, 20)
+        assert (c.composer.num_latents, c.composer.n_ret, c.composer.depth) == (32, 3, 8)
+        assert (c.composer.lora.rank, c.composer.lora.alpha, c.composer.lora.dropout) == (8, 16.0, 0.0)
+        assert (c.stages.cold_start_steps, c.stages.cold_start_batch, c.stages.warmup_steps) == (1000, 8, 0)
+        assert (c.rollout.temperature, c.rollout.top_p, c.rollout.top_k) == (0.7, 0.95, 20)
+        assert (c.rollout.max_env_steps, c.rollout.max_total_tokens) == (30, 40_960)
+        assert (c.mesh.data, c.mesh.fsdp, c.mesh.tensor) == (1, -1, 1)
+        assert (c.model.remat_policy, c.model.attention_impl, s.logits_chunk) == ("full", "blockwise", 1024)
+        assert c.bank_config().n_ret == 3
+    m = load_config("qwen3_8b").model_config()
+    assert (m.hidden_size, m.num_layers, m.tie_word_embeddings, m.remat_policy) == (4096, 36, False, "full")
+    assert m.lora.rank == 8 and m.dtype == "bfloat16"
+
+
+def test_tiny_is_small_and_builds():
+    c = load_config("tiny")
+    assert c.env.tasks_per_step <= 16 and c.stages.lopd_steps <= 60 and c.composer.num_slots <= 16
+    m = c.model_config()
+    assert m.vocab_size == 576 and m.hidden_size == 64 and m.lora.rank == 4
+    from lopd_jax.tokenizers import tiny_tokenizer
+    assert len(tiny_tokenizer("qwen3")) <= m.vocab_size
+    assert c.rollout.rollout_config().max_turn_tokens == c.rollout.max_turn_tokens
+    assert c.rollout.sampling_params().top_k == 20
+    assert c.checkpoint_dir == "workdirs/tiny/checkpoints"
+    from lopd_jax.envs.registry import get_task_source
+    source = get_task_source(c.env.source, **c.env.kwargs)
+    assert len(source.tasks(c.env.train_split)) >= c.env.tasks_per_step
+    assert len(source.tasks(c.env.eval_split)) >= c.stages.eval_tasks
+
+
+def test_unknown_config_name():
+    with pytest.raises(ConfigError, match=r"did you mean qwen3_8b.*known configs"):
+        load_config("qwen3_8")
+    with pytest.raises(ConfigError, match="known configs"):
+        load_config("../etc")
+
+
+def test_overrides_parse_each_type():
+    c = apply_overrides(TrainConfig(), [
+        "steps.margin=0.1", "--rollout.temperature=1", "env.tasks_per_step=16", "rollout.enable_thinking=true",
+        "model.dtype=bfloat16", "stages.eval_tasks=none", "bank.max_obs_chars=null", "model.hf_path=/ckpt",
+        "model.name=None", "composer.lora.targets=q,v", "composer.lora.rank=4", "env.kwargs={\"seed\": 3}",
+        "env.kwargs.n_train_per_family=8", "env.kwargs.families=[\"bank.deposit\"]", "seed=1e3",
+        "mesh.rules=[[\"vocab\", null], [\"act_batch\", [\"data\", \"fsdp\"]]]", "workdir=a=b",
+    ])
+    assert c.steps.margin == 0.1 and c.rollout.temperature == 1.0 and isinstance(c.rollout.temperature, float)
+    assert c.env.tasks_per_step == 16 and c.rollout.enable_thinking is True and c.model.dtype == "bfloat16"
+    assert c.stages.eval_tasks is None and c.bank.max_obs_chars is None
+    assert c.model.hf_path == "/ckpt" and c.model.name is None
+    assert c.composer.lora.targets == ("q", "v") and c.composer.lora.rank == 4
+    assert c.env.kwargs == {"seed": 3, "n_train_per_family": 8, "families": ["bank.deposit"]}
+    assert c.seed == 1000 and c.workdir == "a=b"
+    assert c.mesh.rules == (("vocab", None), ("act_batch", ("data", "fsdp")))
+    assert from_dict(to_dict(c)) == c
+    assert set(config_diff(TrainConfig(), c)) >= {"steps.margin", "composer.lora.targets", "env.kwargs"}
+
+
+@pytest.mark.parametrize("override, message", [
+    ("steps.margn=0.1", r"unknown key 'steps.margn'.*did you mean margin"),
+    ("stepz.margin=0.1", r"no field 'stepz'.*did you mean steps"),
+    ("model.dtype=bf16", r"model.dtype='bf16': choose one of \['float32', 'bfloat16', 'float16'\]"),
+    ("steps.top_m=1.5", r"steps.top_m='1.5': expected an int"),
+    ("steps.margin=big", r"steps.margin='big': expected a float"),
+    ("rollout.enable_thinking=maybe", r"expected a bool"),
+    ("rollout.top_p=2", r"rollout.top_p=2.0 must be in \(0, 1\]"),
+    ("steps.student_mode=half", r"steps.student_mode='half'.*choose from"),
+    ("composer.lora.targets=q,zz", r"composer.lora.targets.*unknown"),
+    ("composer.lora=3", r"composer.lora is a section"),
+    ("env.source.x=1", r"'source' is a str, not a section"),
+    ("steps.margin", r"must look like dotted.key=value"),
+    ("model.tokenizer=hf", r"needs model.hf_path"),
+    ("stages.eval_tasks=0", r"stages.eval_tasks=0 must be >= 1"),
+    ("env.kwargs=[1]", r"expected a JSON object"),
+])
+def test_bad_overrides(override, message):
+    with pytest.raises(ConfigError, match=message):
+        apply_overrides(TrainConfig(), [override])
+
+
+def test_type_checked_construction():
+    with pytest.raises(ConfigError, match=r"seed='1' has type str; expected int"):
+        TrainConfig(seed="1")
+    with pytest.raises(ConfigError, match="unknown keys"):
+        from_dict({"steps": {"margin": 0.1, "marign": 2}})
+
+
+def test_run_config_resume(tmp_path):
+    cfg = apply_overrides(load_config("tiny"), [f"workdir={tmp_path}"])
+    assert save_run_config(cfg) is False
+    assert load_run_config(str(tmp_path)) == cfg
+    longer = apply_overrides(cfg, ["stages.lopd_steps=100", "checkpoint.keep=5", "mesh.tensor=2", "mesh.fsdp=-1"])
+    assert save_run_config(longer) is True
+    assert load_run_config(str(tmp_path)).stages.lopd_steps == 100
+    changed = apply_overrides(longer, ["steps.margin=0.1", "composer.num_latents=8"])
+    with pytest.raises(ConfigError, match=r"steps.margin: saved 0.05, now 0.1") as e:
+        save_run_config(changed)
+    assert "composer.num_latents" in str(e.value) and "stages.lopd_steps" in str(e.value)
+    check_resume(cfg, longer)  # allowed keys only
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load_run_config(str(tmp_path))
+
+
+def test_hf_path_architecture_check(tmp_path):
+    from models.config import named_config
+    from models.hf_config import to_hf_config
+    (tmp_path / "config.json").write_text(json.dumps(to_hf_config(named_config("tiny_qwen3"))))
+    ok = apply_overrides(TrainConfig(), [f"model.hf_path={tmp_path}", "model.name=tiny_qwen3"])
+    assert ok.model_config().hidden_size == 64 and ok.model_config().lora is not None
+    bad = apply_overrides(ok, ["model.name=tiny_olmo3"])
+    with pytest.raises(ConfigError, match="disagrees with"):
+        bad.model_config()
+    assert apply_overrides(ok, ["model.name=none"]).model_config().num_layers == 2
+    with pytest.raises(ConfigError, match="random-init models only"):
+        apply_overrides(ok, ["model.vocab_size=1024"])
+    # cross-field checks wait for the whole list: the order of overrides does not matter
+    tiny = load_config("tiny")
+    for order in ([f"model.hf_path={tmp_path}", "model.vocab_size=none", "model.tokenizer=hf"],
+                  ["model.tokenizer=hf", "model.vocab_size=none", f"model.hf_path={tmp_path}"]):
+        assert apply_overrides(tiny, order).model.tokenizer == "hf"

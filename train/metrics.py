@@ -1,0 +1,255 @@
+"""Metrics: JSONL records, TensorBoard scalars, console progress, and the run plot.
+
+:class:`MetricsWriter` writes one JSON line per record to ``<workdir>/metrics.jsonl``
+(``step``, ``stage``, wall ``time``, ``elapsed`` seconds, then the metrics), the
+numeric values as TensorBoard scalars ``<stage>/<name>`` under ``<workdir>/tb``
+(tensorboardX), and optionally a short console line. Only process 0 writes on
+multi-host. :class:`Progress` is a tqdm bar with rate and ETA for a stage of known
+length. :func:`plot_run` draws the paper's Figure 4 layout from a metrics file: mean
+reward, the privilege margin Delta and the dual variable beta against the cumulative
+number of rollouts.
+
+Conventional metric names the plot reads: ``reward_mean``, ``delta``, ``beta``,
+``rollouts`` (trajectories in that step; the plot sums them).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+import sys
+import time
+from typing import Any, Iterable, Mapping
+
+import jax
+import numpy as np
+from tqdm import tqdm
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def _scalar(v: Any) -> Any:
+    """A JSON value for ``v``: Python scalars pass, numpy / jax 0-d arrays become numbers."""
+    if isinstance(v, (bool, str)) or v is None:
+        return v
+    if isinstance(v, numbers.Integral):
+        return int(v)
+    if isinstance(v, numbers.Real):
+        return float(v)
+    if hasattr(v, "shape") and hasattr(v, "dtype"):
+        arr = np.asarray(v)
+        if arr.ndim == 0:
+            return arr.item()
+        raise ValueError(f"metric arrays must be scalars, got shape {arr.shape}; reduce it first.")
+    if isinstance(v, (list, tuple)):
+        return [_scalar(x) for x in v]
+    if isinstance(v, Mapping):
+        return {str(k): _scalar(x) for k, x in v.items()}
+    raise TypeError(f"metric value of type {type(v).__name__} is not JSON-serializable.")
+
+
+class MetricsWriter:
+    """JSONL + TensorBoard (+ console) writer for one run directory.
+
+    Args:
+      workdir: run directory (created); the JSONL file is appended to, so a resumed
+        run continues the same file.
+      tensorboard: also write TensorBoard event files under ``<workdir>/tb``.
+      console: print one short line per record (through ``tqdm.write``, so progress
+        bars stay intact).
+      enabled: default ``jax.process_index() == 0``; a disabled writer does nothing.
+    """
+
+    def __init__(self, workdir: str | os.PathLike, *, tensorboard: bool = True, console: bool = False,
+                 enabled: bool | None = None, filename: str = METRICS_FILE):
+        self.workdir = str(workdir)
+        self.enabled = jax.process_index() == 0 if enabled is None else enabled
+        self.path = os.path.join(self.workdir, filename)
+        self.console = console
+        self._start = time.time()
+        self._file = None
+        self._tb = None
+        if self.enabled:
+            os.makedirs(self.workdir, exist_ok=True)
+            self._file = open(self.path, "a", buffering=1)  # line-buffered: a crash loses no record
+            if tensorboard:
+                from tensorboardX import SummaryWriter
+                self._tb = SummaryWriter(logdir=os.path.join(self.workdir, "tb"))
+
+    def write(self, step: int, stage: str, metrics: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Record ``metrics`` for ``step`` of ``stage``; returns the record (None if disabled)."""
+        if not self.enabled:
+            return None
+        clash = {"step", "stage", "time", "elapsed"} & set(metrics)
+        if clash:
+            raise ValueError(f"metric names {sorted(clash)} are reserved for the record header; rename them.")
+        now = time.time()
+        record = {"step": int(step), "stage": str(stage), "time": now, "elapsed": now - self._start}
+        record.update({str(k): _scalar(v) for k, v in metrics.items()})
+        self._file.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            for k, v in record.items():
+                if k not in ("step", "stage", "time") and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self._tb.add_scalar(f"{stage}/{k}", v, global_step=int(step), walltime=now)
+        if self.console:
+            tqdm.write(format_line(record), file=sys.stderr)
+        return record
+
+    def flush(self) -> None:
+        """Push buffered TensorBoard events to disk (JSONL lines are written at once)."""
+        if self._file is not None:
+            self._file.flush()
+        if self._tb is not None:
+            self._tb.flush()
+
+    def close(self) -> None:
+        """Flush and close the files."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+    def __enter__(self) -> "MetricsWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def format_line(record: Mapping[str, Any], keys: Iterable[str] | None = None) -> str:
+    """``[stage step] k=v ...`` with 4 significant digits (``keys`` picks and orders)."""
+    skip = {"step", "stage", "time", "elapsed"}
+    keys = [k for k in (keys or record) if k not in skip and k in record]
+    parts = []
+    for k in keys:
+        v = record[k]
+        parts.append(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}")
+    return f"[{record.get('stage', '?')} {record.get('step', '?')}] " + " ".join(parts)
+
+
+def read_metrics(path: str | os.PathLike, stage: str | None = None) -> list[dict[str, Any]]:
+    """Records of a metrics JSONL file (optionally one stage's), in file order.
+
+    A torn last line (a crash mid-write) is ignored; a bad line elsewhere is an error.
+    """
+    with open(path) as f:
+        lines = f.read().split("\n")
+    out = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            if i >= len(lines) - 2:
+                break
+            raise ValueError(f"{path}:{i + 1} is not a JSON record: {line[:80]!r}") from None
+        if stage is None or rec.get("stage") == stage:
+            out.append(rec)
+    return out
+
+
+class Progress:
+    """A tqdm progress bar for a stage of ``total`` steps (rate and ETA included).
+
+    ``update(n, **postfix)`` advances and shows a few metrics; disabled on processes
+    other than 0 unless ``enabled`` says otherwise. ``initial`` resumes mid-stage.
+    """
+
+    def __init__(self, total: int, desc: str, *, initial: int = 0, unit: str = "step",
+                 enabled: bool | None = None, file=None):
+        enabled = jax.process_index() == 0 if enabled is None else enabled
+        self._bar = tqdm(total=total, initial=initial, desc=desc, unit=unit, disable=not enabled,
+                         file=file or sys.stderr, dynamic_ncols=True, smoothing=0.1)
+
+    def update(self, n: int = 1, **postfix: Any) -> None:
+        """Advance by ``n`` steps; ``postfix`` metrics are shown beside the bar."""
+        if postfix:
+            self._bar.set_postfix({k: (f"{_scalar(v):.4g}" if isinstance(_scalar(v), float) else v)
+                                   for k, v in postfix.items()}, refresh=False)
+        self._bar.update(n)
+
+    @property
+    def n(self) -> int:
+        """Steps done."""
+        return self._bar.n
+
+    def rate(self) -> float | None:
+        """Steps per second so far (None before the first update)."""
+        elapsed = self._bar.format_dict.get("elapsed") or 0.0
+        done = self._bar.n - self._bar.initial
+        return done / elapsed if elapsed > 0 and done > 0 else None
+
+    def close(self) -> None:
+        """Finish the bar."""
+        self._bar.close()
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# ----------------------------------------------------------------------------- plot
+
+
+def _series(records: list[dict[str, Any]], key: str, rollouts_key: str):
+    """(x, y) for ``key``: x = cumulative rollouts (or step when none are logged)."""
+    by_step: dict[int, dict[str, Any]] = {}
+    for r in records:  # a resumed run may repeat steps: the last record of a step wins
+        by_step[int(r["step"])] = r
+    rows = [by_step[s] for s in sorted(by_step)]
+    if any(rollouts_key in r for r in rows):
+        x = np.cumsum([float(r.get(rollouts_key, 0) or 0) for r in rows])
+    else:
+        x = np.array([float(r["step"]) for r in rows])
+    y = np.array([float(r[key]) if isinstance(r.get(key), (int, float)) else math.nan for r in rows])
+    keep = ~np.isnan(y)
+    return x[keep], y[keep]
+
+
+def plot_run(metrics_jsonl: str | os.PathLike, out_png: str | os.PathLike, *, stage: str | None = "lopd",
+             reward_key: str = "reward_mean", delta_key: str = "delta", beta_key: str = "beta",
+             rollouts_key: str = "rollouts", margin: float | None = None, title: str | None = None) -> str:
+    """Figure 4 layout: reward, Delta and beta against cumulative rollouts; returns the path.
+
+    Three stacked panels sharing the x axis. ``margin`` draws the target m on the Delta
+    panel. Metrics absent from the file are left out; none present is an error.
+    """
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(metrics_jsonl, stage)
+    panels = [(reward_key, "mean reward"), (delta_key, "Δ (privilege margin)"), (beta_key, "β (dual variable)")]
+    series = [(k, label, *_series(records, k, rollouts_key)) for k, label in panels]
+    series = [s for s in series if len(s[2])]
+    if not series:
+        raise ValueError(f"{metrics_jsonl} has no {[k for k, _ in panels]} values"
+                         f"{f' for stage {stage!r}' if stage else ''}; nothing to plot.")
+    has_rollouts = any(rollouts_key in r for r in records)
+    fig, axes = plt.subplots(len(series), 1, sharex=True, figsize=(6.4, 2.2 * len(series) + 0.6), squeeze=False)
+    colors = ("tab:blue", "tab:orange", "tab:green")
+    for ax, (key, label, x, y), color in zip(axes[:, 0], series, colors):
+        ax.plot(x, y, color=color, lw=1.5, marker="o" if len(x) < 40 else None, ms=3)
+        if key == delta_key and margin is not None:
+            ax.axhline(margin, color="gray", ls="--", lw=1, label=f"m = {margin:g}")
+            ax.legend(loc="best", fontsize=8)
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("rollouts (cumulative trajectories)" if has_rollouts else "step")
+    fig.suptitle(title or f"{os.path.basename(os.path.dirname(os.path.abspath(metrics_jsonl)))}"
+                          f"{f' - {stage}' if stage else ''}")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(out_png)), exist_ok=True)
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return str(out_png)
+
+
+__all__ = ["MetricsWriter", "Progress", "read_metrics", "format_line", "plot_run", "METRICS_FILE"]
