@@ -54,14 +54,14 @@ def topology_devices(topology: str):
         raise SystemExit(f"unknown topology {topology!r}; known: {known}, cpu:N")
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", topology)
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # no chips: nothing to lock
     try:
         from jax.experimental import topologies
     except ImportError as e:  # pragma: no cover
         raise SystemExit(f"jax.experimental.topologies unavailable: {e}")
     name = {"v5e": "v5e", "v6e": "v6e", "v5p": "v5p", "v4": "v4"}[gen]
-    bounds = (2, 2, 1) if len(shape.split("x")) == 3 else (2, 2)
-    if chips < 4:
-        bounds = tuple(int(x) for x in shape.split("x")) + ((1,) if len(shape.split("x")) == 3 else ())
+    dims = [int(x) for x in shape.split("x")]
+    bounds = (min(dims[0], 2), min(dims[1], 2), 1)  # hosts of up to 2x2 chips
     try:
         desc = topologies.get_topology_desc(platform="tpu", topology_name=f"{name}:{shape}",
                                             chip_config_name="default", chips_per_host_bounds=bounds,
