@@ -38,8 +38,10 @@ until a stop id or its cap; that work is discarded.)
 Compilation: batch, chunk length, new-token buffer and cache capacity are rounded up to
 length buckets (powers of two or configured lists), and params / temperature / top-p are
 traced arguments -- sampling from the student's current parameters each step neither
-reloads nor recompiles. ``top_k`` is static (``lax.top_k`` needs a static k; 0 disables
-it, which sorts the whole vocabulary).
+reloads nor recompiles. ``top_k`` is static (``lax.top_k`` needs a static k). Chunks
+longer than ``prefill_block`` are prefilled block by block (a scan), so a long prompt never
+builds ``[B, heads, C, capacity]`` attention scores at once. The sampling math lives in
+:mod:`train.sampling`.
 """
 
 from __future__ import annotations
@@ -55,28 +57,14 @@ from flax import nnx
 
 from models.decoder import KVCache
 from models.partitioning import Rules
+from train.sampling import SamplingParams, processed_logprobs, sample_logits
+
+__all__ = ["BucketConfig", "DecodeCache", "Generation", "Sampler", "SamplingParams", "bucket",
+           "processed_logprobs", "sample_logits"]
 
 FINISH_STOP = "stop"
 FINISH_STOP_STRING = "stop_string"
 FINISH_LENGTH = "length"
-
-
-@dataclasses.dataclass(frozen=True)
-class SamplingParams:
-    """Sampling settings (SPEC 2.2 defaults). ``temperature == 0`` is greedy; ``top_k = 0``
-    and ``top_p = 1`` disable those filters."""
-
-    temperature: float = 0.7
-    top_p: float = 0.95
-    top_k: int = 20
-
-    def __post_init__(self):
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0 or int(self.top_k) != self.top_k:
-            raise ValueError(f"top_k must be an int >= 0 (0 = off), got {self.top_k}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,48 +99,6 @@ def bucket(n: int, buckets: Sequence[int] = (), minimum: int = 1, multiple_of: i
     if size is None:
         size = 1 << (max(n, minimum) - 1).bit_length()
     return -(-size // multiple_of) * multiple_of
-
-
-def processed_logprobs(logits: jax.Array, temperature, top_p, top_k: int):
-    """The distribution :func:`sample_logits` samples from, over the top-k candidates.
-
-    Temperature, then top-k, then top-p on the top-k-filtered distribution (Hugging Face's
-    warper order): a candidate is kept when the probability mass of the candidates ranked
-    above it is below ``top_p`` (the first always stays). ``top_k = 0`` keeps the whole
-    vocabulary (a full sort). Greedy rows (``temperature <= 0``) are scaled by 1 here.
-    Returns ``(log-probs [B, k] with -inf on dropped candidates, token ids [B, k])``,
-    candidates sorted by descending logit (ties: lower id first).
-    """
-    logits = logits.astype(jnp.float32)
-    V = logits.shape[-1]
-    k = top_k if 0 < top_k < V else V
-    vals, idx = jax.lax.top_k(logits, k)
-    temperature = jnp.asarray(temperature, jnp.float32)
-    t = jnp.where(temperature <= 0, 1.0, temperature)
-    scaled = vals / t.reshape(t.shape + (1,))  # scalar or per-row [B]
-    probs = jax.nn.softmax(scaled, axis=-1)
-    mass_before = jnp.cumsum(probs, axis=-1) - probs
-    top_p = jnp.asarray(top_p, jnp.float32)
-    keep = (mass_before < top_p.reshape(top_p.shape + (1,))) | (jnp.arange(k) == 0)
-    return jax.nn.log_softmax(jnp.where(keep, scaled, -jnp.inf), axis=-1), idx
-
-
-def sample_logits(logits: jax.Array, key: jax.Array, temperature, top_p, top_k: int):
-    """Sample one token per row of ``logits`` [B, V] from :func:`processed_logprobs`.
-
-    Greedy where ``temperature <= 0`` (the first maximal index, like ``argmax``).
-    Returns ``(tokens [B] int32, processed log-prob [B], raw temperature-1 log-prob [B])``;
-    the processed log-prob is 0 for greedy rows (a point mass).
-    """
-    logits = logits.astype(jnp.float32)
-    raw = jax.nn.log_softmax(logits, axis=-1)
-    processed, idx = processed_logprobs(logits, temperature, top_p, top_k)
-    greedy = jnp.asarray(temperature, jnp.float32) <= 0
-    choice = jnp.where(greedy, 0, jax.random.categorical(key, processed, axis=-1))
-    tokens = jnp.take_along_axis(idx, choice[:, None], axis=-1)[:, 0].astype(jnp.int32)
-    lp = jnp.where(greedy, 0.0, jnp.take_along_axis(processed, choice[:, None], axis=-1)[:, 0])
-    raw_lp = jnp.take_along_axis(raw, tokens[:, None], axis=-1)[:, 0]
-    return tokens, lp, raw_lp
 
 
 @dataclasses.dataclass
@@ -193,21 +139,46 @@ class Generation:
         return [0 if t is None else len(t) for t in self.tokens]
 
 
+def _prefill(call, head, kv: KVCache, chunk, chunk_len, embeds, block: int):
+    """Write the chunk into the cache in blocks of ``block`` tokens (a scan, so a long
+    prompt never builds [B, heads, C, T] attention scores at once); return the final
+    hidden state at each row's last chunk token [B, D] (fp32) and the new cache."""
+    B, C = chunk.shape
+    P = min(block, C)
+    base = kv.lengths
+    last = jnp.maximum(chunk_len - 1, 0)
+
+    def run(kv, j, ids, emb):
+        offs = j * P + jnp.arange(P, dtype=jnp.int32)
+        kw = dict(positions=base[:, None] + offs[None], attention_mask=offs[None] < chunk_len[:, None], cache=kv)
+        h, kv = call(ids, **kw) if emb is None else call(inputs_embeds=emb, **kw)
+        pick = jnp.take_along_axis(h, (last % P)[:, None, None], axis=1)[:, 0].astype(jnp.float32)
+        return kv, pick, (last // P) == j
+
+    if P == C:
+        kv, h_last, _ = run(kv, 0, chunk, embeds)
+        return h_last, kv
+    n = C // P
+
+    def body(carry, xs):
+        kv, h_last = carry
+        kv, pick, sel = run(kv, *xs)
+        return (kv, jnp.where(sel[:, None], pick, h_last)), None
+
+    xs = (jnp.arange(n, dtype=jnp.int32), chunk.reshape(B, n, P).swapaxes(0, 1),
+          None if embeds is None else embeds.reshape(B, n, P, -1).swapaxes(0, 1))
+    (kv, h_last), _ = jax.lax.scan(body, (kv, jnp.zeros((B, head.shape[0]), jnp.float32)), xs)
+    return h_last, kv
+
+
 def _decode_turn(graphdef, n_new: int, top_k: int, stop_ids: tuple[int, ...], lora: bool, pad_id: int,
-                 params, kv: KVCache, chunk, chunk_len, max_new, key, temperature, top_p, embeds):
+                 block: int, params, kv: KVCache, chunk, chunk_len, max_new, key, temperature, top_p, embeds):
     """Prefill one chunk per row, then decode up to ``n_new`` tokens (see module docstring)."""
     model = nnx.merge(graphdef, params)
-    B, C = chunk.shape
-    positions = kv.lengths[:, None] + jnp.arange(C, dtype=jnp.int32)[None]
-    amask = jnp.arange(C)[None] < chunk_len[:, None]
+    B = chunk.shape[0]
     call = functools.partial(model, return_hidden=True, **({"lora": True} if lora else {}))
-    if embeds is None:
-        h, kv = call(chunk, positions=positions, attention_mask=amask, cache=kv)
-    else:
-        h, kv = call(inputs_embeds=embeds, positions=positions, attention_mask=amask, cache=kv)
-    last = jnp.maximum(chunk_len - 1, 0)
-    h_last = jnp.take_along_axis(h, last[:, None, None], axis=1)[:, 0]
     head = model.lm_head_kernel()
+    h_last, kv = _prefill(call, head, kv, chunk, chunk_len, embeds, block)
     stops = jnp.asarray(stop_ids, jnp.int32)
 
     def sample(hidden, t):
@@ -273,12 +244,16 @@ class Sampler:
         function used to find them (e.g. a tokenizer's ``decode``).
       lora: run the model with its LoRA adapters on.
       pad_id: id written in unused token slots.
+      prefill_block: chunks longer than this are prefilled in blocks of this many tokens
+        (bounds the attention scores of a long prompt; a power of two).
     """
 
     def __init__(self, model: nnx.Module, *, stop_ids: Sequence[int], sampling: SamplingParams = SamplingParams(),
                  buckets: BucketConfig = BucketConfig(), rules: Rules | None = None,
                  stop_strings: Sequence[str] = (), decode: Callable[[list[int]], str] | None = None,
-                 lora: bool = False, pad_id: int = 0):
+                 lora: bool = False, pad_id: int = 0, prefill_block: int = 256):
+        if prefill_block < 1 or prefill_block & (prefill_block - 1):
+            raise ValueError(f"prefill_block must be a power of two, got {prefill_block}")
         if stop_strings and decode is None:
             raise ValueError("stop_strings need a decode function (ids -> text), e.g. tokenizer.decode")
         self.graphdef, _ = nnx.split(model)
@@ -292,6 +267,7 @@ class Sampler:
         self.decode = decode
         self.lora = lora
         self.pad_id = int(pad_id)
+        self.prefill_block = int(prefill_block)
         self._compiled: dict[tuple, Callable] = {}
 
     @staticmethod
@@ -317,11 +293,11 @@ class Sampler:
     def _batch_sharding(self, ndim: int):
         return None if self.rules is None else self.rules.sharding(("act_batch",) + (None,) * (ndim - 1))
 
-    def _kv_sharding(self, kv: KVCache):
+    def _kv_sharding(self, kv: KVCache, shape=None):
         if self.rules is None:
             return None
         names = ("layers", "act_batch", None, "act_kv_heads", None)
-        s = self.rules.sharding(names, kv.k.shape)
+        s = self.rules.sharding(names, kv.k.shape if shape is None else shape)
         return KVCache(s, s, self._batch_sharding(1))
 
     def _put(self, x, sharding):
@@ -338,7 +314,10 @@ class Sampler:
         b = self.batch_bucket(batch)
         spec = self._cache_spec.k
         shape = (spec.shape[0], b, cap, *spec.shape[3:])
-        return self._set_kv(jnp.zeros(shape, spec.dtype), jnp.zeros(shape, spec.dtype), np.zeros(b, np.int64))
+        zeros = functools.partial(jnp.zeros, shape, spec.dtype)
+        if self.rules is not None:  # build each shard in place, never the whole cache on one device
+            zeros = jax.jit(zeros, out_shardings=self._kv_sharding(self._cache_spec, shape).k)
+        return self._set_kv(zeros(), zeros(), np.zeros(b, np.int64))
 
     def _set_kv(self, k, v, lengths: np.ndarray) -> DecodeCache:
         kv = KVCache(k, v, jnp.asarray(lengths, jnp.int32))
@@ -369,7 +348,8 @@ class Sampler:
     def _fn(self, n_new: int, top_k: int, shapes: tuple, has_embeds: bool, kv: KVCache):
         key = (n_new, top_k, has_embeds, shapes)
         if key not in self._compiled:
-            core = functools.partial(_decode_turn, self.graphdef, n_new, top_k, self.stop_ids, self.lora, self.pad_id)
+            core = functools.partial(_decode_turn, self.graphdef, n_new, top_k, self.stop_ids, self.lora, self.pad_id,
+                                     self.prefill_block)
             kw: dict[str, Any] = {"donate_argnums": (1,)}
             if self.rules is not None:
                 b2 = self._batch_sharding(2)
@@ -428,6 +408,8 @@ class Sampler:
         if not clen.any():
             raise ValueError("extend needs at least one row with a chunk")
         C = bucket(clen.max(), self.buckets.chunk, self.buckets.minimum)
+        if C > self.prefill_block:
+            C = -(-C // self.prefill_block) * self.prefill_block
         n_new = bucket(cap.max(), self.buckets.new_tokens, self.buckets.minimum)
         ids = np.full((B, C), self.pad_id, np.int32)
         for i, c in enumerate(chunks):

@@ -1,0 +1,57 @@
+"""Evaluation statistics over finished rollouts: success, reward and the behaviour
+statistics of the paper's Table 3.
+
+Definitions (per evaluated trajectory, then averaged over trajectories unless noted):
+
+* ``success_rate``: fraction with reward >= ``success_threshold`` (default 1.0: all checks
+  passed / all tests passed).
+* ``mean_reward``: mean reward in [0, 1].
+* ``mean_env_steps``: environment steps (assistant turns passed to ``Environment.step``).
+* ``tool_calls_per_step``: total tool calls / total environment steps (pooled).
+* ``repeated_calls``: tool calls identical (name and arguments) to an earlier call of the
+  same episode.
+* ``first_response_tokens``: generated tokens in the first assistant turn (end-of-turn id
+  included).
+* ``reward_per_call``: total reward / total tool calls (pooled; ``None`` without calls).
+
+Also reported: mean tool calls, error observations and generated / total tokens per
+trajectory, finish-reason counts and the mean reward per task family.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import Any, Sequence
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return float(sum(xs) / len(xs)) if xs else 0.0
+
+
+def behaviour_stats(trajectories: Sequence[Any], success_threshold: float = 1.0) -> dict[str, Any]:
+    """The statistics above for :class:`train.rollout.Trajectory` objects."""
+    if not trajectories:
+        raise ValueError("behaviour_stats needs at least one trajectory")
+    rewards = [float(t.reward) for t in trajectories]
+    steps = [int(t.env_stats.get("turns", 0)) for t in trajectories]
+    calls = [int(t.env_stats.get("tool_calls", 0)) for t in trajectories]
+    families: dict[str, list[float]] = defaultdict(list)
+    for t in trajectories:
+        families[t.task.family or t.task.env_id].append(float(t.reward))
+    total_calls = sum(calls)
+    return {
+        "num_trajectories": len(trajectories),
+        "success_rate": _mean([r >= success_threshold for r in rewards]),
+        "mean_reward": _mean(rewards),
+        "mean_env_steps": _mean(steps),
+        "tool_calls_per_step": float(total_calls / sum(steps)) if sum(steps) else 0.0,
+        "repeated_calls": _mean([int(t.env_stats.get("repeated_calls", 0)) for t in trajectories]),
+        "first_response_tokens": _mean([t.turn_lengths[0] if t.turn_lengths else 0 for t in trajectories]),
+        "reward_per_call": float(sum(rewards) / total_calls) if total_calls else None,
+        "mean_tool_calls": _mean(calls),
+        "mean_errors": _mean([int(t.env_stats.get("errors", 0)) for t in trajectories]),
+        "mean_generated_tokens": _mean([float(sum(t.turn_lengths)) for t in trajectories]),
+        "mean_total_tokens": _mean([float(len(t.tokens)) for t in trajectories]),
+        "finish_reasons": dict(Counter(t.finish_reason for t in trajectories)),
+        "reward_by_family": {k: _mean(v) for k, v in sorted(families.items())},
+    }

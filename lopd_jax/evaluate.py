@@ -1,0 +1,182 @@
+"""Evaluate a policy on an environment family: success rate, mean reward, Table 3 statistics.
+
+    python -m lopd_jax.evaluate --model=HF_DIR_or_tiny --env=synthetic --split=heldout \\
+        [--num_tasks N] [--out FILE] [--temperature 0.7 --top_p 0.95 --top_k 20] ...
+
+``--model`` is a Hugging Face checkpoint directory (or ``gs://`` prefix) with its tokenizer
+files, or ``tiny``: the ``tiny_qwen3`` backbone with random weights (seeded by ``--seed``)
+and the tiny Qwen3-format tokenizer, for smoke runs. Tasks are rolled out in batches of
+``--batch_size`` with :func:`train.rollout.rollout`; the statistics are
+:func:`lopd_jax.eval_stats.behaviour_stats`. The metrics are printed as JSON and, with
+``--out``, written with per-task results. Bad arguments exit with status 2.
+
+Argument parsing lives in :func:`build_parser` / :func:`parse_args` so training-config and
+checkpoint options (``--config``, ``--checkpoint``) can be added there later.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any, Sequence
+
+from lopd_jax.envs.registry import known_task_sources
+
+TINY = "tiny"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line options."""
+    p = argparse.ArgumentParser(prog="python -m lopd_jax.evaluate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="Hugging Face checkpoint dir / gs:// prefix, or 'tiny'")
+    p.add_argument("--env", default="synthetic", help=f"task source, one of {known_task_sources()}")
+    p.add_argument("--env_kwargs", default="{}", help="JSON object of task-source arguments")
+    p.add_argument("--split", default="heldout", choices=("train", "heldout"))
+    p.add_argument("--num_tasks", type=int, default=None, help="evaluate the first N tasks (default: all)")
+    p.add_argument("--out", default=None, help="write the metrics and per-task results here (JSON)")
+    p.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
+    p.add_argument("--top_p", type=float, default=0.95)
+    p.add_argument("--top_k", type=int, default=20, help="0 = off")
+    p.add_argument("--max_steps", type=int, default=30, help="environment steps per episode")
+    p.add_argument("--max_turn_tokens", type=int, default=2048)
+    p.add_argument("--max_total_tokens", type=int, default=40_960)
+    p.add_argument("--batch_size", type=int, default=32, help="trajectories sampled together")
+    p.add_argument("--env_workers", type=int, default=0, help="threads for environment steps")
+    p.add_argument("--chat_format", default=None, help="chat format family (default: the model's family)")
+    p.add_argument("--enable_thinking", action="store_true", help="let the model open a <think> block")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--success_threshold", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse and validate; any bad value exits with status 2 and a message naming the fix."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.model != TINY and not args.model.startswith("gs://") and not os.path.isdir(args.model):
+        parser.error(f"--model={args.model!r} is neither 'tiny' nor an existing checkpoint directory")
+    if args.env not in known_task_sources():
+        parser.error(f"--env={args.env!r} is unknown; choose one of {known_task_sources()}")
+    try:
+        args.env_kwargs = json.loads(args.env_kwargs)
+    except json.JSONDecodeError as e:
+        parser.error(f"--env_kwargs is not valid JSON ({e.msg}); pass e.g. '{{\"n_heldout_per_family\": 4}}'")
+    if not isinstance(args.env_kwargs, dict):
+        parser.error("--env_kwargs must be a JSON object")
+    checks = [
+        (args.num_tasks is None or args.num_tasks >= 1, "--num_tasks must be >= 1"),
+        (args.temperature >= 0, "--temperature must be >= 0 (0 = greedy)"),
+        (0 < args.top_p <= 1, "--top_p must be in (0, 1]"),
+        (args.top_k >= 0, "--top_k must be >= 0 (0 = off)"),
+        (args.max_steps >= 1, "--max_steps must be >= 1"),
+        (args.max_turn_tokens >= 1, "--max_turn_tokens must be >= 1"),
+        (args.max_total_tokens >= 2, "--max_total_tokens must be >= 2"),
+        (args.batch_size >= 1, "--batch_size must be >= 1"),
+        (args.env_workers >= 0, "--env_workers must be >= 0"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            parser.error(message)
+    if args.out is not None:
+        parent = os.path.dirname(os.path.abspath(args.out))
+        if not os.path.isdir(parent):
+            parser.error(f"--out={args.out!r}: directory {parent!r} does not exist")
+    return args
+
+
+def load_policy(model_arg: str, *, seed: int = 0, dtype: str = "float32"):
+    """``(model, tokenizer, family)`` for ``--model``."""
+    from flax import nnx
+
+    from models.config import named_config
+    from models.decoder import Decoder
+
+    if model_arg == TINY:
+        from lopd_jax.tokenizers import tiny_tokenizer
+
+        tok = tiny_tokenizer("qwen3")
+        cfg = named_config("tiny_qwen3", dtype=dtype, param_dtype=dtype)
+        cfg = cfg.replace(vocab_size=max(cfg.vocab_size, -(-len(tok) // 64) * 64))
+        return Decoder(cfg, rngs=nnx.Rngs(seed)), tok, "qwen3"
+    from models import from_pretrained
+
+    model = from_pretrained(model_arg, dtype=dtype)
+    try:
+        import transformers
+
+        tok = transformers.AutoTokenizer.from_pretrained(model_arg)
+    except (OSError, ValueError) as e:
+        if model.cfg.family != "qwen3":
+            raise ValueError(f"no tokenizer files in {model_arg!r} ({e}); save the checkpoint's tokenizer "
+                             "there (tokenizer.save_pretrained)") from e
+        from lopd_jax.tokenizers import qwen3_tokenizer
+
+        tok = qwen3_tokenizer()
+    if len(tok) > model.cfg.vocab_size:
+        raise ValueError(f"tokenizer has {len(tok)} tokens but the model's vocabulary is {model.cfg.vocab_size}")
+    return model, tok, model.cfg.family
+
+
+def evaluate(args: argparse.Namespace) -> dict[str, Any]:
+    """Roll out the tasks of ``args`` and return ``{"metrics", "trajectories", "config"}``."""
+    import jax
+
+    from lopd_jax.chat import make_chat_format
+    from lopd_jax.envs.registry import get_task_source
+    from lopd_jax.eval_stats import behaviour_stats
+    from train.rollout import RolloutConfig, rollout
+    from train.sampler import Sampler, SamplingParams
+
+    try:
+        source = get_task_source(args.env, **args.env_kwargs)
+    except TypeError as e:
+        raise ValueError(f"--env_kwargs do not fit the {args.env!r} task source: {e}") from e
+    tasks = source.tasks(args.split)
+    if args.num_tasks is not None:
+        tasks = tasks[: args.num_tasks]
+    if not tasks:
+        raise ValueError(f"the {args.env!r} source has no {args.split!r} tasks")
+    model, tok, family = load_policy(args.model, seed=args.seed, dtype=args.dtype)
+    fmt = make_chat_format(args.chat_format or family, tok, enable_thinking=args.enable_thinking)
+    sampling = SamplingParams(args.temperature, args.top_p, args.top_k)
+    sampler = Sampler(model, stop_ids=fmt.stop_ids, sampling=sampling, pad_id=tok.pad_token_id or 0)
+    params = Sampler.params_of(model)
+    config = RolloutConfig(max_env_steps=args.max_steps, max_turn_tokens=args.max_turn_tokens,
+                           max_total_tokens=args.max_total_tokens, env_workers=args.env_workers)
+    rng = jax.random.key(args.seed)
+    start = time.perf_counter()
+    trajs = []
+    for i in range(0, len(tasks), args.batch_size):
+        batch = tasks[i:i + args.batch_size]
+        trajs += rollout(sampler, params, fmt, source.make_env, batch, jax.random.fold_in(rng, i), config)
+    elapsed = time.perf_counter() - start
+    metrics = behaviour_stats(trajs, success_threshold=args.success_threshold)
+    metrics["rollout_seconds"] = round(elapsed, 3)
+    metrics["trajectories_per_minute"] = round(60.0 * len(trajs) / elapsed, 2)
+    per_task = [{"task_id": t.task.task_id, "family": t.task.family, "reward": t.reward,
+                 "finish_reason": t.finish_reason, "num_turns": t.num_turns, "turn_lengths": t.turn_lengths,
+                 "env_stats": t.env_stats} for t in trajs]
+    return {"config": vars(args), "metrics": metrics, "trajectories": per_task}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point."""
+    args = parse_args(argv)
+    try:
+        result = evaluate(args)
+    except (ValueError, FileNotFoundError, ImportError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(result["metrics"], indent=2))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
