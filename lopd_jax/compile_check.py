@@ -146,6 +146,8 @@ def run(args) -> dict:
                         attention_impl=args.attention, attention_block_q=args.block, attention_block_kv=args.block)
     ccfg = ComposerConfig(num_latents=args.latents, n_ret=args.n_ret, depth=args.depth)
     mcfg = mcfg.replace(lora=ccfg.lora)
+    if args.layers:
+        mcfg = mcfg.replace(num_layers=args.layers, layer_types=mcfg.layer_types[:args.layers])
     step_cfg = StepConfig(logits_chunk=args.logits_chunk, top_m=args.top_m)
     mesh_cfg = MeshConfig(data=args.data, fsdp=args.fsdp, tensor=args.tensor)
     t0 = time.time()
@@ -202,6 +204,7 @@ def parse_args(argv=None):
     p.add_argument("--latents", type=int, default=32)
     p.add_argument("--n_ret", type=int, default=3)
     p.add_argument("--depth", type=int, default=8)
+    p.add_argument("--layers", type=int, default=0, help="override the number of layers (0 = as configured)")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--param_dtype", default="float32")
     p.add_argument("--remat", default="full")

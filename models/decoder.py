@@ -214,32 +214,38 @@ class Decoder(nnx.Module):
         layer_params = self._layer_params(lora)
         xs = {"p": layer_params, "window": jnp.asarray(windows), "rope": jnp.asarray(rope_index),
               "idx": jnp.arange(cfg.num_layers)}
-        if cache is not None:
-            xs["ck"], xs["cv"] = cache.k, cache.v
 
-        def body(h, layer):
+        def body(carry, layer):
+            # The whole cache rides in the carry and each layer's slice is updated in place:
+            # passing it as scanned input/output would copy the full cache every step.
+            h, ck_all, cv_all = carry
             rng = None if dropout_rng is None else jax.random.fold_in(dropout_rng, layer["idx"])
-            ck = layer.get("ck")
+            ck = cv = None
+            if ck_all is not None:
+                ck = jax.lax.dynamic_index_in_dim(ck_all, layer["idx"], 0, keepdims=False)
+                cv = jax.lax.dynamic_index_in_dim(cv_all, layer["idx"], 0, keepdims=False)
             h, new_k, new_v = self._layer(h, layer["p"], cos[layer["rope"]], sin[layer["rope"]], positions,
-                                          k_pos, k_valid, layer["window"], lora, rng, ck, layer.get("cv"))
-            return h, (new_k, new_v) if ck is not None else None
+                                          k_pos, k_valid, layer["window"], lora, rng, ck, cv)
+            if ck_all is not None:
+                ck_all = jax.lax.dynamic_update_index_in_dim(ck_all, new_k, layer["idx"], 0)
+                cv_all = jax.lax.dynamic_update_index_in_dim(cv_all, new_v, layer["idx"], 0)
+            return (h, ck_all, cv_all), None
 
-        if cfg.remat_policy != "none":
+        if cfg.remat_policy != "none" and cache is None:
             body = jax.checkpoint(body, policy=_REMAT[cfg.remat_policy], prevent_cse=not cfg.scan_layers)
+        carry = (x, None, None) if cache is None else (x, cache.k, cache.v)
         if cfg.scan_layers:
-            x, kv = jax.lax.scan(body, x, xs)
+            carry, _ = jax.lax.scan(body, carry, xs)
         else:
-            outs = []
             for i in range(cfg.num_layers):
-                x, o = body(x, jax.tree.map(lambda a: a[i], xs))
-                outs.append(o)
-            kv = None if cache is None else jax.tree.map(lambda *a: jnp.stack(a), *outs)
+                carry, _ = body(carry, jax.tree.map(lambda a: a[i], xs))
+        x, ck_all, cv_all = carry
 
         h = rms_norm(x, self.final_norm[...], cfg.rms_norm_eps, cfg.rmsnorm_weight_first)
         out = h if return_hidden else constrain(self.logits(h), ("act_batch", "act_seq", "act_vocab"), self.rules)
         if cache is None:
             return out
-        return out, KVCache(kv[0], kv[1], new_lengths)
+        return out, KVCache(ck_all, cv_all, new_lengths)
 
     def _layer_params(self, lora: bool) -> dict:
         names = list(projection_shapes(self.cfg)) + ["attn_norm", "mlp_norm"]
