@@ -44,7 +44,7 @@ def test_tiny_is_small_and_builds():
     c = load_config("tiny")
     assert c.env.tasks_per_step <= 16 and c.stages.lopd_steps <= 60 and c.composer.num_slots <= 16
     m = c.model_config()
-    assert m.vocab_size == 576 and m.hidden_size == 64 and m.lora.rank == 4
+    assert m.vocab_size == 896 and m.hidden_size == 64 and m.lora.rank == 4
     from lopd_jax.tokenizers import tiny_tokenizer
     assert len(tiny_tokenizer("qwen3")) <= m.vocab_size
     assert c.rollout.rollout_config().max_turn_tokens == c.rollout.max_turn_tokens

@@ -1,0 +1,72 @@
+"""Export a run's student: ``python -m lopd_jax.export --workdir=DIR --out=HF_DIR [--step N]``.
+
+Restores the student from the run's newest LOPD checkpoint (or ``--step``) onto the
+config saved in ``DIR/config.json`` and writes it as a Hugging Face checkpoint
+(safetensors + config.json + tokenizer files) that ``transformers`` loads. A LoRA-only
+student is merged into theta0 (the warm-up result when the run had one, else the base
+weights). Exit status 2 on a bad workdir / missing checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line options."""
+    p = argparse.ArgumentParser(prog="python -m lopd_jax.export", description=__doc__.split("\n\n")[0])
+    p.add_argument("--workdir", required=True, help="a run directory written by python -m lopd_jax.train")
+    p.add_argument("--out", required=True, help="output Hugging Face checkpoint directory (local or gs://)")
+    p.add_argument("--step", type=int, default=None, help="LOPD checkpoint step (default: the newest)")
+    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
+                   help="tensor dtype in the files (default: the run's param dtype)")
+    return p
+
+
+def restore_student(workdir: str, step: int | None = None):
+    """``(ctx, student, frozen)`` from the run in ``workdir``: the context rebuilt from its
+    saved config, the student params of LOPD checkpoint ``step`` and theta0."""
+    import jax
+    import jax.numpy as jnp
+
+    from lopd_jax.config import load_run_config
+    from train.checkpoint import Checkpointer, abstract_tree
+    from train.stages import RunContext
+
+    cfg = load_run_config(workdir)
+    ctx = RunContext(cfg)
+    system = ctx.system
+    if cfg.stages.warmup_steps > 0:  # theta0 is the warm-up result
+        from train import warmup
+        opt, _ = warmup.make_sft_step(system, cfg.stages.warmup_lr)
+        theta = system.initial_params()[0]
+        target = {"step": jnp.zeros((), jnp.int32), "params": theta, "opt": jax.eval_shape(opt.init, theta)}
+        with Checkpointer(ctx.ckpt_dir("warmup")) as ck:
+            warm, _ = ck.restore(None, abstract_tree(target))
+        ctx.set_theta0(warm["params"])
+    abstract, _ = system.abstract_state(cfg.seed)
+    with Checkpointer(ctx.ckpt_dir("lopd")) as ck:
+        state, _ = ck.restore(step, abstract_tree(abstract, system.state_shardings(abstract)))
+    return ctx, state["student"], system.initial_params()[0]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point."""
+    args = build_parser().parse_args(argv)
+    from lopd_jax.config import ConfigError
+    from train.checkpoint import CheckpointError
+    try:
+        ctx, student, frozen = restore_student(args.workdir, args.step)
+    except (ConfigError, CheckpointError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    from train.loop import export_student
+    files = export_student(ctx, student, frozen, args.out, dtype=args.dtype)
+    print(f"wrote {len(files)} files to {args.out}: {files}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

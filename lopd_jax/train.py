@@ -1,0 +1,88 @@
+"""Train with LOPD end to end: ``python -m lopd_jax.train --config=NAME --workdir=DIR [key=value ...]``.
+
+Runs the stages of :mod:`train.loop` (tiny warm-up, held-out evaluation, experience bank,
+composer cold start, LOPD steps, evaluation, Hugging Face export, plot); a rerun of the
+same command resumes. Overrides are dotted config keys (``stages.lopd_steps=8``,
+``bank.min_reward=0.5``, ``env.kwargs.n_train_per_family=4``); ``--workdir`` is the
+``workdir`` key. On a multi-host TPU slice run the same command on every host
+(``tpu_scripts/run.sh``); ``jax.distributed.initialize()`` is called when the slice has
+more than one host.
+
+Exit status: 0 done (or preempted with a checkpoint saved: rerun to resume); 2 a bad
+config, unknown key, bad value or missing path (nothing compiled or written); 3 the run
+stopped with an explanation (e.g. the experience bank came out empty).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Sequence
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line options."""
+    p = argparse.ArgumentParser(prog="python -m lopd_jax.train", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="tiny", help="a configs/NAME.py config (default tiny)")
+    p.add_argument("--workdir", default=None, help="run directory (local or gs://); default: the config's")
+    p.add_argument("overrides", nargs="*", help="dotted overrides key=value")
+    return p
+
+
+def _exists(path: str) -> bool:
+    return path.startswith("gs://") or os.path.exists(path)
+
+
+def resolve_config(argv: Sequence[str] | None = None):
+    """The validated :class:`lopd_jax.config.TrainConfig` for ``argv``; ConfigError on problems."""
+    from lopd_jax.config import ConfigError, apply_overrides, load_config
+
+    args = build_parser().parse_args(argv)
+    cfg = load_config(args.config)
+    overrides = list(args.overrides) + ([f"workdir={args.workdir}"] if args.workdir else [])
+    cfg = apply_overrides(cfg, overrides)
+    m, b = cfg.model, cfg.bank
+    if m.hf_path and not _exists(m.hf_path):
+        raise ConfigError(f"model.hf_path={m.hf_path!r}: no such checkpoint directory; point it at a Hugging Face "
+                          "checkpoint (local dir or gs://) or set model.hf_path=none for a random-init model.name.")
+    if m.hf_path and not m.hf_path.startswith("gs://") and not os.path.exists(os.path.join(m.hf_path, "config.json")):
+        raise ConfigError(f"model.hf_path={m.hf_path!r} has no config.json; is it a Hugging Face checkpoint?")
+    if b.embedder_path and not _exists(b.embedder_path):
+        raise ConfigError(f"bank.embedder_path={b.embedder_path!r}: no such embedder checkpoint.")
+    if b.path and not _exists(b.path):
+        raise ConfigError(f"bank.path={b.path!r}: no such experience bank directory; drop it to build one.")
+    if cfg.stages.warmup_steps and cfg.env.source != "synthetic":
+        raise ConfigError(f"stages.warmup_steps={cfg.stages.warmup_steps}: the warm-up trains on oracle "
+                          f"demonstrations, which only env.source=synthetic has; set stages.warmup_steps=0.")
+    return cfg
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point (see the module docstring for exit codes)."""
+    from lopd_jax.config import ConfigError
+
+    try:
+        cfg = resolve_config(argv)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    from train.stages import maybe_initialize_distributed
+    maybe_initialize_distributed()
+    from lopd_jax.bank import EmptyBankError
+    from train import loop
+    try:
+        result = loop.run(cfg)
+    except ConfigError as e:  # e.g. a resumed workdir holding another config
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except EmptyBankError as e:
+        print(f"stopped: {e}", file=sys.stderr)
+        return 3
+    if result == loop.PREEMPTED:
+        print("preempted: state saved; rerun the same command to resume.", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""Experience bank construction and the step batches that read from it.
+
+* :func:`build_bank` rolls the student out once over the training split, admits the
+  rollouts with reward >= ``bank.min_reward`` (SPEC 5), builds the FAISS index and saves
+  the bank under ``<workdir>/bank``; or loads the bank named by ``bank.path``.
+  Admitted experiences keep their exact token ids, supervision spans and insertion point,
+  so the cold start trains on the very ids the student produced.
+* :func:`experience_arrays` tokenizes the composer's encoder inputs
+  (:func:`lopd_jax.bank.encoder_input_text`) of the retrieved experiences to
+  ``exp_tokens`` / ``exp_mask`` ``[B, n_ret, max_experience_tokens]``.
+* :func:`lopd_batch` / :func:`cold_start_batch` assemble the step batches documented in
+  :mod:`train.steps`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import jax
+import numpy as np
+
+from lopd_jax.bank import EmptyBankError, Experience, ExperienceBank, encoder_input_text
+from train.rollout import Trajectory, training_arrays
+from train.sampler import bucket
+
+BANK_DIR = "bank"
+BANK_RNG_OFFSET = 1 << 20  # bank rollouts use fold_in(seed key, offset + batch): never an LOPD step's key
+
+
+def make_embedder(cfg):
+    """The embedder the bank section names (hashing, or the backbone Qwen3-Embedding one)."""
+    if cfg.bank.embedder == "hashing":
+        from lopd_jax.embedders import HashingEmbedder
+        return HashingEmbedder(dim=cfg.bank.embedder_dim)
+    from lopd_jax.backbone_embedder import BackboneEmbedder
+    return BackboneEmbedder.from_pretrained(cfg.bank.embedder_path)
+
+
+def _spans(mask: np.ndarray) -> list[list[int]]:
+    """[start, end) runs of ones in a 0/1 mask."""
+    m = np.concatenate([[0], np.asarray(mask, np.int8), [0]])
+    d = np.diff(m)
+    return [[int(a), int(b)] for a, b in zip(np.flatnonzero(d == 1), np.flatnonzero(d == -1))]
+
+
+def to_experience(traj: Trajectory) -> Experience:
+    """A bank entry for a finished trajectory (messages for retrieval, ids for training)."""
+    t = traj.task
+    return Experience(task_id=t.task_id, env_id=t.env_id, instruction=t.instruction, messages=list(traj.messages),
+                      reward=float(traj.reward), token_ids=[int(x) for x in traj.tokens],
+                      info={"family": t.family, "mask_spans": _spans(traj.mask), "insert_at": int(traj.insert_at)})
+
+
+def from_experience(exp: Experience) -> Trajectory:
+    """The trajectory arrays kept in a bank entry (for the cold start)."""
+    from lopd_jax.types import Task
+    if exp.token_ids is None or "mask_spans" not in exp.info:
+        raise ValueError(f"bank entry {exp.task_id!r} has no token ids / mask; the cold start needs a bank built "
+                         "by this program (or set stages.cold_start_steps=0).")
+    tokens = np.asarray(exp.token_ids, np.int32)
+    mask = np.zeros(len(tokens), np.int32)
+    for a, b in exp.info["mask_spans"]:
+        mask[a:b] = 1
+    z = np.zeros(len(tokens), np.float32)
+    task = Task(task_id=exp.task_id, env_id=exp.env_id, instruction=exp.instruction, family=exp.info.get("family") or "")
+    return Trajectory(task=task, tokens=tokens, mask=mask, logprobs=z, raw_logprobs=z, messages=exp.messages,
+                      tools=[], reward=exp.reward, env_stats={}, num_turns=0, turn_lengths=[],
+                      insert_at=int(exp.info["insert_at"]), finish_reason="done")
+
+
+def build_bank(ctx, params, workdir: str) -> tuple[ExperienceBank, dict]:
+    """Collect rollouts on the training split and build (or load) the bank.
+
+    Returns ``(bank, info)``; raises :class:`EmptyBankError` with what to change when no
+    rollout reaches ``bank.min_reward``.
+    """
+    cfg = ctx.cfg
+    embedder = make_embedder(cfg)
+    if cfg.bank.path:
+        bank = ExperienceBank.load(cfg.bank.path, embedder)
+        return bank, {"path": cfg.bank.path, "entries": len(bank), "loaded": True}
+    bank = ExperienceBank(embedder, cfg.bank_config())
+    key = jax.random.key(cfg.seed)
+    B = cfg.env.tasks_per_step
+    rewards = []
+    for i in range(0, len(ctx.train_tasks), B):
+        trajs = ctx.rollout(params, ctx.train_tasks[i:i + B], jax.random.fold_in(key, BANK_RNG_OFFSET + i))
+        rewards += [t.reward for t in trajs]
+        bank.add_many([to_experience(t) for t in trajs])
+    info = {"rollouts": len(rewards), "reward_mean": float(np.mean(rewards)), "entries": len(bank),
+            "min_reward": cfg.bank.min_reward}
+    if not len(bank):
+        best = max(rewards)
+        raise EmptyBankError(
+            f"The experience bank is empty: none of {len(rewards)} rollouts of the training split reached "
+            f"bank.min_reward={cfg.bank.min_reward} (best reward {best:.3f}, mean {info['reward_mean']:.3f}). "
+            "Lower bank.min_reward (e.g. bank.min_reward=" f"{best:.2f}" "), warm the model up longer "
+            "(stages.warmup_steps), or load a bank built elsewhere (bank.path=DIR).")
+    bank.build()
+    path = os.path.join(workdir, BANK_DIR)
+    if jax.process_index() == 0:
+        bank.save(path)
+    info["path"] = path
+    return bank, info
+
+
+def load_bank(ctx, path: str) -> ExperienceBank:
+    """The bank saved at ``path`` with the configured embedder."""
+    return ExperienceBank.load(path, make_embedder(ctx.cfg))
+
+
+def experience_arrays(ctx, instructions: Sequence[str], retrieved: Sequence[Sequence[Experience]]):
+    """``(exp_tokens int32, exp_mask bool)`` ``[B, n_ret, L_e]`` of the encoder inputs."""
+    L = ctx.cfg.composer.max_experience_tokens
+    n = ctx.cfg.composer.n_ret
+    B = len(instructions)
+    toks = np.full((B, n, L), ctx.tokenizer.pad_token_id or 0, np.int32)
+    mask = np.zeros((B, n, L), bool)
+    for b, (task, exps) in enumerate(zip(instructions, retrieved)):
+        for j, e in enumerate(exps[:n]):
+            ids = ctx.tokenizer.encode(encoder_input_text(task, e, ctx.cfg.bank.max_obs_chars),
+                                       add_special_tokens=False)[:L]
+            toks[b, j, :len(ids)] = ids
+            mask[b, j, :len(ids)] = True
+    mask[..., 0] = True  # an empty slot (padding row) still has one valid key
+    return toks, mask
+
+
+def _step_arrays(ctx, trajs: Sequence[Trajectory], bank: ExperienceBank, rows: int) -> dict[str, np.ndarray]:
+    arr = training_arrays(trajs, buckets=ctx.seq_buckets(), minimum=128, pad_id=ctx.tokenizer.pad_token_id or 0)
+    instructions = [t.task.instruction for t in trajs]
+    retrieved = bank.retrieve(instructions, [t.task.task_id for t in trajs])
+    et, em = experience_arrays(ctx, instructions, retrieved)
+    batch = {"tokens": arr["tokens"], "attention_mask": arr["attention_mask"], "loss_mask": arr["mask"],
+             "insert_at": arr["insert_at"], "exp_tokens": et, "exp_mask": em, "rewards": arr["rewards"]}
+    pad = rows - len(trajs)
+    if pad > 0:  # rows without supervision (mask 0) fill the batch up to the mesh's batch shards
+        batch = {k: np.concatenate([v, np.repeat(v[-1:], pad, 0) * (0 if k == "loss_mask" else 1)])
+                 for k, v in batch.items()}
+    return batch
+
+
+def batch_rows(ctx, n: int) -> int:
+    """``n`` rounded up to a multiple of the devices the batch is split over."""
+    return bucket(n, (n,), 1, ctx.sampler.batch_shards)
+
+
+def lopd_batch(ctx, trajs: Sequence[Trajectory], bank: ExperienceBank) -> dict[str, np.ndarray]:
+    """The LOPD step batch of one step's rollouts (with n_ret retrieved experiences each)."""
+    if len(trajs) % ctx.sampler.batch_shards:
+        raise ValueError(f"{len(trajs)} rollouts per step do not split over {ctx.sampler.batch_shards} batch "
+                         "shards; make env.tasks_per_step * env.group_size a multiple of mesh.data * mesh.fsdp.")
+    return _step_arrays(ctx, trajs, bank, len(trajs))
+
+
+def cold_start_batch(ctx, trajs: Sequence[Trajectory], bank: ExperienceBank) -> dict[str, np.ndarray]:
+    """The cold-start batch of successful trajectories (rewards unused)."""
+    batch = _step_arrays(ctx, trajs, bank, batch_rows(ctx, len(trajs)))
+    batch.pop("rewards")
+    return batch

@@ -1,0 +1,369 @@
+"""The end-to-end LOPD training program: warm-up, evaluation, bank, cold start, LOPD, export.
+
+:func:`run` executes the stages of :data:`train.stages.STAGE_ORDER` in order; each
+finished stage is recorded in ``<workdir>/stages.json`` and skipped on a rerun. Stages
+with steps (warm-up, cold start, LOPD) checkpoint every ``checkpoint.every_steps`` and at
+their end into ``<checkpoints>/<stage>`` and resume from their latest checkpoint, so a run
+killed at any point continues where it stopped when the same command runs again.
+
+Determinism: every batch is a function of (seed, stage, step) -- task batches come from a
+grain pipeline whose iterator state is checkpointed, LOPD rollouts sample with
+``fold_in(key(seed), step)`` from the restored student parameters, the step's own PRNG key
+lives in the checkpointed state -- so a resumed run reproduces an uninterrupted one
+bit for bit.
+
+Multi-host: every process runs the same program on the same global batch (task
+pipelines are not split per host): rollouts are SPMD over the whole mesh with identical
+inputs everywhere, environments step identically on every host, batches enter the steps
+through :func:`put_batch`; only process 0 writes metrics, the bank and the export.
+
+SIGTERM (preemption) sets a flag that the step loops poll; the current state is then
+saved and :func:`run` returns :data:`PREEMPTED` (exit status 0).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from train.stages import RunContext, StageLedger
+
+PREEMPTED = "preempted"
+EVAL_RNG_OFFSET = 1 << 21
+EXPORT_DIR = "export"
+PLOT_FILE = "plot.png"
+
+
+def log(msg: str) -> None:
+    """One progress line on stderr (process 0 only)."""
+    if jax.process_index() == 0:
+        print(f"[lopd] {msg}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+def evaluate_policy(ctx: RunContext, params) -> dict[str, Any]:
+    """Greedy rollouts of the held-out tasks: mean reward, success rate and Table-3 stats."""
+    from lopd_jax.eval_stats import behaviour_stats
+    from train.sampler import SamplingParams
+
+    r = ctx.cfg.rollout
+    greedy = SamplingParams(temperature=0.0, top_p=r.top_p, top_k=r.top_k)
+    key = jax.random.fold_in(jax.random.key(ctx.cfg.seed), EVAL_RNG_OFFSET)
+    B = ctx.cfg.env.tasks_per_step
+    trajs, t0 = [], time.perf_counter()
+    for i in range(0, len(ctx.eval_tasks), B):
+        trajs += ctx.rollout(params, ctx.eval_tasks[i:i + B], jax.random.fold_in(key, i), greedy)
+    stats = behaviour_stats(trajs)
+    out = {k: v for k, v in stats.items() if isinstance(v, (int, float))}
+    out["reward_mean"] = float(np.mean([t.reward for t in trajs]))
+    out["eval_tasks"] = len(trajs)
+    out["eval_seconds"] = time.perf_counter() - t0
+    return out
+
+
+# ----------------------------------------------------------------------------- step loops
+
+
+def put_batch(system, batch: dict) -> dict:
+    """Host numpy batch -> global arrays on the system's batch shardings.
+
+    Every process holds the same global batch (see the module docstring), so each device's
+    shard is cut from it with ``make_array_from_callback`` -- valid on one host and on a pod.
+    """
+    shardings = system.batch_shardings(batch)
+    if shardings is None:
+        return batch
+    return {k: jax.make_array_from_callback(np.shape(v), shardings[k], lambda idx, v=np.asarray(v): v[idx])
+            for k, v in batch.items()}
+
+
+def run_steps(ctx: RunContext, stage: str, state, num_steps: int, step_fn: Callable, batch_fn: Callable,
+              *, shardings=None, extra_meta: Callable[[int], dict] | None = None, writer=None,
+              on_metrics: Callable[[int, dict], dict] | None = None,
+              on_restore: Callable[[Any, dict], None] | None = None):
+    """Resumable step loop of one stage; returns ``(state, preempted)``.
+
+    ``state`` is the stage's initial state (also the restore target); ``batch_fn(step)``
+    gives the batch of a step (a function of the step alone, for exact resume);
+    ``step_fn(state, batch) -> (state, metrics)``; ``on_metrics(step, metrics)`` may add
+    to the logged record; ``on_restore(state, metadata)`` sees a restored checkpoint.
+    """
+    from train.checkpoint import Checkpointer, abstract_tree, preemption_agreed
+    from train.metrics import Progress
+
+    c = ctx.cfg.checkpoint
+    ckpt = Checkpointer(ctx.ckpt_dir(stage), every_steps=c.every_steps, keep=c.keep, async_save=c.async_save)
+    start = 0
+    latest = ckpt.latest_step()
+    if latest is not None:
+        state, restored_meta = ckpt.restore(latest, abstract_tree(state, shardings))
+        if on_restore is not None:
+            on_restore(state, restored_meta)
+        start = latest
+        log(f"{stage}: resumed from step {start}")
+    preempted = False
+    meta = lambda s: {"stage": stage, "step": s, **(extra_meta(s) if extra_meta else {})}  # noqa: E731
+    with Progress(num_steps, stage, initial=start) as bar:
+        for s in range(start, num_steps):
+            t0 = time.perf_counter()
+            batch = put_batch(ctx.system, batch_fn(s))
+            t1 = time.perf_counter()
+            state, metrics = step_fn(state, batch)
+            metrics = {k: float(v) for k, v in jax.device_get(metrics).items() if np.ndim(v) == 0}
+            t2 = time.perf_counter()
+            metrics["batch_seconds"], metrics["train_seconds"] = t1 - t0, t2 - t1
+            if on_metrics is not None:
+                metrics.update(on_metrics(s, metrics))
+            if writer is not None:
+                writer.write(s + 1, stage, metrics)
+            bar.update(1)
+            done = s + 1
+            ckpt.save(done, state, meta(done), force=done == num_steps)
+            if done < num_steps and preemption_agreed():
+                ckpt.save(done, state, meta(done), force=True)
+                preempted = True
+                log(f"{stage}: preempted at step {done}; checkpoint saved -- rerun the same command to resume")
+                break
+    if latest is not None and latest >= num_steps:
+        log(f"{stage}: all {num_steps} steps already done")
+    ckpt.close()
+    return state, preempted
+
+
+# ----------------------------------------------------------------------------- stages
+
+
+def warmup_stage(ctx: RunContext, writer):
+    """Supervised warm-up on oracle demonstrations; returns ``(theta, preempted)``."""
+    from train import warmup
+    from train.bank_build import batch_rows
+    from train.data import TaskPipeline
+    from train.rollout import training_arrays
+
+    cfg, system = ctx.cfg, ctx.system
+    theta0, lora0, _ = system.initial_params()
+    demos = warmup.demonstrations(ctx, ctx.train_tasks)
+    pipe = TaskPipeline(list(range(len(demos))), cfg.stages.warmup_batch, seed=cfg.seed, process_index=0,
+                        process_count=1)
+    rows = batch_rows(ctx, cfg.stages.warmup_batch)
+    pad_id = ctx.tokenizer.pad_token_id or 0
+
+    def batch_fn(s):
+        trajs = [demos[i] for i in pipe[s]]
+        arr = training_arrays(trajs, buckets=ctx.seq_buckets(), minimum=128, pad_id=pad_id)
+        batch = {"tokens": arr["tokens"], "attention_mask": arr["attention_mask"], "loss_mask": arr["mask"]}
+        pad = rows - len(trajs)
+        if pad:
+            batch = {k: np.concatenate([v, np.repeat(v[-1:], pad, 0) * (0 if k == "loss_mask" else 1)])
+                     for k, v in batch.items()}
+        return batch
+
+    opt, step = warmup.make_sft_step(system, cfg.stages.warmup_lr)
+    state = {"step": jnp.zeros((), jnp.int32), "params": jax.tree.map(jnp.copy, theta0)}
+    state["opt"] = opt.init(state["params"])
+    jitted, state_sh = warmup.jit_sft_step(system, opt, step, state, batch_fn(0))
+    state, preempted = run_steps(ctx, "warmup", state, cfg.stages.warmup_steps,
+                                 lambda st, b: jitted(st, lora0, b), batch_fn, shardings=state_sh, writer=writer)
+    return state["params"], preempted
+
+
+def cold_start_stage(ctx: RunContext, bank, writer):
+    """Composer cold start (SPEC 3) on the bank's successful trajectories; ``(phi0, preempted)``."""
+    from train.bank_build import cold_start_batch, from_experience
+    from train.data import TaskPipeline
+    from train.steps import make_cold_start_step
+
+    cfg, system = ctx.cfg, ctx.system
+    trajs = [from_experience(e) for e in bank.entries]
+    pipe = TaskPipeline(list(range(len(trajs))), min(cfg.stages.cold_start_batch, len(trajs)), seed=cfg.seed,
+                        process_index=0, process_count=1)
+    batch_fn = lambda s: cold_start_batch(ctx, [trajs[i] for i in pipe[s]], bank)  # noqa: E731
+    state = system.init_cold_start_state(cfg.seed)
+    shardings = system.cold_start_shardings(state)
+    from train import mesh as mesh_lib
+    state = mesh_lib.put(state, shardings)
+    step = make_cold_start_step(system, state, batch_fn(0))
+    frozen = system.initial_params()[0]
+    state, preempted = run_steps(ctx, "cold_start", state, cfg.stages.cold_start_steps,
+                                 lambda st, b: step(st, frozen, b), batch_fn, shardings=shardings, writer=writer)
+    return state["composer"], preempted
+
+
+def lopd_stage(ctx: RunContext, bank, bank_path: str, composer0, writer):
+    """The LOPD steps (SPEC 2): rollout with the current student, retrieve, step; ``(state, preempted)``."""
+    from train import mesh as mesh_lib
+    from train.bank_build import lopd_batch
+    from train.data import TaskPipeline
+    from train.steps import make_lopd_step
+
+    cfg, system = ctx.cfg, ctx.system
+    state, frozen = system.init_state(composer=composer0, seed=cfg.seed)
+    shardings = system.state_shardings(state)
+    state = mesh_lib.put(state, shardings)
+    pipe = TaskPipeline(ctx.train_tasks, cfg.env.tasks_per_step, seed=cfg.seed, process_index=0, process_count=1)
+    key = jax.random.key(cfg.seed)
+    holder: dict[str, Any] = {"state": state}
+    info: dict[int, dict] = {}
+
+    it = iter(pipe)
+
+    def batch_fn(s):
+        if it.step != s:
+            raise RuntimeError(f"the task iterator is at step {it.step}, the loop at {s}")
+        tasks = [t for t in next(it) for _ in range(cfg.env.group_size)]
+        params = ctx.policy_params(holder["state"]["student"], frozen)
+        t0 = time.perf_counter()
+        trajs = ctx.rollout(params, tasks, jax.random.fold_in(key, s))
+        info[s] = {"rollouts": len(trajs), "rollout_seconds": time.perf_counter() - t0,
+                   "reward_mean": float(np.mean([t.reward for t in trajs])),
+                   "success_rate": float(np.mean([t.reward >= 1.0 for t in trajs])),
+                   "mean_length": float(np.mean([len(t) for t in trajs]))}
+        return lopd_batch(ctx, trajs, bank)
+
+    compiled: dict[str, Any] = {}
+
+    def step_fn(st, batch):
+        if "step" not in compiled:
+            compiled["step"] = make_lopd_step(system, st, batch)
+        st, metrics = compiled["step"](st, frozen, batch)
+        holder["state"] = st
+        return st, metrics
+
+    def on_metrics(s, m):
+        extra = dict(info.pop(s))
+        extra["rollouts_per_minute"] = 60.0 * extra["rollouts"] / max(extra["rollout_seconds"], 1e-9)
+        m.pop("mean_reward", None)
+        done = s + 1
+        if cfg.stages.eval_every and done % cfg.stages.eval_every == 0 and done < cfg.stages.lopd_steps:
+            ev = evaluate_policy(ctx, ctx.policy_params(holder["state"]["student"], frozen))
+            writer.write(done, "eval", ev)
+            log(f"lopd step {done}: held-out reward {ev['reward_mean']:.3f}")
+        return extra
+
+    def extra_meta(s):
+        return {"data": it.get_state(), "bank": bank_path}
+
+    def on_restore(st, meta):
+        holder["state"] = st  # the first rollout after a resume samples from the restored student
+        it.set_state(meta["data"])
+
+    return run_steps(ctx, "lopd", state, cfg.stages.lopd_steps, step_fn, batch_fn, shardings=shardings,
+                     extra_meta=extra_meta, writer=writer, on_metrics=on_metrics, on_restore=on_restore)
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+def run(cfg) -> str | dict:
+    """Run (or resume) every stage of ``cfg``; returns the summary dict or :data:`PREEMPTED`."""
+    from lopd_jax.config import save_run_config
+    from train.bank_build import build_bank, load_bank
+    from train.checkpoint import install_preemption_handler
+    from train.metrics import MetricsWriter, plot_run
+
+    workdir = cfg.workdir
+    resumed = save_run_config(cfg, workdir)
+    install_preemption_handler()
+    ledger = StageLedger(workdir)
+    log(f"{'resuming' if resumed else 'starting'} run in {workdir}; done: "
+        f"{[s for s in ledger.data if ledger.done(s)]}")
+    t_build = time.perf_counter()
+    ctx = RunContext(cfg)
+    log(f"built the model and system in {time.perf_counter() - t_build:.1f}s on {jax.device_count()} device(s)")
+    writer = MetricsWriter(workdir, console=False)
+    times: dict[str, float] = {}
+    try:
+        # 1. warm-up (tiny random-init models)
+        t0 = time.perf_counter()
+        if cfg.stages.warmup_steps > 0:
+            theta, preempted = warmup_stage(ctx, writer)
+            if preempted:
+                return PREEMPTED
+            ctx.set_theta0(theta)
+            if not ledger.done("warmup"):
+                ledger.mark("warmup", seconds=time.perf_counter() - t0)
+        times["warmup"] = ledger.result("warmup").get("seconds", 0.0)
+        frozen, lora0, _ = ctx.system.initial_params()
+        theta_params = {**frozen, **lora0}  # the starting student (theta0) in either student mode
+
+        # 2. held-out evaluation before
+        if not ledger.done("eval_before"):
+            t0 = time.perf_counter()
+            ev = evaluate_policy(ctx, theta_params)
+            writer.write(0, "eval_before", ev)
+            ledger.mark("eval_before", seconds=time.perf_counter() - t0, **ev)
+        before = ledger.result("eval_before")["reward_mean"]
+        print(f"held-out reward before: {before:.4f}", flush=True)
+
+        # 3. experience bank
+        if not ledger.done("bank"):
+            t0 = time.perf_counter()
+            bank, info = build_bank(ctx, theta_params, workdir)
+            ledger.mark("bank", seconds=time.perf_counter() - t0, **info)
+            log(f"bank: {info}")
+        bank_path = ledger.result("bank")["path"]
+        bank = load_bank(ctx, bank_path)
+
+        # 4. cold start of the composer
+        t0 = time.perf_counter()
+        if cfg.stages.cold_start_steps > 0:
+            composer0, preempted = cold_start_stage(ctx, bank, writer)
+            if preempted:
+                return PREEMPTED
+            if not ledger.done("cold_start"):
+                ledger.mark("cold_start", seconds=time.perf_counter() - t0)
+        else:
+            _, lora0, comp0 = ctx.system.initial_params()
+            composer0 = {"lora": lora0, "compressor": comp0}
+
+        # 5. LOPD
+        t0 = time.perf_counter()
+        state, preempted = lopd_stage(ctx, bank, bank_path, composer0, writer)
+        if preempted:
+            return PREEMPTED
+        if not ledger.done("lopd"):
+            ledger.mark("lopd", seconds=time.perf_counter() - t0)
+        student = ctx.policy_params(state["student"], frozen)
+
+        # 6. held-out evaluation after
+        if not ledger.done("eval_after"):
+            t0 = time.perf_counter()
+            ev = evaluate_policy(ctx, student)
+            writer.write(cfg.stages.lopd_steps, "eval_after", ev)
+            ledger.mark("eval_after", seconds=time.perf_counter() - t0, **ev)
+        after = ledger.result("eval_after")["reward_mean"]
+
+        # 7. export + 8. plot
+        if not ledger.done("export"):
+            t0 = time.perf_counter()
+            export_student(ctx, state["student"], frozen, os.path.join(workdir, EXPORT_DIR))
+            ledger.mark("export", seconds=time.perf_counter() - t0, path=os.path.join(workdir, EXPORT_DIR))
+        writer.flush()
+        if jax.process_index() == 0:
+            plot_run(os.path.join(workdir, "metrics.jsonl"), os.path.join(workdir, PLOT_FILE),
+                     margin=cfg.steps.margin)
+        print(f"held-out reward after: {after:.4f} (before {before:.4f})", flush=True)
+        summary = {"before": before, "after": after,
+                   "seconds": {s: ledger.result(s).get("seconds") for s in ledger.data}}
+        log(f"done: {summary}")
+        return summary
+    finally:
+        writer.close()
+
+
+def export_student(ctx: RunContext, student, frozen, out_dir: str, dtype: str | None = None) -> list[str]:
+    """Write the student as a Hugging Face checkpoint (with the tokenizer) to ``out_dir``."""
+    from models import save_pretrained
+    model = ctx.student_model(student, frozen)
+    dtype = dtype or ctx.cfg.model.param_dtype
+    return save_pretrained(model, out_dir, dtype=dtype, tokenizer=ctx.tokenizer, merge_lora=True,
+                           extra_config={"eos_token_id": ctx.fmt.end_of_turn_id,
+                                         "pad_token_id": ctx.tokenizer.pad_token_id})

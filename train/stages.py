@@ -1,0 +1,230 @@
+"""What every stage of a training run shares: the run context and the stage ledger.
+
+:class:`RunContext` builds, once per process, everything the stages use from a
+:class:`lopd_jax.config.TrainConfig`: tokenizer, chat format and latent block, splice
+layout, mesh and sharding rules, the initial backbone theta (random ``model.name`` or the
+``model.hf_path`` checkpoint), the :class:`train.system.LOPDSystem`, the rollout sampler
+and the task source with its splits.
+
+:class:`StageLedger` records finished stages in ``<workdir>/stages.json`` (through
+tensorstore, so ``gs://`` workdirs work too); a restarted run skips them. Stages that
+produce state keep it in their own checkpoint directory ``<checkpoints>/<stage>``.
+
+:func:`maybe_initialize_distributed` calls ``jax.distributed.initialize()`` when the
+process runs on a multi-host TPU slice (detected from the TPU VM environment) or when a
+coordinator address is given explicitly; it is a no-op on one host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import jax
+import numpy as np
+
+STAGES_FILE = "stages.json"
+STAGE_ORDER = ("warmup", "eval_before", "bank", "cold_start", "lopd", "eval_after", "export", "plot")
+
+
+# ----------------------------------------------------------------------------- multi-host
+
+
+def maybe_initialize_distributed() -> bool:
+    """``jax.distributed.initialize()`` on a multi-host slice; returns whether it ran.
+
+    Detection: ``JAX_COORDINATOR_ADDRESS`` set (explicit cluster), or a TPU VM whose
+    ``TPU_WORKER_HOSTNAMES`` lists more than one host (Cloud TPU sets it on every worker
+    of a pod slice; ``jax.distributed.initialize()`` then finds the coordinator itself).
+    Must run before anything touches a JAX device.
+    """
+    hosts = [h for h in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h.strip()]
+    if os.environ.get("JAX_COORDINATOR_ADDRESS") or len(hosts) > 1:
+        jax.distributed.initialize()
+        return True
+    return False
+
+
+# ----------------------------------------------------------------------------- small file IO
+
+
+def _kvstore(directory: str):
+    import tensorstore as ts
+    url = directory if "://" in directory else "file://" + os.path.abspath(directory)
+    return ts.KvStore.open(url.rstrip("/") + "/").result()
+
+
+def read_json(directory: str, name: str) -> Any | None:
+    """JSON file ``name`` in ``directory`` (local or kvstore URL), or None if absent."""
+    res = _kvstore(directory).read(name).result()
+    return json.loads(bytes(res.value)) if res.state == "value" else None
+
+
+def write_json(directory: str, name: str, obj: Any) -> None:
+    """Write ``obj`` as JSON file ``name`` in ``directory`` (process 0 only)."""
+    if jax.process_index() != 0:
+        return
+    if "://" not in directory:
+        os.makedirs(directory, exist_ok=True)
+    _kvstore(directory).write(name, json.dumps(obj, indent=2, sort_keys=True).encode()).result()
+
+
+class StageLedger:
+    """``<workdir>/stages.json``: ``{stage: {"done": true, ...results}}``."""
+
+    def __init__(self, workdir: str):
+        self.workdir = workdir
+        self.data: dict[str, dict] = read_json(workdir, STAGES_FILE) or {}
+
+    def done(self, stage: str) -> bool:
+        """Whether ``stage`` finished in an earlier (or this) run."""
+        return bool(self.data.get(stage, {}).get("done"))
+
+    def result(self, stage: str) -> dict:
+        """What ``stage`` recorded when it finished ({} if it has not)."""
+        return dict(self.data.get(stage, {}))
+
+    def mark(self, stage: str, **results: Any) -> None:
+        """Record ``stage`` as finished, with JSON ``results``."""
+        self.data[stage] = {"done": True, **results}
+        write_json(self.workdir, STAGES_FILE, self.data)
+
+
+# ----------------------------------------------------------------------------- context
+
+
+def domain_corpus(source, split: str, family: str) -> str:
+    """The tiny tokenizer's training text: its built-in corpus plus the rendered prompts
+    (system text, tool schemas, instructions) of ``split``, so the tiny BPE learns the
+    environment's own vocabulary and prompts take about half as many tokens."""
+    from lopd_jax.chat import make_chat_format
+    from lopd_jax.tokenizers import _builtin_corpus, tiny_tokenizer
+
+    fmt = make_chat_format(family, tiny_tokenizer(family))
+    texts = []
+    for task in source.tasks(split):
+        env = source.make_env()
+        try:
+            messages, tools = env.reset(task)
+            texts.append(fmt.render(messages, tools, add_generation_prompt=True))
+        finally:
+            env.close()
+    return _builtin_corpus() + "\n" + "\n".join(dict.fromkeys(texts))
+
+
+def _tokenizer(cfg, family: str, source):
+    m = cfg.model
+    kind = m.tokenizer
+    if kind == "auto":
+        kind = "hf" if m.hf_path else ("tiny" if (m.name or "").startswith("tiny") else family)
+    if kind == "tiny":
+        from lopd_jax.tokenizers import tiny_tokenizer
+        # as many base tokens as the model's vocabulary leaves room for (the corpus may give fewer)
+        return tiny_tokenizer(family, vocab_size=max(512, (m.vocab_size or 512) - 32),
+                              corpus=domain_corpus(source, cfg.env.train_split, family))
+    if kind == "hf":
+        import transformers
+        return transformers.AutoTokenizer.from_pretrained(m.hf_path)
+    if kind == "qwen3":
+        from lopd_jax.tokenizers import qwen3_tokenizer
+        return qwen3_tokenizer()
+    raise ValueError(f"no built-in tokenizer for family {family!r}; set model.tokenizer=hf with model.hf_path.")
+
+
+class RunContext:
+    """The static pieces of a run, built from its config (see the module docstring).
+
+    Attributes: ``cfg``, ``tokenizer``, ``fmt`` (chat format), ``block`` (LatentBlock),
+    ``layout`` (SpliceLayout), ``mesh``, ``rules``, ``model_cfg``, ``system``,
+    ``sampler``, ``source``, ``train_tasks``, ``eval_tasks``.
+    """
+
+    def __init__(self, cfg):
+        from flax import nnx
+
+        from lopd_jax.chat import LatentFraming, make_chat_format
+        from lopd_jax.envs.registry import get_task_source
+        from lopd_jax.splice import SpliceLayout
+        from models.decoder import Decoder
+        from train import mesh as mesh_lib
+        from train.sampler import BucketConfig, Sampler
+        from train.system import LOPDSystem
+
+        self.cfg = cfg
+        self.model_cfg = cfg.model_config()
+        self.source = get_task_source(cfg.env.source, **cfg.env.kwargs)
+        self.tokenizer = _tokenizer(cfg, self.model_cfg.family, self.source)
+        if len(self.tokenizer) > self.model_cfg.vocab_size:
+            raise ValueError(f"the tokenizer has {len(self.tokenizer)} tokens but the model's vocabulary is "
+                             f"{self.model_cfg.vocab_size}; raise model.vocab_size.")
+        self.fmt = make_chat_format(self.model_cfg.family, self.tokenizer,
+                                    enable_thinking=cfg.rollout.enable_thinking)
+        self.block = self.fmt.framing_ids(LatentFraming(num_slots=cfg.composer.num_slots))
+        self.layout = SpliceLayout(tuple(self.block.before_ids), tuple(self.block.after_ids),
+                                   self.block.num_slots, self.block.slot_id)
+        self.mesh = mesh_lib.make_mesh(cfg.mesh)
+        self.rules = mesh_lib.rules_for(self.mesh, cfg.mesh)
+        if cfg.model.hf_path:
+            from models import from_pretrained
+            m = cfg.model
+            backbone = from_pretrained(m.hf_path, dtype=m.dtype, param_dtype=m.param_dtype, mesh=self.mesh,
+                                       rules=self.rules, lora=cfg.composer.lora, attention_impl=m.attention_impl,
+                                       yarn_on_sliding_layers=m.yarn_on_sliding_layers, lora_seed=cfg.seed,
+                                       remat_policy=m.remat_policy, attention_block_q=m.attention_block_q,
+                                       attention_block_kv=m.attention_block_kv)
+        else:
+            backbone = Decoder(self.model_cfg, rngs=nnx.Rngs(cfg.seed), rules=self.rules)
+        self.system = LOPDSystem.create(backbone, cfg.composer, self.layout, cfg.steps, self.rules, seed=cfg.seed)
+        # place theta0 / LoRA / compressor on the mesh once (random init builds on one device)
+        theta, lora, comp = self.system.initial_params()
+        self.system._theta0 = mesh_lib.put(theta, self.system.frozen_shardings())
+        sh = self.system.composer_shardings()
+        self.system._lora0 = mesh_lib.put(lora, sh["lora"])
+        self.system._comp0 = mesh_lib.put(comp, sh["compressor"])
+        self.student_lora = self.cfg.steps.student_mode == "lora"
+        self.sampler = Sampler(backbone, stop_ids=self.fmt.stop_ids, sampling=cfg.rollout.sampling_params(),
+                               buckets=BucketConfig(minimum=16), rules=self.rules, lora=self.student_lora,
+                               pad_id=self.tokenizer.pad_token_id or 0)
+        self.train_tasks = self.source.tasks(cfg.env.train_split)
+        eval_tasks = self.source.tasks(cfg.env.eval_split)
+        self.eval_tasks = eval_tasks[: cfg.stages.eval_tasks] if cfg.stages.eval_tasks else eval_tasks
+        if not self.train_tasks:
+            raise ValueError(f"the {cfg.env.source!r} source has no {cfg.env.train_split!r} tasks; "
+                             "check env.kwargs / env.train_split.")
+
+    # ----- helpers shared by the stages -----
+    def set_theta0(self, theta) -> None:
+        """Make ``theta`` (e.g. the warmed-up backbone) the frozen theta0 and the student's start."""
+        from train import mesh as mesh_lib
+        self.system._theta0 = mesh_lib.put(theta, self.system.frozen_shardings())
+
+    def ckpt_dir(self, stage: str) -> str:
+        """Checkpoint directory of one stage."""
+        return os.path.join(self.cfg.checkpoint_dir, stage)
+
+    def policy_params(self, student, frozen) -> dict:
+        """The sampler's parameter dict for a student (full params or LoRA) and theta0."""
+        _, lora0, _ = self.system.initial_params()
+        if self.student_lora:
+            return {**frozen, **student}
+        return {**student, **lora0}
+
+    def student_model(self, student, frozen):
+        """The student as a Decoder (for export): full params with a zero-B adapter, or
+        theta0 plus the student's LoRA (merged by the exporter)."""
+        _, lora0, _ = self.system.initial_params()
+        if self.student_lora:
+            return self.system.backbone(frozen, student)
+        return self.system.backbone(student, jax.tree.map(np.zeros_like, lora0))
+
+    def rollout(self, params, tasks, rng, sampling=None):
+        """Trajectories of ``tasks`` under ``params`` (batched as given)."""
+        from train.rollout import rollout
+        return rollout(self.sampler, params, self.fmt, self.source.make_env, list(tasks), rng,
+                       self.cfg.rollout.rollout_config(), sampling)
+
+    def seq_buckets(self) -> tuple[int, ...]:
+        """Training sequence length: one bucket, the total-token cap rounded up to 128, so
+        every step of a stage has one shape and compiles once."""
+        return (-(-self.cfg.rollout.max_total_tokens // 128) * 128,)

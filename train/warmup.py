@@ -1,0 +1,116 @@
+"""Supervised warm-up of a random-init tiny model on oracle demonstrations.
+
+A tiny model starts from random weights, so no rollout would succeed and the bank would
+stay empty. The warm-up renders the synthetic family's oracle solutions
+(:func:`lopd_jax.envs.synthetic.oracle_turns`) to token ids exactly as a rollout would
+hold them -- prompt ids, each assistant turn's ids plus its end-of-turn id (mask 1), the
+environment's real observation ids (mask 0) -- and trains the backbone with a token-mean
+NLL on the assistant tokens (AdamW). Real checkpoints skip it (``stages.warmup_steps=0``).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from lopd_jax import losses
+from lopd_jax.losses_kl import chunked_token_logp
+from lopd_jax.types import Task
+from train.rollout import Trajectory
+
+
+def demonstration(ctx, task: Task) -> Trajectory:
+    """The oracle trajectory of ``task`` as token ids and supervision mask.
+
+    Raises ValueError when the source has no oracle (only the synthetic family has one) or
+    when the rendered demonstration does not earn reward 1 (a format / env mismatch).
+    """
+    from lopd_jax.chat_base import TokenTrajectory
+    from lopd_jax.envs.synthetic import ENV_ID, oracle_turns
+
+    if task.env_id != ENV_ID:
+        raise ValueError(f"the warm-up needs oracle demonstrations, which only the synthetic source has "
+                         f"(task {task.task_id!r} is {task.env_id!r}); set stages.warmup_steps=0.")
+    fmt, env = ctx.fmt, ctx.source.make_env()
+    try:
+        messages, tools = env.reset(task)
+        prompt = fmt.prompt_ids(messages, tools)
+        traj = TokenTrajectory()
+        traj.add_context(prompt)
+        msgs = list(messages)
+        reward, turns = 0.0, []
+        for turn in oracle_turns(task):
+            ids = fmt.encode(turn.raw) + [fmt.end_of_turn_id]
+            traj.add_generated(ids)
+            turns.append(len(ids))
+            parsed = fmt.parse_generated(ids)  # what the env would see from these exact ids
+            result = env.step(parsed)
+            msgs.append(fmt.assistant_message(parsed))
+            if result.done:
+                reward = result.reward
+                break
+            msgs.extend(result.observation)
+            traj.add_context(fmt.observation_ids(result.observation))
+    finally:
+        env.close()
+    if reward < 1.0:
+        raise ValueError(f"the oracle demonstration of {task.task_id!r} earns reward {reward}, not 1: the chat "
+                         "format's rendering of tool calls does not round-trip through the environment.")
+    n = len(traj.ids)
+    return Trajectory(task=task, tokens=np.asarray(traj.ids, np.int32), mask=np.asarray(traj.mask, np.int32),
+                      logprobs=np.zeros(n, np.float32), raw_logprobs=np.zeros(n, np.float32), messages=msgs,
+                      tools=list(tools), reward=float(reward), env_stats={}, num_turns=len(turns),
+                      turn_lengths=turns, insert_at=fmt.insertion_point(prompt), finish_reason="done")
+
+
+def demonstrations(ctx, tasks: Sequence[Task]) -> list[Trajectory]:
+    """:func:`demonstration` of every task, in order."""
+    return [demonstration(ctx, t) for t in tasks]
+
+
+def sft_loss(system, params, lora0, batch):
+    """Token-mean NLL of the supervised (assistant) tokens under backbone ``params``."""
+    model = system.backbone(params, jax.lax.stop_gradient(lora0))
+    tokens, amask = batch["tokens"], batch["attention_mask"].astype(bool)
+    hidden = model(tokens, attention_mask=amask, return_hidden=True)
+    logp = chunked_token_logp(hidden[:, :-1], model.lm_head_kernel(), tokens[:, 1:],
+                              chunk_size=system.step_cfg.logits_chunk, compute_dtype=system.model_cfg.jnp_dtype)
+    mask = batch["loss_mask"][:, 1:].astype(jnp.float32)
+    nll = losses.nll_token_mean(logp, mask)
+    return nll, {"nll": nll, "tokens": jnp.sum(mask)}
+
+
+def make_sft_step(system, lr: float, clip: float = 1.0):
+    """``(optimizer, step)``: a jitted ``(state, lora0, batch) -> (state, metrics)`` with
+    ``state = {"step", "params", "opt"}`` (params sharded like theta0, state donated)."""
+    opt = optax.chain(optax.clip_by_global_norm(clip), optax.adamw(lr, weight_decay=0.0))
+
+    def step(state, lora0, batch):
+        (loss, metrics), grads = jax.value_and_grad(lambda p: sft_loss(system, p, lora0, batch), has_aux=True)(
+            state["params"])
+        updates, new_opt = opt.update(grads, state["opt"], state["params"])
+        metrics["grad_norm"] = optax.global_norm(grads)
+        return {"step": state["step"] + 1, "params": optax.apply_updates(state["params"], updates),
+                "opt": new_opt}, metrics
+
+    return opt, step
+
+
+def jit_sft_step(system, opt, step, example_state, example_batch):
+    """``(jitted step, state shardings)``: ``step`` with explicit in / out shardings on the
+    system's mesh (state shardings None without a mesh)."""
+    from train import mesh as mesh_lib
+    if system.rules is None:
+        return jax.jit(step, donate_argnums=(0,)), None
+    rep = system.rules.replicated()
+    psh = system.frozen_shardings()
+    state_sh = {"step": rep, "params": psh,
+                "opt": mesh_lib.opt_state_shardings(opt, example_state["opt"], psh, system.rules)}
+    lora_sh = system.composer_shardings()["lora"]
+    batch_sh = system.batch_shardings(example_batch)
+    return jax.jit(step, in_shardings=(state_sh, lora_sh, batch_sh), out_shardings=(state_sh, rep),
+                   donate_argnums=(0,)), state_sh
