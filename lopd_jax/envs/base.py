@@ -350,6 +350,20 @@ class Environment(abc.ABC):
     def finish(self) -> float:
         """Score the current state (the caller stopped the episode); ends the episode."""
 
+    def _begin_step(self) -> None:
+        """Guard the call order of ``step`` and count the turn (every environment does this)."""
+        if self.task is None:
+            raise RuntimeError("step() called before reset(task)")
+        if self.done:
+            raise RuntimeError("step() called after the episode ended; call reset(task)")
+        self.stats.turns += 1
+
+    def _error(self, name: str, text: str, counter: str) -> Message:
+        """An error observation for tool ``name``, counted in ``stats.errors`` and ``counter``."""
+        self.stats.errors += 1
+        setattr(self.stats, counter, getattr(self.stats, counter) + 1)
+        return tool_message(name, f"Error: {text}")
+
     def close(self) -> None:
         """Release any resources (worker processes, sandboxes). Safe to call twice."""
 
@@ -408,11 +422,6 @@ class ToolUseEnvironment(Environment):
     def _score(self) -> float:
         """Reward in [0, 1] for the current state."""
 
-    def _error(self, name: str, text: str, counter: str) -> Message:
-        self.stats.errors += 1
-        setattr(self.stats, counter, getattr(self.stats, counter) + 1)
-        return tool_message(name, f"Error: {text}")
-
     def _run_call(self, call: ToolCall) -> Message:
         self.stats.tool_calls += 1
         key = call_key(call)
@@ -438,11 +447,7 @@ class ToolUseEnvironment(Environment):
 
     def step(self, turn: AssistantTurn) -> StepResult:
         """Answer one turn: tool observations, or ``done`` with the reward on plain text."""
-        if self.task is None:
-            raise RuntimeError("step() called before reset(task)")
-        if self.done:
-            raise RuntimeError("step() called after the episode ended; call reset(task)")
-        self.stats.turns += 1
+        self._begin_step()
         if not turn.tool_calls and not turn.parse_errors:
             self.done = True
             self.final_answer = turn.content

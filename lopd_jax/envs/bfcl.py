@@ -300,11 +300,6 @@ class BFCLEnvironment(Environment):
 
     # -- calls ---------------------------------------------------------------------------
 
-    def _error(self, name: str, text: str, counter: str) -> Message:
-        self.stats.errors += 1
-        setattr(self.stats, counter, getattr(self.stats, counter) + 1)
-        return tool_message(name, f"Error: {text}")
-
     def _run_call(self, call: ToolCall) -> Message:
         self.stats.tool_calls += 1
         self._calls_this_turn += 1
@@ -381,11 +376,7 @@ class BFCLEnvironment(Environment):
 
     def step(self, turn: AssistantTurn) -> StepResult:
         """Tool calls -> tool messages; plain text -> check the turn, send the next one."""
-        if self.task is None:
-            raise RuntimeError("step() called before reset(task)")
-        if self.done:
-            raise RuntimeError("step() called after the episode ended; call reset(task)")
-        self.stats.turns += 1
+        self._begin_step()
         if turn.tool_calls or turn.parse_errors:
             obs = [self._error("invalid_tool_call", f"malformed tool call: {e}. Write a tool "
                                "call as a JSON object with a \"name\" string and an "

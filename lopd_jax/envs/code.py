@@ -102,11 +102,7 @@ class CodeEnvironment(Environment):
 
     def step(self, turn: AssistantTurn) -> StepResult:
         """Grade the answer's code (or explain what is missing); never raises for it."""
-        if self.task is None:
-            raise RuntimeError("step() called before reset(task)")
-        if self.done:
-            raise RuntimeError("step() called after the episode ended; call reset(task)")
-        self.stats.turns += 1
+        self._begin_step()
         if turn.tool_calls or turn.parse_errors:
             n = len(turn.tool_calls) + len(turn.parse_errors)
             self.stats.errors += n
