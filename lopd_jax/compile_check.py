@@ -108,7 +108,7 @@ def build_step(mcfg, ccfg, step_cfg, devices, mesh_cfg, batch, seq, exp_len):
 
     mesh = mesh_lib.make_mesh(mesh_cfg, devices)
     rules = mesh_lib.rules_for(mesh, mesh_cfg)
-    backbone = nnx.eval_shape(lambda: Decoder(mcfg, rngs=nnx.Rngs(0)))
+    backbone = nnx.eval_shape(lambda: Decoder(mcfg, rngs=nnx.Rngs(0), rules=rules))
     compressor = nnx.eval_shape(lambda: make_compressor(mcfg, ccfg, nnx.Rngs(0)))
     layout = SpliceLayout(before_ids=tuple(range(1, 17)), after_ids=tuple(range(17, 33)),
                           num_slots=ccfg.num_slots, slot_id=0)

@@ -37,6 +37,7 @@ __all__ = [
     "anchor_loss",
     "dual_update",
     "composer_kl_grad_scale",
+    "lopd_totals",
     "lopd_loss_from_stats",
     "lopd_objective",
     "group_advantages",
@@ -69,26 +70,30 @@ def _row_means(x: jax.Array, m: jax.Array) -> tuple[jax.Array, jax.Array]:
     return sums / jnp.maximum(n, 1.0), n
 
 
-def masked_token_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
+def masked_token_mean(x: jax.Array, mask: jax.Array, total_tokens=None) -> jax.Array:
     """Global token mean sum(mask * x) / sum(mask); 0 (not NaN) when the mask is empty.
 
     ``mask`` is bool or float 0/1 ``[B, S]``; masked-out entries of ``x`` may hold any
-    value, including inf / NaN, without affecting the result.
+    value, including inf / NaN, without affecting the result. ``total_tokens`` replaces
+    sum(mask) as the denominator (a micro-batch's share of a larger batch's mean).
     """
     m = _check_mask(x, mask)
     total = jnp.sum(jnp.where(m, x.astype(jnp.float32), 0.0))
-    return total / jnp.maximum(jnp.sum(m, dtype=jnp.float32), 1.0)
+    denom = jnp.sum(m, dtype=jnp.float32) if total_tokens is None else total_tokens
+    return total / jnp.maximum(denom, 1.0)
 
 
-def rollout_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
+def rollout_mean(x: jax.Array, mask: jax.Array, total_rollouts=None) -> jax.Array:
     """Token mean inside each rollout, then mean over rollouts with >= 1 supervised token.
 
-    Returns 0 when no rollout has a supervised token.
+    Returns 0 when no rollout has a supervised token. ``total_rollouts`` replaces the
+    number of such rollouts as the denominator (micro-batch share).
     """
     m = _check_mask(x, mask)
     means, n = _row_means(x, m)
     has = (n > 0).astype(jnp.float32)
-    return jnp.sum(means * has) / jnp.maximum(jnp.sum(has), 1.0)
+    denom = jnp.sum(has) if total_rollouts is None else total_rollouts
+    return jnp.sum(means * has) / jnp.maximum(denom, 1.0)
 
 
 def privilege_delta(
@@ -96,6 +101,7 @@ def privilege_delta(
     student_logp: jax.Array,
     mask: jax.Array,
     advantages: jax.Array,
+    total_tokens=None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Privilege margin Delta of SPEC 2.8.
 
@@ -106,6 +112,7 @@ def privilege_delta(
       teacher_logp, student_logp: ``[B, S]`` log-probs of the sampled tokens.
       mask: ``[B, S]`` supervision mask.
       advantages: ``[B]`` per-rollout advantages A_i.
+      total_tokens: replaces sum n_i as the denominator (micro-batch share of Delta).
 
     Returns:
       ``(Delta scalar, delta_i [B], n_i [B])``. Gradient flows only through teacher_logp.
@@ -125,7 +132,8 @@ def privilege_delta(
     )
     means, n = _row_means(delta, m)
     delta_i = advantages.astype(jnp.float32) * means
-    big_delta = jnp.sum(n * delta_i) / jnp.maximum(jnp.sum(n), 1.0)
+    denom = jnp.sum(n) if total_tokens is None else total_tokens
+    big_delta = jnp.sum(n * delta_i) / jnp.maximum(denom, 1.0)
     return big_delta, delta_i, n
 
 
@@ -134,15 +142,19 @@ def advantages_from_rewards(rewards: jax.Array) -> jax.Array:
     return 2.0 * jnp.asarray(rewards, jnp.float32) - 1.0
 
 
-def anchor_loss(latents: jax.Array, latents0: jax.Array) -> jax.Array:
-    """mean((c - stop_grad(c0))^2) over all elements, in fp32 (SPEC 2.9)."""
+def anchor_loss(latents: jax.Array, latents0: jax.Array, total_elements=None) -> jax.Array:
+    """mean((c - stop_grad(c0))^2) over all elements, in fp32 (SPEC 2.9).
+
+    ``total_elements`` replaces the element count (micro-batch share of the mean)."""
     if latents.shape != latents0.shape:
         raise ValueError(
             f"latents {latents.shape} and anchor latents {latents0.shape} must match; "
             "compute c_phi0 for the same tasks and retrieved experiences."
         )
     diff = latents.astype(jnp.float32) - jax.lax.stop_gradient(latents0.astype(jnp.float32))
-    return jnp.mean(jnp.square(diff))
+    if total_elements is None:
+        return jnp.mean(jnp.square(diff))
+    return jnp.sum(jnp.square(diff)) / total_elements
 
 
 def dual_update(beta, margin, delta, eta) -> jax.Array:
@@ -152,13 +164,27 @@ def dual_update(beta, margin, delta, eta) -> jax.Array:
     return jnp.maximum(0.0, beta + eta * (margin - delta))
 
 
-def composer_kl_grad_scale(mask: jax.Array, composer_kl_weighting: str) -> jax.Array | None:
+def lopd_totals(mask: jax.Array, latent_elements_per_rollout: int = 0) -> dict[str, jax.Array]:
+    """Global normalizers of the LOPD objective from a whole batch's supervision mask.
+
+    ``tokens`` = sum of the mask (N), ``rollouts`` = rollouts with >= 1 supervised token
+    (R), ``anchor_elements`` = rollouts * latent elements per rollout. Passed as
+    ``totals`` to :func:`lopd_objective` on each micro-batch, they make the micro-batch
+    losses (and metrics) partial sums of the whole batch's: gradient accumulation is exact.
+    """
+    n = _row_counts(mask.astype(bool))
+    return {"tokens": jnp.sum(n), "rollouts": jnp.sum((n > 0).astype(jnp.float32)),
+            "anchor_elements": jnp.float32(mask.shape[0] * latent_elements_per_rollout)}
+
+
+def composer_kl_grad_scale(mask: jax.Array, composer_kl_weighting: str, totals=None) -> jax.Array | None:
     """Per-token factor turning the token-mean KL gradient into the composer's weighting.
 
     The student's KL weight per supervised token is 1/N (N = all supervised tokens); the
     rollout-mean weight is 1/(n_i R) (R = rollouts with n_i >= 1). Their ratio N/(n_i R),
     applied to the gradient the KL sends into the teacher's logits only, gives the composer
     exactly the gradient of ``rollout_mean(kl)``. Returns None for ``token_mean`` (ratio 1).
+    ``totals`` (:func:`lopd_totals`) gives N and R of the whole batch for a micro-batch.
     """
     if composer_kl_weighting not in COMPOSER_KL_WEIGHTINGS:
         raise ValueError(
@@ -169,8 +195,8 @@ def composer_kl_grad_scale(mask: jax.Array, composer_kl_weighting: str) -> jax.A
         return None
     m = mask.astype(bool)
     n = _row_counts(m)
-    total = jnp.maximum(jnp.sum(n), 1.0)
-    rollouts = jnp.maximum(jnp.sum((n > 0).astype(jnp.float32)), 1.0)
+    total = jnp.maximum(jnp.sum(n) if totals is None else totals["tokens"], 1.0)
+    rollouts = jnp.maximum(jnp.sum((n > 0).astype(jnp.float32)) if totals is None else totals["rollouts"], 1.0)
     ratio = total / (jnp.maximum(n, 1.0) * rollouts)
     return jnp.where(m, ratio[:, None], 0.0)
 
@@ -186,6 +212,7 @@ def lopd_loss_from_stats(
     margin: float = 0.05,
     anchor_weight: float = 0.2,
     composer_kl_weighting: str = "rollout_mean",
+    totals: dict[str, jax.Array] | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """L = L_distill + beta (m - Delta) + lambda anchor from per-token stats (SPEC 2.10).
 
@@ -195,6 +222,13 @@ def lopd_loss_from_stats(
     ``composer_kl_weighting`` only names the composer KL metric here -- the composer's
     gradient weighting is set by the ``teacher_kl_grad_scale`` the stats were built with
     (see :func:`lopd_objective`). Latents may both be None (no anchor term).
+
+    With ``totals`` (:func:`lopd_totals` of the whole batch) this is one micro-batch's
+    share: every mean uses the whole batch's denominator, the loss omits the constant
+    ``beta * m`` and the metrics are partial sums (``margin_gap`` = -Delta share), so
+    summing over micro-batches (and adding ``beta * m`` to ``loss`` and ``m`` to
+    ``margin_gap``) gives the whole batch's values; ``beta`` and ``delta_per_rollout``
+    are not summed.
     """
     if composer_kl_weighting not in COMPOSER_KL_WEIGHTINGS:
         raise ValueError(
@@ -203,27 +237,30 @@ def lopd_loss_from_stats(
         )
     if (latents is None) != (latents0 is None):
         raise ValueError("pass both latents and latents0 for the anchor, or neither.")
+    tot = totals or {}
+    n_tok, n_roll, n_elem = tot.get("tokens"), tot.get("rollouts"), tot.get("anchor_elements")
     kl = stats["kl"]
-    distill = masked_token_mean(kl, mask)
+    distill = masked_token_mean(kl, mask, n_tok)
     big_delta, delta_i, n = privilege_delta(
-        stats["teacher_logp"], stats["student_logp"], mask, advantages
+        stats["teacher_logp"], stats["student_logp"], mask, advantages, n_tok
     )
-    anchor = jnp.float32(0.0) if latents is None else anchor_loss(latents, latents0)
+    anchor = jnp.float32(0.0) if latents is None else anchor_loss(latents, latents0, n_elem)
     beta = jax.lax.stop_gradient(jnp.asarray(beta, jnp.float32))
-    loss = distill + beta * (margin - big_delta) + anchor_weight * anchor
+    m_const = margin if totals is None else 0.0
+    loss = distill + beta * (m_const - big_delta) + anchor_weight * anchor
 
     sg = jax.lax.stop_gradient
     if composer_kl_weighting == "rollout_mean":
-        composer_kl = rollout_mean(sg(kl), mask)
+        composer_kl = rollout_mean(sg(kl), mask, n_roll)
     else:
         composer_kl = sg(distill)
-    gap = masked_token_mean(sg(stats["teacher_logp"] - stats["student_logp"]), mask)
+    gap = masked_token_mean(sg(stats["teacher_logp"] - stats["student_logp"]), mask, n_tok)
     metrics = {
         "loss": sg(loss),
         "distill_kl": sg(distill),
         "composer_kl": composer_kl,
         "delta": sg(big_delta),
-        "margin_gap": sg(margin - big_delta),
+        "margin_gap": sg(m_const - big_delta),
         "beta": beta,
         "anchor": sg(anchor),
         "teacher_student_logp_gap": gap,
@@ -232,7 +269,7 @@ def lopd_loss_from_stats(
         "delta_per_rollout": sg(delta_i),
     }
     if "teacher_topm_mass" in stats:
-        metrics["teacher_topm_mass"] = masked_token_mean(sg(stats["teacher_topm_mass"]), mask)
+        metrics["teacher_topm_mass"] = masked_token_mean(sg(stats["teacher_topm_mass"]), mask, n_tok)
     return loss, metrics
 
 
@@ -254,6 +291,7 @@ def lopd_objective(
     top_m: int = 20,
     chunk_size: int = 512,
     compute_dtype=jnp.float32,
+    totals: dict[str, jax.Array] | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The fused LOPD scalar for one step: student and composer gradients in one backward.
 
@@ -277,11 +315,13 @@ def lopd_objective(
       targets: ``[B, S]`` sampled token ids; mask: ``[B, S]`` supervision mask.
       advantages: ``[B]`` (A = 2r - 1); beta: current dual variable (held fixed).
       latents, latents0: c_phi and the cold-start c_phi0 for the anchor (or both None).
+      totals: the whole batch's :func:`lopd_totals` when this is one micro-batch of it
+        (see :func:`lopd_loss_from_stats`); None = this is the whole batch.
 
     Returns:
       ``(loss, metrics)``; metrics are stop-gradient scalars (plus ``delta_per_rollout``).
     """
-    scale = composer_kl_grad_scale(mask, composer_kl_weighting)
+    scale = composer_kl_grad_scale(mask, composer_kl_weighting, totals)
     stats = chunked_distill_stats(
         student_hidden,
         student_head,
@@ -303,6 +343,7 @@ def lopd_objective(
         margin=margin,
         anchor_weight=anchor_weight,
         composer_kl_weighting=composer_kl_weighting,
+        totals=totals,
     )
 
 

@@ -158,10 +158,19 @@ def _flash_bwd(scale, bq, bk, res, d_out):
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
-def attention(q, k, v, q_pos, k_pos, k_valid, window, scale, impl="plain", block_q=512, block_kv=512):
-    """Dispatch to the configured attention implementation."""
+def attention(q, k, v, q_pos, k_pos, k_valid, window, scale, impl="plain", block_q=512, block_kv=512,
+              windows=(0,), rules=None):
+    """Dispatch to the configured attention implementation.
+
+    ``splash`` (the Pallas TPU kernel, :mod:`models.splash`) takes positions to be
+    ``0 .. S-1`` for queries and keys alike (ignoring ``q_pos`` / ``k_pos``), needs every
+    value ``window`` may take in the static ``windows``, and shard-maps over ``rules``' mesh.
+    """
+    if impl == "splash":
+        from models.splash import splash_attention
+        return splash_attention(q, k, v, k_valid, window, scale, windows=windows, rules=rules, block=block_q)
     if impl == "plain":
         return plain_attention(q, k, v, q_pos, k_pos, k_valid, window, scale)
     if impl == "blockwise":
         return blockwise_attention(q, k, v, q_pos, k_pos, k_valid, window, scale, block_q, block_kv)
-    raise ValueError(f"attention impl {impl!r} is unknown; use plain or blockwise.")
+    raise ValueError(f"attention impl {impl!r} is unknown; use plain, blockwise or splash.")

@@ -174,6 +174,8 @@ class Decoder(nnx.Module):
         Args:
           input_ids: [B, S] int tokens, or None when ``inputs_embeds`` [B, S, D] is given.
           positions: [B, S] RoPE positions (default 0..S-1; with a cache, the slots written).
+            With ``attention_impl="splash"`` (index-based masks) a call with explicit
+            positions uses blockwise attention, and a cached call plain attention.
           attention_mask: [B, S] bool, False on padding (keys masked out).
           lora: apply the LoRA adapters (requires ``cfg.lora``).
           return_hidden: return final-norm hidden states [B, S, D] instead of logits.
@@ -192,6 +194,10 @@ class Decoder(nnx.Module):
         if attention_mask is None:
             attention_mask = jnp.ones((B, S), bool)
         attention_mask = attention_mask.astype(bool)
+        # splash masks are index-based: exact only for default positions and no cache
+        impl = cfg.attention_impl
+        if impl == "splash" and (positions is not None or cache is not None):
+            impl = "blockwise" if cache is None else "plain"
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S))
             if cache is not None:
@@ -225,7 +231,7 @@ class Decoder(nnx.Module):
                 ck = jax.lax.dynamic_index_in_dim(ck_all, layer["idx"], 0, keepdims=False)
                 cv = jax.lax.dynamic_index_in_dim(cv_all, layer["idx"], 0, keepdims=False)
             h, new_k, new_v = self._layer(h, layer["p"], cos[layer["rope"]], sin[layer["rope"]], positions,
-                                          k_pos, k_valid, layer["window"], lora, rng, ck, cv)
+                                          k_pos, k_valid, layer["window"], lora, rng, ck, cv, impl)
             if ck_all is not None:
                 ck_all = jax.lax.dynamic_update_index_in_dim(ck_all, new_k, layer["idx"], 0)
                 cv_all = jax.lax.dynamic_update_index_in_dim(cv_all, new_v, layer["idx"], 0)
@@ -271,7 +277,7 @@ class Decoder(nnx.Module):
                                lc.dropout, rng).astype(y.dtype)
         return y
 
-    def _layer(self, x, p, cos, sin, positions, k_pos, k_valid, window, lora, rng, ck, cv):
+    def _layer(self, x, p, cos, sin, positions, k_pos, k_valid, window, lora, rng, ck, cv, impl):
         cfg = self.cfg
         eps, wf = cfg.rms_norm_eps, cfg.rmsnorm_weight_first
         B, S, _ = x.shape
@@ -300,8 +306,9 @@ class Decoder(nnx.Module):
 
         qg = q.reshape(B, S, KV, H // KV, hd)
         o = attn_lib.attention(qg, k, v, positions, k_pos, k_valid, window, 1.0 / math.sqrt(hd),
-                               impl=cfg.attention_impl if ck is None else "plain",
-                               block_q=cfg.attention_block_q, block_kv=cfg.attention_block_kv)
+                               impl=impl if ck is None else "plain",
+                               block_q=cfg.attention_block_q, block_kv=cfg.attention_block_kv,
+                               windows=tuple(int(w) for w in layer_tables(cfg)[0]), rules=self.rules)
         o = checkpoint_name(o.reshape(B, S, H, hd), "attn_out")
         o = self._proj("o", o, p, 2, lora, rng)
         x = x + o if pre else x + rms_norm(o, p["attn_norm"], eps, wf)

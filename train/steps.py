@@ -40,8 +40,12 @@ def _apply(opt, grads, opt_state, params):
     return optax.apply_updates(params, updates), opt_state
 
 
-def lopd_loss(system: LOPDSystem, student_p, composer_p, state, frozen, batch, rng):
-    """The fused LOPD objective of one batch: (loss, metrics). See train.steps docstring."""
+def lopd_loss(system: LOPDSystem, student_p, composer_p, state, frozen, batch, rng, totals=None):
+    """The fused LOPD objective of one batch: (loss, metrics). See train.steps docstring.
+
+    ``totals``: the whole batch's :func:`lopd_jax.losses.lopd_totals` when ``batch`` is a
+    micro-batch of it (loss and metrics are then that micro-batch's share).
+    """
     cfg = system.step_cfg
     frozen = sg(frozen)
     latents = system.latents(frozen, composer_p, batch["exp_tokens"], batch["exp_mask"], rng)
@@ -57,8 +61,83 @@ def lopd_loss(system: LOPDSystem, student_p, composer_p, state, frozen, batch, r
         s_hidden[:, :-1], student.lm_head_kernel(), t_hidden[:, :-1], sg(teacher.lm_head_kernel()),
         tokens[:, 1:], mask, adv, state["beta"], latents, latents0,
         margin=cfg.margin, anchor_weight=cfg.anchor_weight, composer_kl_weighting=cfg.composer_kl_weighting,
-        top_m=cfg.top_m, chunk_size=cfg.logits_chunk, compute_dtype=system.model_cfg.jnp_dtype)
+        top_m=cfg.top_m, chunk_size=cfg.logits_chunk, compute_dtype=system.model_cfg.jnp_dtype, totals=totals)
     return loss, metrics
+
+
+def num_micro_steps(system: LOPDSystem, batch_size: int) -> int:
+    """Micro-batches per LOPD step for a global batch of ``batch_size`` trajectories."""
+    shards, micro = system.batch_shards(batch_size), system.step_cfg.micro_batch
+    if batch_size % shards:
+        raise ValueError(f"batch of {batch_size} does not split over {shards} batch shards.")
+    local = batch_size // shards
+    if micro == 0 or micro >= local:
+        return 1
+    if local % micro:
+        raise ValueError(f"steps.micro_batch={micro} must divide the {local} trajectories per batch shard "
+                         f"(batch {batch_size} over {shards} shards).")
+    return local // micro
+
+
+def _micro_split(x, n_micro: int, shards: int):
+    """[B, ...] -> [n_micro, B / n_micro, ...]; each shard's rows stay on that shard."""
+    B = x.shape[0]
+    x = x.reshape((shards, n_micro, B // (shards * n_micro)) + x.shape[1:])
+    return jnp.swapaxes(x, 0, 1).reshape((n_micro, B // n_micro) + x.shape[3:])
+
+
+def _micro_merge(x, shards: int):
+    """Inverse of :func:`_micro_split`: [n_micro, B / n_micro, ...] -> [B, ...]."""
+    n_micro, mb = x.shape[:2]
+    x = jnp.swapaxes(x.reshape((n_micro, shards, mb // shards) + x.shape[2:]), 0, 1)
+    return x.reshape((n_micro * mb,) + x.shape[3:])
+
+
+_NOT_SUMMED = ("beta", "delta_per_rollout")
+
+
+def _accumulated_grads(system: LOPDSystem, state, frozen, batch, rng, argnums, grad_shardings):
+    """Gradients and metrics of the whole batch from micro-batches under ``lax.scan``.
+
+    Every normalizer (supervised tokens N, rollouts R, anchor elements) comes from the
+    whole batch's masks up front (:func:`lopd_jax.losses.lopd_totals`) and beta is fixed
+    during the step, so each micro-batch's loss is an exact share of the whole batch's and
+    the summed gradients (accumulated in fp32) equal the one-pass gradients up to float
+    rounding. LoRA dropout (SPEC default 0) draws per micro-batch.
+    """
+    cfg = system.step_cfg
+    B = batch["tokens"].shape[0]
+    shards = system.batch_shards(B)
+    n_micro = num_micro_steps(system, B)
+    d = system.model_cfg.hidden_size
+    totals = losses.lopd_totals(batch["loss_mask"][:, 1:], system.composer_cfg.num_slots * d)
+    micro = {k: _micro_split(jnp.asarray(v), n_micro, shards) for k, v in batch.items()}
+    if system.rules is not None:
+        micro = {k: jax.lax.with_sharding_constraint(
+            v, system.rules.sharding((None, "act_batch") + (None,) * (v.ndim - 2), v.shape)) for k, v in micro.items()}
+    params = (state["student"], state["composer"])
+    params = tuple(params[i] for i in argnums)
+    f32 = lambda t: jax.tree.map(lambda x: x.astype(jnp.float32), t)  # noqa: E731
+
+    def body(acc, xs):
+        mb, i = xs
+        fn = lambda sp, cp: lopd_loss(system, sp, cp, state, frozen, mb, jax.random.fold_in(rng, i), totals)  # noqa: E731
+        (_, metrics), grads = jax.value_and_grad(fn, argnums=argnums, has_aux=True)(
+            state["student"], state["composer"])
+        acc = jax.tree.map(jnp.add, acc, f32(grads))
+        if grad_shardings is not None:
+            acc = jax.lax.with_sharding_constraint(acc, grad_shardings)
+        return acc, metrics
+
+    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), params)
+    grads, per_micro = jax.lax.scan(body, zeros, (micro, jnp.arange(n_micro)))
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+    metrics = {k: (v if k in _NOT_SUMMED else jnp.sum(v, axis=0)) for k, v in per_micro.items()}
+    metrics["beta"] = per_micro["beta"][0]
+    metrics["delta_per_rollout"] = _micro_merge(per_micro["delta_per_rollout"], shards)
+    metrics["loss"] = metrics["loss"] + metrics["beta"] * cfg.margin
+    metrics["margin_gap"] = metrics["margin_gap"] + cfg.margin
+    return grads, metrics
 
 
 def make_lopd_step(system: LOPDSystem, example_state, example_batch):
@@ -67,15 +146,26 @@ def make_lopd_step(system: LOPDSystem, example_state, example_batch):
     One forward / backward gives both gradients: the student's (global token-mean KL) and
     the composer's (its KL weighting through the frozen teacher, the margin and anchor).
     Then one AdamW step each and the dual ascent on beta.
+
+    With ``step_cfg.micro_batch`` smaller than the trajectories per batch shard, the
+    forward / backward runs over micro-batches under a ``lax.scan`` inside the same jitted
+    step, accumulating gradients exactly (:func:`_accumulated_grads`); the optimizer
+    updates, the dual step and the metrics are those of the whole batch.
     """
     cfg = system.step_cfg
+    state_sh = system.state_shardings(example_state)
+    grad_sh = None if state_sh is None else (state_sh["student"], state_sh["composer"])
 
     def step(state, frozen, batch):
         rng, sub = jax.random.split(state["rng"])
         argnums = (0,) if cfg.freeze_composer else (0, 1)
-        fn = lambda sp, cp: lopd_loss(system, sp, cp, state, frozen, batch, sub)  # noqa: E731
-        (loss, metrics), grads = jax.value_and_grad(fn, argnums=argnums, has_aux=True)(
-            state["student"], state["composer"])
+        if num_micro_steps(system, batch["tokens"].shape[0]) > 1:
+            grads, metrics = _accumulated_grads(system, state, frozen, batch, sub, argnums,
+                                                None if grad_sh is None else tuple(grad_sh[i] for i in argnums))
+        else:
+            fn = lambda sp, cp: lopd_loss(system, sp, cp, state, frozen, batch, sub)  # noqa: E731
+            (loss, metrics), grads = jax.value_and_grad(fn, argnums=argnums, has_aux=True)(
+                state["student"], state["composer"])
         new = dict(state)
         new["student"], new["student_opt"] = _apply(system.student_opt, grads[0], state["student_opt"],
                                                     state["student"])
@@ -92,8 +182,7 @@ def make_lopd_step(system: LOPDSystem, example_state, example_batch):
         metrics["tokens"] = jnp.sum(batch["attention_mask"].astype(jnp.float32))
         return new, metrics
 
-    return _jit(step, system, system.state_shardings(example_state), system.frozen_shardings(),
-                system.batch_shardings(example_batch))
+    return _jit(step, system, state_sh, system.frozen_shardings(), system.batch_shardings(example_batch))
 
 
 def cold_start_loss(system: LOPDSystem, composer_p, frozen, batch, rng):

@@ -38,7 +38,12 @@ STUDENT_MODES = ("full", "lora")
 
 @dataclasses.dataclass(frozen=True)
 class StepConfig:
-    """Hyperparameters of the LOPD / cold-start / GRPO steps (SPEC defaults)."""
+    """Hyperparameters of the LOPD / cold-start / GRPO steps (SPEC defaults).
+
+    ``micro_batch``: trajectories per data shard per forward / backward pass of the LOPD
+    step (gradient accumulation inside the one jitted step; exact, see
+    :func:`train.steps.make_lopd_step`); 0 = every local trajectory in one pass.
+    """
 
     margin: float = 0.05
     anchor_weight: float = 0.2
@@ -57,8 +62,11 @@ class StepConfig:
     cold_start_encoder_clip: float = 3.0
     cold_start_compressor_clip: float = 30.0
     grpo_clip_eps: float = 0.2
+    micro_batch: int = 0
 
     def __post_init__(self):
+        if self.micro_batch < 0:
+            raise ValueError(f"micro_batch={self.micro_batch}; use 0 (no accumulation) or a positive count.")
         if self.student_mode not in STUDENT_MODES:
             raise ValueError(f"student_mode={self.student_mode!r}; choose from {STUDENT_MODES}.")
         if self.composer_kl_weighting not in ("token_mean", "rollout_mean"):
@@ -209,6 +217,19 @@ class LOPDSystem:
             "composer_opt": {k: mesh_lib.opt_state_shardings(self.cold_start_opt[k], state["composer_opt"][k],
                                                              comp[k], self.rules) for k in comp},
         }
+
+    def batch_shards(self, batch_size: int) -> int:
+        """How many ways the batch dimension of ``batch_size`` rows is split on the mesh."""
+        if self.rules is None:
+            return 1
+        axes = self.rules.spec(("act_batch",), (batch_size,))[0]
+        if axes is None:
+            return 1
+        axes = (axes,) if isinstance(axes, str) else axes
+        n = 1
+        for a in axes:
+            n *= self.rules.mesh.shape[a]
+        return n
 
     def batch_shardings(self, batch: dict[str, Any]):
         """Batch-major shardings for every array of a batch dict."""
