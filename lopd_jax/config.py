@@ -232,8 +232,8 @@ class RolloutSection:
 class StagesSection:
     """Stage lengths: tiny-model warm-up (0 for real models), cold start (SPEC 3), LOPD.
 
-    ``eval_tasks`` caps the held-out tasks per evaluation (None: all); ``eval_every`` is in
-    LOPD steps (0: only at the end).
+    ``eval_tasks`` caps the held-out tasks per evaluation, taken round-robin over task
+    families (None: all); ``eval_every`` is in LOPD steps (0: only at the end).
     """
 
     warmup_steps: int = 0

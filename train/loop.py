@@ -170,6 +170,9 @@ def warmup_stage(ctx: RunContext, writer):
     state = {"step": jnp.zeros((), jnp.int32), "params": jax.tree.map(jnp.copy, theta0)}
     state["opt"] = opt.init(state["params"])
     jitted, state_sh = warmup.jit_sft_step(system, opt, step, state, batch_fn(0))
+    if state_sh is not None:  # committed like the step's outputs, so step 2 does not recompile
+        from train import mesh as mesh_lib
+        state = mesh_lib.put(state, state_sh)
     state, preempted = run_steps(ctx, "warmup", state, cfg.stages.warmup_steps,
                                  lambda st, b: jitted(st, lora0, b), batch_fn, shardings=state_sh, writer=writer)
     return state["params"], preempted

@@ -132,6 +132,20 @@ def _tokenizer(cfg, family: str, source):
     raise ValueError(f"no built-in tokenizer for family {family!r}; set model.tokenizer=hf with model.hf_path.")
 
 
+def stratified(tasks, n: int) -> list:
+    """The first ``n`` of ``tasks`` taken round-robin over their families (in order of first
+    appearance), so a capped evaluation set covers every family instead of the first few."""
+    by_family: dict[str, list] = {}
+    for t in tasks:
+        by_family.setdefault(t.family, []).append(t)
+    out, queues = [], [list(v) for v in by_family.values()]
+    while len(out) < n and any(queues):
+        for q in queues:
+            if q and len(out) < n:
+                out.append(q.pop(0))
+    return out
+
+
 class RunContext:
     """The static pieces of a run, built from its config (see the module docstring).
 
@@ -188,7 +202,7 @@ class RunContext:
                                pad_id=self.tokenizer.pad_token_id or 0)
         self.train_tasks = self.source.tasks(cfg.env.train_split)
         eval_tasks = self.source.tasks(cfg.env.eval_split)
-        self.eval_tasks = eval_tasks[: cfg.stages.eval_tasks] if cfg.stages.eval_tasks else eval_tasks
+        self.eval_tasks = stratified(eval_tasks, cfg.stages.eval_tasks) if cfg.stages.eval_tasks else eval_tasks
         if not self.train_tasks:
             raise ValueError(f"the {cfg.env.source!r} source has no {cfg.env.train_split!r} tasks; "
                              "check env.kwargs / env.train_split.")
