@@ -68,6 +68,28 @@ def test_sampling_never_emits_excluded_tokens_and_matches_frequencies():
     assert np.asarray(t).tolist() == [1, 0] and np.asarray(lp).tolist() == [0.0, 0.0]
 
 
+@pytest.mark.parametrize("spread", [0.3, 1.5])
+def test_top_p_without_top_k_matches_full_sort(spread):
+    """top_k = 0: the top-candidates shortcut (peaked logits, spread 1.5) and the full-sort
+    fallback (flat logits: 64 candidates hold < top_p) both sample the full-sort
+    distribution: only kept ids, with its log-probs, at its frequencies."""
+    V, n = 200, 4000
+    base = np.random.RandomState(1).randn(V).astype(np.float32) * spread
+    temperature, top_p = 0.8, 0.7
+    expected = np.exp(_full_processed(base[None], temperature, top_p, 0)[0])
+    kept = expected > 0
+    assert 1 < kept.sum() < V and (kept.sum() > 64) == (spread < 1)
+    tok, lp, _ = jax.jit(sample_logits, static_argnums=4)(jnp.asarray(np.tile(base, (n, 1))), jax.random.key(2),
+                                                          temperature, top_p, 0)
+    tok, lp = np.asarray(tok), np.asarray(lp)
+    assert kept[tok].all()
+    np.testing.assert_allclose(lp, np.log(expected[tok]), atol=1e-5)
+    top = np.argsort(-expected)[:3]
+    counts = np.bincount(tok, minlength=V)[top]
+    sigma = np.sqrt(n * expected[top] * (1 - expected[top]))
+    assert (np.abs(counts - n * expected[top]) <= 5 * sigma + 1).all()
+
+
 def test_buckets_and_validation():
     assert bucket(5) == 8 and bucket(5, minimum=16) == 16 and bucket(17, (12, 24, 48)) == 24
     assert bucket(100, (12, 24, 48)) == 128 and bucket(3, multiple_of=4) == 4 and bucket(5, multiple_of=6) == 12

@@ -38,7 +38,8 @@ until a stop id or its cap; that work is discarded.)
 Compilation: batch, chunk length, new-token buffer and cache capacity are rounded up to
 length buckets (powers of two or configured lists), and params / temperature / top-p are
 traced arguments -- sampling from the student's current parameters each step neither
-reloads nor recompiles. ``top_k`` is static (``lax.top_k`` needs a static k). Chunks
+reloads nor recompiles. ``top_k`` is static (``lax.top_k`` needs a static k), and so is
+whether the temperature is 0 (a greedy turn compiles without any sampling work). Chunks
 longer than ``prefill_block`` are prefilled block by block (a scan), so a long prompt never
 builds ``[B, heads, C, capacity]`` attention scores at once. The sampling math lives in
 :mod:`train.sampling`.
@@ -55,8 +56,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from models.decoder import KVCache
+from models.decoder import Decoder, KVCache
 from models.partitioning import Rules
+from train.decode_step import decode_step, from_layers, layer_weights, to_layers
 from train.sampling import SamplingParams, processed_logprobs, sample_logits
 
 __all__ = ["BucketConfig", "DecodeCache", "Generation", "Sampler", "SamplingParams", "bucket",
@@ -171,9 +173,14 @@ def _prefill(call, head, kv: KVCache, chunk, chunk_len, embeds, block: int):
     return h_last, kv
 
 
-def _decode_turn(graphdef, n_new: int, top_k: int, stop_ids: tuple[int, ...], lora: bool, pad_id: int,
-                 block: int, params, kv: KVCache, chunk, chunk_len, max_new, key, temperature, top_p, embeds):
-    """Prefill one chunk per row, then decode up to ``n_new`` tokens (see module docstring)."""
+def _decode_turn(graphdef, n_new: int, top_k: int, greedy: bool, unrolled: bool, stop_ids: tuple[int, ...],
+                 lora: bool, pad_id: int, block: int, params, kv: KVCache, chunk, chunk_len, max_new, key,
+                 temperature, top_p, embeds):
+    """Prefill one chunk per row, then decode up to ``n_new`` tokens (see module docstring).
+
+    ``greedy`` (static): every row takes its first maximal id (no sampling work);
+    ``unrolled`` (static): the loop runs :func:`train.decode_step.decode_step` (per-layer
+    weights and caches, see that module) instead of the decoder's scanned cached call."""
     model = nnx.merge(graphdef, params)
     B = chunk.shape[0]
     call = functools.partial(model, return_hidden=True, **({"lora": True} if lora else {}))
@@ -183,7 +190,24 @@ def _decode_turn(graphdef, n_new: int, top_k: int, stop_ids: tuple[int, ...], lo
 
     def sample(hidden, t):
         logits = jnp.dot(hidden.astype(jnp.float32), head.astype(jnp.float32))
-        return sample_logits(logits, jax.random.fold_in(key, t), temperature, top_p, top_k)
+        return sample_logits(logits, jax.random.fold_in(key, t), temperature, top_p, top_k, greedy=greedy)
+
+    if unrolled:
+        layers = layer_weights(model, lora)
+
+        def step(cache, prev, live):
+            ks, vs, lengths = cache
+            h, lengths, ks, vs = decode_step(model, layers, prev, lengths, live, ks, vs, lora)
+            return h, (ks, vs, lengths)
+
+        cache = (*to_layers(kv), kv.lengths)
+    else:
+        def step(cache, prev, live):
+            h, cache = call(prev[:, None], positions=cache.lengths[:, None], attention_mask=live[:, None],
+                            cache=cache)
+            return h[:, 0], cache
+
+        cache = kv
 
     active = (chunk_len > 0) & (max_new > 0)
     tok, lp, raw = sample(h_last, 0)
@@ -198,19 +222,20 @@ def _decode_turn(graphdef, n_new: int, top_k: int, stop_ids: tuple[int, ...], lo
         return (s[-1] < n_new) & ~jnp.all(s[5])
 
     def body(s):
-        kv, tokens, lps, raws, prev, done, n_gen, t = s
-        h, kv = call(prev[:, None], positions=kv.lengths[:, None], attention_mask=~done[:, None], cache=kv)
-        tok, lp, raw = sample(h[:, 0], t)
+        cache, tokens, lps, raws, prev, done, n_gen, t = s
         live = ~done
+        h, cache = step(cache, prev, live)
+        tok, lp, raw = sample(h, t)
         tokens = tokens.at[:, t].set(jnp.where(live, tok, pad_id))
         lps = lps.at[:, t].set(jnp.where(live, lp, 0.0))
         raws = raws.at[:, t].set(jnp.where(live, raw, 0.0))
         n_gen = n_gen + live.astype(jnp.int32)
         done = done | jnp.isin(tok, stops) | (n_gen >= max_new)
-        return kv, tokens, lps, raws, jnp.where(live, tok, prev), done, n_gen, t + 1
+        return cache, tokens, lps, raws, jnp.where(live, tok, prev), done, n_gen, t + 1
 
-    state = (kv, tokens, lps, raws, tok, done, n_gen, jnp.int32(1))
-    kv, tokens, lps, raws, _, _, n_gen, _ = jax.lax.while_loop(cond, body, state)
+    state = (cache, tokens, lps, raws, tok, done, n_gen, jnp.int32(1))
+    cache, tokens, lps, raws, _, _, n_gen, _ = jax.lax.while_loop(cond, body, state)
+    kv = from_layers(*cache) if unrolled else cache
     return {"tokens": tokens, "logprobs": lps, "raw_logprobs": raws, "n_gen": n_gen}, kv
 
 
@@ -246,12 +271,20 @@ class Sampler:
       pad_id: id written in unused token slots.
       prefill_block: chunks longer than this are prefilled in blocks of this many tokens
         (bounds the attention scores of a long prompt; a power of two).
+      decode_layers: how the decode loop runs the layers: ``"unrolled"``
+        (:mod:`train.decode_step`: per-layer weights sliced once per turn and per-layer
+        caches in attention layout -- several times faster on CPU, but holds a second copy
+        of the weights during a turn), ``"scan"`` (the decoder's scanned cached call: one
+        weight copy, compile time independent of depth -- for accelerators), or
+        ``"auto"``: unrolled for a :class:`models.decoder.Decoder` on CPUs.
     """
 
     def __init__(self, model: nnx.Module, *, stop_ids: Sequence[int], sampling: SamplingParams = SamplingParams(),
                  buckets: BucketConfig = BucketConfig(), rules: Rules | None = None,
                  stop_strings: Sequence[str] = (), decode: Callable[[list[int]], str] | None = None,
-                 lora: bool = False, pad_id: int = 0, prefill_block: int = 256):
+                 lora: bool = False, pad_id: int = 0, prefill_block: int = 256, decode_layers: str = "auto"):
+        if decode_layers not in ("auto", "unrolled", "scan"):
+            raise ValueError(f"decode_layers={decode_layers!r}: use auto, unrolled or scan")
         if prefill_block < 1 or prefill_block & (prefill_block - 1):
             raise ValueError(f"prefill_block must be a power of two, got {prefill_block}")
         if stop_strings and decode is None:
@@ -268,6 +301,13 @@ class Sampler:
         self.lora = lora
         self.pad_id = int(pad_id)
         self.prefill_block = int(prefill_block)
+        if decode_layers == "unrolled" and not isinstance(model, Decoder):
+            raise ValueError("decode_layers='unrolled' needs a models.decoder.Decoder; use 'scan'")
+        if decode_layers == "auto":
+            devices = jax.devices() if rules is None else rules.mesh.devices.flat
+            cpu = all(d.platform == "cpu" for d in devices)
+            decode_layers = "unrolled" if cpu and isinstance(model, Decoder) else "scan"
+        self.decode_layers = decode_layers
         self._compiled: dict[tuple, Callable] = {}
 
     @staticmethod
@@ -345,10 +385,11 @@ class Sampler:
         return self._set_kv(jnp.take(cache.kv.k, idx, axis=1), jnp.take(cache.kv.v, idx, axis=1), lengths)
 
     # ----- generation -----
-    def _fn(self, n_new: int, top_k: int, shapes: tuple, has_embeds: bool, kv: KVCache):
-        key = (n_new, top_k, has_embeds, shapes)
+    def _fn(self, n_new: int, top_k: int, greedy: bool, shapes: tuple, has_embeds: bool, kv: KVCache):
+        key = (n_new, top_k, greedy, has_embeds, shapes)
         if key not in self._compiled:
-            core = functools.partial(_decode_turn, self.graphdef, n_new, top_k, self.stop_ids, self.lora, self.pad_id,
+            core = functools.partial(_decode_turn, self.graphdef, n_new, top_k, greedy,
+                                     self.decode_layers == "unrolled", self.stop_ids, self.lora, self.pad_id,
                                      self.prefill_block)
             kw: dict[str, Any] = {"donate_argnums": (1,)}
             if self.rules is not None:
@@ -429,7 +470,7 @@ class Sampler:
             embeds = self._put(embeds, self._batch_sharding(3))
         bs = self._batch_sharding
         shapes = (B, C, cache.capacity)
-        fn = self._fn(n_new, sp.top_k, shapes, embeds is not None, cache.kv)
+        fn = self._fn(n_new, sp.top_k, sp.temperature == 0, shapes, embeds is not None, cache.kv)
         out, kv = fn(params, cache.kv, self._put(ids, bs(2)), self._put(clen, bs(1)), self._put(cap, bs(1)),
                      rng, jnp.float32(sp.temperature), jnp.float32(sp.top_p), embeds)
         out = jax.tree.map(np.asarray, out)
