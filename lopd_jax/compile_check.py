@@ -9,8 +9,15 @@ total vs HBM), compiled FLOPs per step, analytic model FLOPs and their ratio; ex
 the step does not fit in HBM. ``--topology=cpu:8`` does the same on simulated CPU devices.
 
 ``compiled.cost_analysis()`` counts a scan / while body once, so the FLOP count compiles
-two extra *unrolled* variants (1 and 2 layers, one logits chunk, plain attention) and
-extrapolates linearly in depth; remat recomputation is included, as it is in the real step.
+two extra *unrolled* variants (1 and 2 layers; layer, logits-chunk and micro-batch loops
+unrolled) and extrapolates linearly in depth; remat recomputation is included, as it is in
+the real step. With ``--attention=splash`` the variants keep the Pallas kernel, which XLA
+does not cost: every splash custom call in the compiled HLO is counted by what it executes
+(2 / 3 / 4 matmuls of block_q x block_kv x head_dim per active block and head for the
+forward / dq / dkv kernels; causal block sparsity; blocks padded to the kernel block
+size). Other attention impls count with plain attention and one logits chunk (which may
+not fit at long sequences). The compressor's shared-block loop stays a loop (its FLOPs
+are counted for one of ``depth`` iterations; they are < 0.1% of the step).
 """
 
 from __future__ import annotations
@@ -128,6 +135,36 @@ def build_step(mcfg, ccfg, step_cfg, devices, mesh_cfg, batch, seq, exp_len):
     return compiled, system
 
 
+_SPLASH_CALL = re.compile(r"^\s*%splash_mha_(fwd|dq|dkv)\S* = \((.*?)\) custom-call\(", re.M)
+_SPLASH_MATMULS = {"fwd": 2, "dq": 3, "dkv": 4}
+
+
+def splash_kernel_flops(hlo_text: str, block: int, q_per_kv: int) -> float:
+    """FLOPs the splash custom calls of a compiled (per-chip) HLO module execute.
+
+    Each call's first bf16/f32 rank >= 3 output is q-shaped ``[..., H, S, hd]`` (fwd, dq) or
+    kv-shaped ``[..., KV, S, hd]`` (dkv; H = KV * ``q_per_kv``). Causal masks: with
+    b the kernel block for S (``block`` capped at S) and n = S / b, n (n + 1) / 2 blocks are
+    computed, each costing 2 * b^2 * hd per matmul and head.
+    """
+    from models.splash import _block
+
+    total = 0.0
+    for phase, outs in _SPLASH_CALL.findall(hlo_text):
+        shapes = [[int(d) for d in m.split(",")] for m in re.findall(r"(?:bf16|f32|f16)\[([\d,]+)\]", outs)]
+        shape = next(sh for sh in shapes if len(sh) >= 3)
+        lead = 1
+        for d in shape[:-3]:
+            lead *= d
+        heads, seq, hd = shape[-3:]
+        if phase == "dkv":
+            heads *= q_per_kv
+        b = _block(seq, block)
+        n = -(-seq // b)
+        total += lead * heads * n * (n + 1) / 2 * _SPLASH_MATMULS[phase] * 2 * b * b * hd
+    return total
+
+
 def _gib(x):
     return x / 2**30
 
@@ -148,7 +185,7 @@ def run(args) -> dict:
     mcfg = mcfg.replace(lora=ccfg.lora)
     if args.layers:
         mcfg = mcfg.replace(num_layers=args.layers, layer_types=mcfg.layer_types[:args.layers])
-    step_cfg = StepConfig(logits_chunk=args.logits_chunk, top_m=args.top_m)
+    step_cfg = StepConfig(logits_chunk=args.logits_chunk, top_m=args.top_m, micro_batch=args.micro_batch)
     mesh_cfg = MeshConfig(data=args.data, fsdp=args.fsdp, tensor=args.tensor)
     t0 = time.time()
     try:
@@ -169,6 +206,7 @@ def run(args) -> dict:
         "model": args.model, "topology": args.topology, "chips": len(devices), "batch": args.batch,
         "seq": args.seq, "exp_len": args.exp_len, "mesh": dataclasses.asdict(mesh_cfg) | {"rules": None},
         "remat": args.remat, "attention": args.attention, "logits_chunk": args.logits_chunk,
+        "micro_batch": args.micro_batch,
         "compile_s": round(compile_s, 1),
         "per_chip_gib": {"arguments": _gib(mem.argument_size_in_bytes), "outputs": _gib(mem.output_size_in_bytes),
                          "aliased": _gib(mem.alias_size_in_bytes), "temporaries": _gib(mem.temp_size_in_bytes),
@@ -178,13 +216,20 @@ def run(args) -> dict:
     mf = model_flops(mcfg, ccfg, args.batch, args.seq, args.exp_len, system.layout.length)
     report["model_flops"] = mf["total"]
     if not args.skip_flops:
+        from lopd_jax.losses_kl import unroll_scans
+
         per = []
+        splash = args.attention == "splash"
         for layers in (1, 2):
             cfg_l = mcfg.replace(num_layers=layers, layer_types=mcfg.layer_types[:layers], scan_layers=False,
-                                 attention_impl="plain")
-            c, _ = build_step(cfg_l, ccfg, dataclasses.replace(step_cfg, logits_chunk=args.seq), devices, mesh_cfg,
-                              args.batch, args.seq, args.exp_len)
-            per.append(float(c.cost_analysis()["flops"]))
+                                 attention_impl="splash" if splash else "plain")
+            s_cfg = step_cfg if splash else dataclasses.replace(step_cfg, logits_chunk=args.seq)
+            with unroll_scans():
+                c, _ = build_step(cfg_l, ccfg, s_cfg, devices, mesh_cfg, args.batch, args.seq, args.exp_len)
+            flops = float(c.cost_analysis()["flops"])
+            if splash:
+                flops += splash_kernel_flops(c.as_text(), args.block, mcfg.num_heads // mcfg.num_kv_heads)
+            per.append(flops)
         compiled_flops = (per[0] + (mcfg.num_layers - 1) * (per[1] - per[0])) * len(devices)
         report["compiled_flops"] = compiled_flops
         report["flops_ratio"] = compiled_flops / mf["total"]
@@ -212,6 +257,8 @@ def parse_args(argv=None):
     p.add_argument("--block", type=int, default=512, help="attention block size")
     p.add_argument("--logits_chunk", type=int, default=1024)
     p.add_argument("--top_m", type=int, default=20)
+    p.add_argument("--micro_batch", type=int, default=0,
+                   help="trajectories per batch shard per forward/backward pass (0 = all at once)")
     p.add_argument("--data", type=int, default=1)
     p.add_argument("--fsdp", type=int, default=-1)
     p.add_argument("--tensor", type=int, default=1)

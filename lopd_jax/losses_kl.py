@@ -15,6 +15,8 @@ float rounding of the matmul.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from typing import Callable, Sequence
 
 import jax
@@ -22,6 +24,27 @@ import jax.numpy as jnp
 
 # Upper clamp on log(sum of top-M probs): keeps the tail bucket >= ~1e-7 (SPEC 2.7).
 TAIL_LOG_CLAMP = -1e-7
+
+_UNROLL = contextvars.ContextVar("unroll_scans", default=False)
+
+
+@contextlib.contextmanager
+def unroll_scans():
+    """Trace the sequence-chunk and micro-batch scans fully unrolled (same values).
+
+    For FLOP counting only: ``compiled.cost_analysis()`` counts a loop body once, so the
+    compile check traces its FLOP-count variants inside this context.
+    """
+    token = _UNROLL.set(True)
+    try:
+        yield
+    finally:
+        _UNROLL.reset(token)
+
+
+def scans_unrolled() -> bool:
+    """True inside :func:`unroll_scans`."""
+    return _UNROLL.get()
 
 
 def _shifted_logsumexp(x: jax.Array, row_max: jax.Array) -> jax.Array:
@@ -165,7 +188,7 @@ def scan_sequence_chunks(
     def step(carry, xs):
         return carry, body(xs)
 
-    _, outs = jax.lax.scan(step, None, tuple(to_chunks(x) for x in seq_inputs))
+    _, outs = jax.lax.scan(step, None, tuple(to_chunks(x) for x in seq_inputs), unroll=scans_unrolled())
     return {
         k: jnp.moveaxis(v, 0, 1).reshape((batch, n_chunks * chunk) + v.shape[3:])[:, :seq]
         for k, v in outs.items()

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import optax
 
 from lopd_jax import losses
-from lopd_jax.losses_kl import chunked_token_logp
+from lopd_jax.losses_kl import chunked_token_logp, scans_unrolled
 from lopd_jax.splice import teacher_hidden_states
 from train.system import LOPDSystem
 
@@ -130,7 +130,7 @@ def _accumulated_grads(system: LOPDSystem, state, frozen, batch, rng, argnums, g
         return acc, metrics
 
     zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), params)
-    grads, per_micro = jax.lax.scan(body, zeros, (micro, jnp.arange(n_micro)))
+    grads, per_micro = jax.lax.scan(body, zeros, (micro, jnp.arange(n_micro)), unroll=scans_unrolled())
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
     metrics = {k: (v if k in _NOT_SUMMED else jnp.sum(v, axis=0)) for k, v in per_micro.items()}
     metrics["beta"] = per_micro["beta"][0]
