@@ -1,20 +1,33 @@
-"""Batched greedy decode throughput: train.sampler vs ``transformers`` ``generate`` (CPU).
+"""Batched decode throughput: train.sampler vs ``transformers`` ``generate`` (CPU).
 
-Both run the same random-weight Qwen3 model (a ~40M-parameter config by default: hidden
-512, 8 layers, vocab 32,000, tied embeddings) on the same batch of prompts with different
-lengths, greedy, a fixed number of new tokens (no early stop). Our model is loaded from the
-saved transformers checkpoint with ``models.from_pretrained``, so the generated ids must
-match. Reports generated tokens per second for each (our compile time excluded and shown
-separately) and the ratio.
+What is compared, and how:
 
-    python benchmarks/bench_decode.py                  # batch 8, 128 new tokens
-    python benchmarks/bench_decode.py --batch 4 --new 64 --layers 4
+* the same random-weight Qwen3 model (a 41.6M-parameter config by default: hidden 512,
+  8 layers, vocab 32,000, tied embeddings, fp32) -- saved by ``transformers`` and loaded by
+  ``models.from_pretrained``, so both hold identical weights;
+* the same batch of prompts (different lengths: ours right-pads into its KV cache,
+  ``transformers`` left-pads with an attention mask);
+* exactly ``--new`` new tokens per row (no stop id: ``min_new_tokens = max_new_tokens``);
+* two modes: greedy, and sampled with the SPEC defaults (temperature 0.7, top-p 0.95,
+  top-k 20) on both sides;
+* ``torch.set_num_threads(--threads)`` (default 2 = this machine's cores); XLA uses its own
+  pool over the same cores;
+* one warm-up call of each side per mode is excluded (ours compiles there; its compile
+  time is printed separately), then ``--repeats`` timed calls alternate between the two so
+  a change in machine load hits both; the ratio is of the medians (best-of ratio too).
+
+Greedy outputs are checked to be identical. Tokens/s counts generated tokens (batch x new)
+over the wall time of the whole call (prefill included) on each side.
+
+    python benchmarks/bench_decode.py                       # batch 8, 128 new tokens
+    python benchmarks/bench_decode.py --batch 4 --new 64 --layers 4 --modes greedy
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -29,6 +42,8 @@ import transformers  # noqa: E402
 
 from models import from_pretrained  # noqa: E402
 from train.sampler import Sampler, SamplingParams  # noqa: E402
+
+MODES = {"greedy": SamplingParams(temperature=0.0), "sampled": SamplingParams(temperature=0.7, top_p=0.95, top_k=20)}
 
 
 def main(argv=None):
@@ -46,7 +61,11 @@ def main(argv=None):
     p.add_argument("--head_dim", type=int, default=64)
     p.add_argument("--vocab", type=int, default=32_000)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    p.add_argument("--modes", default="greedy,sampled")
+    p.add_argument("--decode_layers", default="auto", choices=("auto", "unrolled", "scan"))
     args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
 
     torch.manual_seed(0)
     hc = transformers.Qwen3Config(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
@@ -66,40 +85,53 @@ def main(argv=None):
     lens = rng.randint(args.prompt_min, args.prompt_max + 1, args.batch)
     prompts = [rng.randint(0, args.vocab, n).tolist() for n in lens]
     total = args.batch * args.new
-
-    sampler = Sampler(model, stop_ids=(), sampling=SamplingParams(temperature=0.0))
-    params = Sampler.params_of(model)
-    t0 = time.perf_counter()
-    gen = sampler.generate(params, prompts, args.new, jax.random.key(0))
-    first = time.perf_counter() - t0
-    # transformers: left-padded batch, greedy, exactly `new` tokens
     P = int(lens.max())
     ids = torch.zeros((args.batch, P), dtype=torch.long)
     mask = torch.zeros((args.batch, P), dtype=torch.long)
     for b, pr in enumerate(prompts):
         ids[b, P - len(pr):] = torch.tensor(pr)
         mask[b, P - len(pr):] = 1
-    # alternate the two so a change in machine load hits both; keep the best of each
-    ours, hf = [], []
-    for r in range(args.repeats):
-        t0 = time.perf_counter()
-        gen = sampler.generate(params, prompts, args.new, jax.random.key(r))
-        ours.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            out = hm.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=args.new,
-                              min_new_tokens=args.new, eos_token_id=None, pad_token_id=0)
-        hf.append(time.perf_counter() - t0)
-    ours_s, hf_s = min(ours), min(hf)
-    same = sum(gen.tokens[b].tolist() == out[b, P:].tolist() for b in range(args.batch))
+    params = Sampler.params_of(model)
 
-    print(f"model: {n_params / 1e6:.1f}M params (hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}); "
-          f"batch {args.batch}, prompts {lens.min()}-{lens.max()} tokens, {args.new} new tokens; "
-          f"torch threads {torch.get_num_threads()}")
-    print(f"train.sampler : {total / ours_s:8.1f} tok/s  ({ours_s:.2f} s; first call incl. compile {first:.2f} s)")
-    print(f"hf generate   : {total / hf_s:8.1f} tok/s  ({hf_s:.2f} s)")
-    print(f"ratio (ours / transformers): {hf_s / ours_s:.2f}x; identical greedy sequences: {same}/{args.batch}")
-    print(f"all runs (s): ours {[round(x, 2) for x in ours]}, transformers {[round(x, 2) for x in hf]}")
+    print(f"model: {n_params / 1e6:.1f}M params (hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}, "
+          f"fp32); batch {args.batch}, prompts {lens.min()}-{lens.max()} tokens, {args.new} new tokens; "
+          f"torch threads {torch.get_num_threads()}; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    for mode in args.modes.split(","):
+        sp = MODES[mode]
+        sampler = Sampler(model, stop_ids=(), sampling=sp, decode_layers=args.decode_layers)
+        hf_kw = dict(do_sample=False) if sp.temperature == 0 else dict(
+            do_sample=True, temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k)
+
+        def ours(r):
+            return sampler.generate(params, prompts, args.new, jax.random.key(r))
+
+        def hf(r):
+            torch.manual_seed(r)
+            with torch.no_grad():
+                return hm.generate(ids, attention_mask=mask, max_new_tokens=args.new, min_new_tokens=args.new,
+                                   eos_token_id=None, pad_token_id=0, **hf_kw)
+
+        t0 = time.perf_counter()
+        ours(0)
+        first = time.perf_counter() - t0
+        hf(0)  # warm-up
+        t_ours, t_hf = [], []
+        for r in range(args.repeats):
+            t0 = time.perf_counter()
+            gen = ours(r)
+            t_ours.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            out = hf(r)
+            t_hf.append(time.perf_counter() - t0)
+        mo, mh = statistics.median(t_ours), statistics.median(t_hf)
+        line = (f"[{mode}] train.sampler {total / mo:7.1f} tok/s (median {mo:.2f} s, best {min(t_ours):.2f} s; "
+                f"first call incl. compile {first:.2f} s) | transformers {total / mh:7.1f} tok/s (median {mh:.2f} s, "
+                f"best {min(t_hf):.2f} s) | ratio {mh / mo:.2f}x (best-of {min(t_hf) / min(t_ours):.2f}x)")
+        if sp.temperature == 0:
+            same = sum(gen.tokens[b].tolist() == out[b, P:].tolist() for b in range(args.batch))
+            line += f" | identical greedy sequences {same}/{args.batch}"
+        print(line, flush=True)
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,13 @@
 
 ``--model`` is a Hugging Face checkpoint directory (or ``gs://`` prefix) with its tokenizer
 files, or ``tiny``: the ``tiny_qwen3`` backbone with random weights (seeded by ``--seed``)
-and the tiny Qwen3-format tokenizer, for smoke runs. Tasks are rolled out in batches of
+and the tiny Qwen3-format tokenizer, for smoke runs.
+
+``--composer_from=WORKDIR`` (instead of ``--model``) evaluates the paper's "Base + Composer"
+row: the run's base policy theta0 with its composer's latents (from ``n_ret`` experiences
+retrieved from the run's bank per task) spliced into the prompt, on the run's own task
+source, tokenizer and chat format (:mod:`lopd_jax.composer_eval`);
+``--composer_stage`` picks the LOPD or cold-start composer (default: LOPD if present). Tasks are rolled out in batches of
 ``--batch_size`` with :func:`train.rollout.rollout`; the statistics are
 :func:`lopd_jax.eval_stats.behaviour_stats`. The metrics are printed as JSON and, with
 ``--out``, written with per-task results. Bad arguments exit with status 2.
@@ -31,8 +37,14 @@ TINY = "tiny"
 def build_parser() -> argparse.ArgumentParser:
     """The command-line options."""
     p = argparse.ArgumentParser(prog="python -m lopd_jax.evaluate", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True, help="Hugging Face checkpoint dir / gs:// prefix, or 'tiny'")
-    p.add_argument("--env", default="synthetic", help=f"task source, one of {known_task_sources()}")
+    p.add_argument("--model", default=None, help="Hugging Face checkpoint dir / gs:// prefix, or 'tiny'")
+    p.add_argument("--composer_from", default=None,
+                   help="a training run's workdir: evaluate its base model conditioned on its composer's latents")
+    p.add_argument("--composer_stage", default="auto", choices=("auto", "lopd", "cold_start"),
+                   help="which composer checkpoint of --composer_from (auto: lopd, else cold_start)")
+    p.add_argument("--env", default=None,
+                   help=f"task source, one of {known_task_sources()} (default synthetic; with --composer_from "
+                        "the run's own source)")
     p.add_argument("--env_kwargs", default="{}", help="JSON object of task-source arguments")
     p.add_argument("--split", default="heldout", choices=("train", "heldout"))
     p.add_argument("--num_tasks", type=int, default=None, help="evaluate the first N tasks (default: all)")
@@ -57,9 +69,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse and validate; any bad value exits with status 2 and a message naming the fix."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.model != TINY and not args.model.startswith("gs://") and not os.path.isdir(args.model):
+    if (args.model is None) == (args.composer_from is None):
+        parser.error("pass exactly one of --model (a policy) or --composer_from (a run's base + composer)")
+    if args.composer_from is not None:
+        if not os.path.isfile(os.path.join(args.composer_from, "config.json")):
+            parser.error(f"--composer_from={args.composer_from!r} is not a training run directory (no config.json)")
+        if args.env is not None:
+            parser.error("--env does not apply with --composer_from (the run's own task source is used)")
+    elif args.model != TINY and not args.model.startswith("gs://") and not os.path.isdir(args.model):
         parser.error(f"--model={args.model!r} is neither 'tiny' nor an existing checkpoint directory")
-    if args.env not in known_task_sources():
+    if args.composer_from is None and args.env is None:
+        args.env = "synthetic"
+    if args.env is not None and args.env not in known_task_sources():
         parser.error(f"--env={args.env!r} is unknown; choose one of {known_task_sources()}")
     try:
         args.env_kwargs = json.loads(args.env_kwargs)
@@ -131,20 +152,27 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from train.rollout import RolloutConfig, rollout
     from train.sampler import Sampler, SamplingParams
 
-    try:
-        source = get_task_source(args.env, **args.env_kwargs)
-    except TypeError as e:
-        raise ValueError(f"--env_kwargs do not fit the {args.env!r} task source: {e}") from e
+    run = None
+    sampling = SamplingParams(args.temperature, args.top_p, args.top_k)
+    if args.composer_from is not None:
+        from lopd_jax.composer_eval import load_composer_run
+
+        run = load_composer_run(args.composer_from, args.composer_stage)
+        source, fmt, sampler, params = run.ctx.source, run.ctx.fmt, run.ctx.sampler, run.base_params()
+    else:
+        try:
+            source = get_task_source(args.env, **args.env_kwargs)
+        except TypeError as e:
+            raise ValueError(f"--env_kwargs do not fit the {args.env!r} task source: {e}") from e
+        model, tok, family = load_policy(args.model, seed=args.seed, dtype=args.dtype)
+        fmt = make_chat_format(args.chat_format or family, tok, enable_thinking=args.enable_thinking)
+        sampler = Sampler(model, stop_ids=fmt.stop_ids, sampling=sampling, pad_id=tok.pad_token_id or 0)
+        params = Sampler.params_of(model)
     tasks = source.tasks(args.split)
     if args.num_tasks is not None:
         tasks = tasks[: args.num_tasks]
     if not tasks:
-        raise ValueError(f"the {args.env!r} source has no {args.split!r} tasks")
-    model, tok, family = load_policy(args.model, seed=args.seed, dtype=args.dtype)
-    fmt = make_chat_format(args.chat_format or family, tok, enable_thinking=args.enable_thinking)
-    sampling = SamplingParams(args.temperature, args.top_p, args.top_k)
-    sampler = Sampler(model, stop_ids=fmt.stop_ids, sampling=sampling, pad_id=tok.pad_token_id or 0)
-    params = Sampler.params_of(model)
+        raise ValueError(f"the {args.env or 'run'!r} source has no {args.split!r} tasks")
     config = RolloutConfig(max_env_steps=args.max_steps, max_turn_tokens=args.max_turn_tokens,
                            max_total_tokens=args.max_total_tokens, env_workers=args.env_workers)
     rng = jax.random.key(args.seed)
@@ -152,15 +180,31 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     trajs = []
     for i in range(0, len(tasks), args.batch_size):
         batch = tasks[i:i + args.batch_size]
-        trajs += rollout(sampler, params, fmt, source.make_env, batch, jax.random.fold_in(rng, i), config)
+        latents = None
+        if run is not None:
+            from lopd_jax.composer_eval import latent_context
+            latents = latent_context(run, batch)
+        trajs += rollout(sampler, params, fmt, source.make_env, batch, jax.random.fold_in(rng, i), config,
+                         sampling=sampling, latents=latents)
     elapsed = time.perf_counter() - start
     metrics = behaviour_stats(trajs, success_threshold=args.success_threshold)
     metrics["rollout_seconds"] = round(elapsed, 3)
     metrics["trajectories_per_minute"] = round(60.0 * len(trajs) / elapsed, 2)
     per_task = [{"task_id": t.task.task_id, "family": t.task.family, "reward": t.reward,
                  "finish_reason": t.finish_reason, "num_turns": t.num_turns, "turn_lengths": t.turn_lengths,
-                 "env_stats": t.env_stats} for t in trajs]
+                 "env_stats": t.env_stats, "mean_raw_logprob": _mean_generated(t.raw_logprobs, t.mask)}
+                for t in trajs]
+    if run is not None:
+        metrics["composer"] = {"workdir": args.composer_from, "stage": run.stage, "step": run.step,
+                               "latent_slots": run.ctx.layout.num_slots, "block_tokens": run.ctx.layout.length}
     return {"config": vars(args), "metrics": metrics, "trajectories": per_task}
+
+
+def _mean_generated(values, mask) -> float:
+    """Mean of ``values`` over generated tokens (``mask`` 1), 0.0 when there are none."""
+    import numpy as np
+    m = np.asarray(mask) > 0
+    return float(np.asarray(values)[m].mean()) if m.any() else 0.0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -15,6 +15,13 @@ an end-of-turn id the chat format supplies after a turn cut off by the per-turn 
 ``tokens[j]``; 0 where ``mask`` is 0), so a training step compares them with the log-prob
 its logits at ``j - 1`` give to ``tokens[j]``.
 
+Composer conditioning (the paper's "Base + Composer" row): with a :class:`LatentContext`
+the first chunk of each trajectory is the teacher-format prompt -- the latent block
+(framing before, slots, framing after) inserted at the first user message's content, as
+:mod:`lopd_jax.splice` builds it for training -- and the prefill's input embeddings of the
+slots are the task's latent vectors. ``Trajectory.tokens`` stay in the student's format
+(no block); the block's length counts against ``max_total_tokens`` (the model's context).
+
 Caps: at most ``max_env_steps`` environment steps; at most ``max_turn_tokens`` generated
 per turn; at most ``max_total_tokens`` in the whole trajectory (prompt and observations
 included). When a cap ends an episode, ``env.finish()`` scores the state. A turn cut off by
@@ -28,10 +35,12 @@ import dataclasses
 from typing import Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from lopd_jax.chat_base import ChatFormat, TokenTrajectory
 from lopd_jax.envs.base import Environment
+from lopd_jax.splice import SpliceLayout, splice_latents
 from lopd_jax.types import Message, Task, ToolSchema
 from train.sampler import Sampler, SamplingParams, bucket
 
@@ -59,6 +68,36 @@ class RolloutConfig:
                 raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.env_workers < 0:
             raise ValueError(f"RolloutConfig.env_workers must be >= 0, got {self.env_workers}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LatentContext:
+    """Latent conditioning of a rollout: ``latents[i]`` [num_slots, D] fill the slots of
+    the block ``layout`` inserted into task ``i``'s prompt; ``embed`` maps ids [B, C] to the
+    policy's input embeddings [B, C, D] (e.g. its embedding table)."""
+
+    layout: SpliceLayout
+    latents: jax.Array | np.ndarray
+    embed: Callable
+
+    def first_chunks(self, prompts: Sequence[Sequence[int]], insert_at: Sequence[int]) -> list[list[int]]:
+        """Teacher-format prompts: the block's ids inserted at each insertion point."""
+        block = [int(x) for x in self.layout.block_ids]
+        return [list(p[:a]) + block + list(p[a:]) for p, a in zip(prompts, insert_at)]
+
+    def embeds(self, chunks: Sequence[Sequence[int] | None], rows: Sequence[int | None], insert_at: Sequence[int]):
+        """Input embeddings [len(chunks), C, D] of right-padded ``chunks`` (row ``r`` holds
+        task ``rows[r]``) with the slots replaced by the tasks' latents."""
+        C = max(len(c) for c in chunks if c is not None)
+        ids = np.zeros((len(chunks), C), np.int32)
+        at = np.zeros(len(chunks), np.int32)
+        take = np.zeros(len(chunks), np.int32)
+        for r, (c, i) in enumerate(zip(chunks, rows)):
+            if c is not None:
+                ids[r, :len(c)] = c
+                at[r], take[r] = insert_at[i], i
+        latents = jnp.take(jnp.asarray(self.latents), jnp.asarray(take), axis=0)
+        return splice_latents(self.embed(jnp.asarray(ids)), latents, jnp.asarray(at), self.layout)
 
 
 @dataclasses.dataclass
@@ -106,6 +145,7 @@ class _Episode:
     raw_logprobs: list[float] = dataclasses.field(default_factory=list)
     turn_lengths: list[int] = dataclasses.field(default_factory=list)
     steps: int = 0
+    extra: int = 0  # context tokens the model sees beyond ``traj`` (an inserted latent block)
     reward: float | None = None
     finish_reason: str | None = None
 
@@ -134,7 +174,7 @@ def _advance(ep: _Episode, ids: np.ndarray, lps: np.ndarray, raws: np.ndarray, f
     ep.raw_logprobs += [float(x) for x in raws]
     ep.turn_lengths.append(len(ids))
     closed = len(ids) > 0 and int(ids[-1]) in fmt.stop_ids
-    if not closed and len(ep.traj) >= cfg.max_total_tokens:
+    if not closed and len(ep.traj) + ep.extra >= cfg.max_total_tokens:
         ep.end(ep.env.finish(), FINISH_MAX_TOKENS)
         return
     turn = fmt.parse_generated(ids)
@@ -148,7 +188,7 @@ def _advance(ep: _Episode, ids: np.ndarray, lps: np.ndarray, raws: np.ndarray, f
         ep.end(ep.env.finish(), FINISH_MAX_STEPS)
         return
     obs_ids = fmt.observation_ids(result.observation, turn_closed=closed)
-    if len(ep.traj) + len(obs_ids) >= cfg.max_total_tokens:  # no room left for a generated token
+    if len(ep.traj) + ep.extra + len(obs_ids) >= cfg.max_total_tokens:  # no room left for a generated token
         ep.end(ep.env.finish(), FINISH_MAX_TOKENS)
         return
     ep.messages.extend(result.observation)
@@ -159,7 +199,7 @@ def _advance(ep: _Episode, ids: np.ndarray, lps: np.ndarray, raws: np.ndarray, f
 
 def rollout(sampler: Sampler, params, fmt: ChatFormat, make_env: Callable[[], Environment],
             tasks: Sequence[Task], rng: jax.Array, config: RolloutConfig = RolloutConfig(),
-            sampling: SamplingParams | None = None) -> list[Trajectory]:
+            sampling: SamplingParams | None = None, latents: LatentContext | None = None) -> list[Trajectory]:
     """Run one episode per task (repeat a task for a group) with all of them batched.
 
     Args:
@@ -171,6 +211,8 @@ def rollout(sampler: Sampler, params, fmt: ChatFormat, make_env: Callable[[], En
       rng: PRNG key; turn ``t`` samples with ``fold_in(rng, t)``.
       config: caps and host parallelism.
       sampling: overrides the sampler's default :class:`SamplingParams`.
+      latents: optional :class:`LatentContext` (one latent row per task): condition the
+        policy on composer latents (see the module docstring).
 
     Returns:
       One :class:`Trajectory` per task, in order.
@@ -195,14 +237,29 @@ def rollout(sampler: Sampler, params, fmt: ChatFormat, make_env: Callable[[], En
                           list(prompt))
             ep.add_context(prompt)
             episodes.append(ep)
+        if latents is not None:
+            n = np.shape(latents.latents)[0]
+            if n != len(episodes):
+                raise ValueError(f"LatentContext has latents for {n} tasks but {len(episodes)} tasks are rolled out")
+            firsts = latents.first_chunks([ep.pending for ep in episodes], [ep.insert_at for ep in episodes])
+            for ep, first in zip(episodes, firsts):
+                ep.pending, ep.extra = first, latents.layout.length
+                if len(first) >= config.max_total_tokens:
+                    raise ValueError(f"task {ep.task.task_id!r}: the prompt with the latent block has {len(first)} "
+                                     f"tokens, not below max_total_tokens={config.max_total_tokens}; raise the cap")
         rows: list[int | None] = list(range(len(episodes)))
         cache = sampler.new_cache(len(rows))
         turn = 0
         while any(r is not None for r in rows):
             chunks = [None if i is None else episodes[i].pending for i in rows]
-            caps = [0 if i is None else min(config.max_turn_tokens, config.max_total_tokens - len(episodes[i].traj))
+            caps = [0 if i is None else min(config.max_turn_tokens,
+                                            config.max_total_tokens - len(episodes[i].traj) - episodes[i].extra)
                     for i in rows]
-            gen, cache = sampler.extend(params, cache, chunks, caps, jax.random.fold_in(rng, turn), sampling=sampling)
+            embeds = None
+            if latents is not None and turn == 0:
+                embeds = latents.embeds(chunks, rows, [ep.insert_at for ep in episodes])
+            gen, cache = sampler.extend(params, cache, chunks, caps, jax.random.fold_in(rng, turn), sampling=sampling,
+                                        inputs_embeds=embeds)
             turn += 1
             work = [(r, i) for r, i in enumerate(rows) if i is not None]
             args = [(episodes[i], gen.tokens[r], gen.logprobs[r], gen.raw_logprobs[r], fmt, config) for r, i in work]

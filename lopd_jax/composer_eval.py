@@ -1,0 +1,141 @@
+"""The paper's "Base + Composer" evaluation: the base model conditioned on composer latents.
+
+:func:`load_composer_run` reopens a training run's working directory (``config.json``,
+``stages.json``, checkpoints, bank) the way :mod:`train.loop` built it:
+
+* theta0 -- the frozen backbone the composer was trained against: the final warm-up
+  checkpoint when the run had a warm-up stage, else the run's initial backbone;
+* the composer phi = (encoder LoRA, compressor) of the newest ``lopd`` checkpoint, or of
+  the ``cold_start`` checkpoint (``stage="cold_start"``, or ``"auto"`` when the LOPD stage
+  has no checkpoint yet);
+* the run's experience bank (the path the ``bank`` stage recorded).
+
+:func:`latent_context` retrieves ``n_ret`` experiences per task from that bank, encodes
+them with the composer (:meth:`train.system.LOPDSystem.latents`, exactly as the LOPD and
+cold-start steps do) and returns a :class:`train.rollout.LatentContext`: the rollout then
+prefills each task's teacher-format prompt (the run's latent block spliced in) with the
+latents as the slots' input embeddings, and the base policy theta0 generates from there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+
+COMPOSER_STAGES = ("auto", "lopd", "cold_start")
+
+
+@dataclasses.dataclass
+class ComposerRun:
+    """A reopened run: ``ctx`` (:class:`train.stages.RunContext`), ``frozen`` theta0,
+    ``composer`` ``{"lora", "compressor"}``, ``bank``, the ``stage`` and ``step`` the
+    composer came from."""
+
+    ctx: object
+    frozen: dict
+    composer: dict
+    bank: object
+    stage: str
+    step: int
+    latents_fn: object = dataclasses.field(default=None, repr=False)
+
+    def base_params(self) -> dict:
+        """The sampler's parameters of the base policy theta0 (LoRA slots with B = 0 are
+        never applied by the rollout sampler unless the run trains a LoRA student, and
+        then they hold the fresh, zero adapter)."""
+        _, lora0, _ = self.ctx.system.initial_params()
+        return {**self.frozen, **lora0}
+
+
+def _restore(ctx, stage: str, template):
+    """``(state, step)`` of the newest checkpoint of ``stage`` restored into ``template``'s layout."""
+    from train.checkpoint import Checkpointer, abstract_tree
+
+    directory = ctx.ckpt_dir(stage)
+    if not os.path.isdir(directory) and "://" not in directory:
+        return None, None
+    ckpt = Checkpointer(directory, async_save=False)
+    try:
+        step = ckpt.latest_step()
+        if step is None:
+            return None, None
+        state, _ = ckpt.restore(step, abstract_tree(template))
+        return state, step
+    finally:
+        ckpt.close()
+
+
+def load_composer_run(workdir: str, stage: str = "auto") -> ComposerRun:
+    """Reopen the run in ``workdir`` (see the module docstring).
+
+    Raises ``ValueError`` naming what is missing (no config, no bank, no composer
+    checkpoint of the asked stage).
+    """
+    from lopd_jax.config import ConfigError, load_run_config
+    from train.bank_build import load_bank
+    from train.stages import RunContext, StageLedger
+
+    if stage not in COMPOSER_STAGES:
+        raise ValueError(f"composer stage {stage!r}: choose from {COMPOSER_STAGES}")
+    try:
+        cfg = load_run_config(workdir)
+    except ConfigError as e:
+        raise ValueError(str(e)) from None
+    cfg = dataclasses.replace(cfg, workdir=workdir)
+    ledger = StageLedger(workdir)
+    if not ledger.done("bank"):
+        raise ValueError(f"the run in {workdir!r} has not built its experience bank yet (stage 'bank')")
+    ctx = RunContext(cfg)
+    system = ctx.system
+    frozen, lora0, comp0 = system.initial_params()
+    if cfg.stages.warmup_steps > 0:
+        from train import warmup
+        opt, _ = warmup.make_sft_step(system, cfg.stages.warmup_lr)
+        template = {"step": jnp.zeros((), jnp.int32), "params": frozen, "opt": opt.init(frozen)}
+        state, _ = _restore(ctx, "warmup", template)
+        if state is None:
+            raise ValueError(f"the run in {workdir!r} has a warm-up stage but no warm-up checkpoint")
+        frozen = state["params"]
+    composer = found = None
+    for name in (("lopd", "cold_start") if stage == "auto" else (stage,)):
+        if name == "lopd":
+            template, _ = system.init_state(composer={"lora": lora0, "compressor": comp0}, seed=cfg.seed)
+        else:
+            template = system.init_cold_start_state(cfg.seed)
+        state, step = _restore(ctx, name, template)
+        if state is not None:
+            composer, found = state["composer"], (name, step)
+            break
+    if composer is None:
+        raise ValueError(f"no composer checkpoint ({stage}) in {ctx.cfg.checkpoint_dir!r}; "
+                         "run the cold start (or LOPD) stage first")
+    bank = load_bank(ctx, ledger.result("bank")["path"])
+    return ComposerRun(ctx, frozen, composer, bank, found[0], int(found[1]))
+
+
+def task_latents(run: ComposerRun, tasks: Sequence) -> jax.Array:
+    """c_phi [len(tasks), n_ret * K, d] from the run's composer and retrieved experiences."""
+    from train.bank_build import experience_arrays
+
+    ctx = run.ctx
+    instructions = [t.instruction for t in tasks]
+    retrieved = run.bank.retrieve(instructions, [t.task_id for t in tasks])
+    exp_tokens, exp_mask = experience_arrays(ctx, instructions, retrieved)
+    if run.latents_fn is None:
+        run.latents_fn = jax.jit(ctx.system.latents)
+    return run.latents_fn(run.frozen, run.composer, jnp.asarray(exp_tokens), jnp.asarray(exp_mask))
+
+
+def latent_context(run: ComposerRun, tasks: Sequence, latents=None):
+    """A :class:`train.rollout.LatentContext` for ``tasks`` (``latents`` default:
+    :func:`task_latents`), embedding ids with theta0's embedding table."""
+    from train.rollout import LatentContext
+
+    embed_table = run.frozen["embed"]
+    dtype = run.ctx.model_cfg.jnp_dtype
+    latents = task_latents(run, tasks) if latents is None else latents
+    return LatentContext(run.ctx.layout, latents, lambda ids: jnp.take(embed_table, ids, axis=0).astype(dtype))
