@@ -264,3 +264,21 @@ def test_registry(monkeypatch):
         registry.get_task_source("ghost")
     with pytest.raises(ValueError, match="module:ClassName"):
         registry.register_task_source("bad", "no_colon")
+
+
+def test_schemas_without_descriptions_keep_names_types_and_rewards():
+    full = SyntheticTaskSource(n_train_per_family=2, n_heldout_per_family=1, seed=0)
+    bare = SyntheticTaskSource(n_train_per_family=2, n_heldout_per_family=1, seed=0, tool_descriptions=False)
+    for task in bare.tasks("train"):
+        _, tools_full = full.make_env().reset(task)
+        _, tools_bare = bare.make_env().reset(task)
+        assert "description" not in repr(tools_bare)
+        assert len(repr(tools_bare)) < len(repr(tools_full))
+        for a, b in zip(tools_full, tools_bare):
+            fa, fb = a["function"], b["function"]
+            assert fa["name"] == fb["name"]
+            assert fa["parameters"]["required"] == fb["parameters"]["required"]
+            assert {k: v["type"] for k, v in fa["parameters"]["properties"].items()} == \
+                {k: v["type"] for k, v in fb["parameters"]["properties"].items()}
+        result, _, _ = run(bare, task, oracle_turns(task))
+        assert result.reward == 1.0

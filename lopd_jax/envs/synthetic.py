@@ -54,13 +54,16 @@ class SyntheticTaskSource(TaskSource):
         seed: generation seed (also decides which instructions are held out).
         families: family ids and/or domain names to include (default: all).
         heldout_fraction: share of instruction texts reserved for the held-out split.
+        tool_descriptions: keep the tools' and parameters' descriptions in the schemas the
+            environment shows (False: names and types only -- prompts about a third
+            shorter, used by the CPU default to save compute).
     """
 
     env_id = ENV_ID
 
     def __init__(self, n_train_per_family: int = 48, n_heldout_per_family: int = 16,
                  seed: int = 0, families: Sequence[str] | None = None,
-                 heldout_fraction: float = 0.25):
+                 heldout_fraction: float = 0.25, tool_descriptions: bool = True):
         """See the class docstring."""
         if n_train_per_family < 0 or n_heldout_per_family < 0:
             raise ValueError("n_train_per_family and n_heldout_per_family must be >= 0")
@@ -70,6 +73,7 @@ class SyntheticTaskSource(TaskSource):
         self.seed = seed
         self.families = _resolve_families(families)
         self.heldout_fraction = heldout_fraction
+        self.tool_descriptions = tool_descriptions
         self._cache: dict[str, list[Task]] | None = None
 
     def _split_of(self, instruction: str) -> str:
@@ -117,7 +121,16 @@ class SyntheticTaskSource(TaskSource):
 
     def make_env(self) -> "SyntheticEnvironment":
         """A fresh synthetic environment."""
-        return SyntheticEnvironment()
+        return SyntheticEnvironment(tool_descriptions=self.tool_descriptions)
+
+
+def _without_descriptions(schema: Any) -> Any:
+    """A copy of a JSON schema without its ``description`` fields."""
+    if isinstance(schema, dict):
+        return {k: _without_descriptions(v) for k, v in schema.items() if k != "description"}
+    if isinstance(schema, list):
+        return [_without_descriptions(v) for v in schema]
+    return schema
 
 
 def _family_of(task: Task) -> Family:
@@ -135,6 +148,11 @@ class SyntheticEnvironment(ToolUseEnvironment):
 
     env_id = ENV_ID
 
+    def __init__(self, tool_descriptions: bool = True):
+        """``tool_descriptions=False`` shows schemas without description fields."""
+        super().__init__()
+        self.tool_descriptions = tool_descriptions
+
     def _setup(self, task: Task) -> tuple[list[Message], list[ToolSchema]]:
         self._family = _family_of(task)
         self._params: dict[str, Any] = task.payload["params"]
@@ -143,7 +161,8 @@ class SyntheticEnvironment(ToolUseEnvironment):
         self._toolbox = Toolbox(self._state)
         messages = [{"role": "system", "content": self._domain.system},
                     {"role": "user", "content": task.instruction}]
-        return messages, [dict(s) for s in self._toolbox.schemas]
+        schemas = [dict(s) for s in self._toolbox.schemas]
+        return messages, schemas if self.tool_descriptions else [_without_descriptions(s) for s in schemas]
 
     def _invoke(self, name: str, arguments: dict[str, Any]) -> str:
         return self._toolbox.call(name, arguments)
