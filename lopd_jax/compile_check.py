@@ -165,6 +165,20 @@ def splash_kernel_flops(hlo_text: str, block: int, q_per_kv: int) -> float:
     return total
 
 
+def rules_with(overrides) -> tuple:
+    """The default logical-axis rules with ``name=axis[+axis]`` overrides (``none`` = replicated)."""
+    from models.partitioning import DEFAULT_RULES
+
+    table = dict(DEFAULT_RULES)
+    for item in overrides or ():
+        name, _, axes = item.partition("=")
+        if name not in table or not axes:
+            raise ValueError(f"--rule {item!r}: use LOGICAL=AXIS with LOGICAL one of {sorted(table)}")
+        parts = tuple(a for a in axes.split("+") if a)
+        table[name] = None if axes == "none" else (parts[0] if len(parts) == 1 else parts)
+    return tuple(table.items())
+
+
 def _gib(x):
     return x / 2**30
 
@@ -186,7 +200,7 @@ def run(args) -> dict:
     if args.layers:
         mcfg = mcfg.replace(num_layers=args.layers, layer_types=mcfg.layer_types[:args.layers])
     step_cfg = StepConfig(logits_chunk=args.logits_chunk, top_m=args.top_m, micro_batch=args.micro_batch)
-    mesh_cfg = MeshConfig(data=args.data, fsdp=args.fsdp, tensor=args.tensor)
+    mesh_cfg = MeshConfig(data=args.data, fsdp=args.fsdp, tensor=args.tensor, rules=rules_with(args.rule))
     t0 = time.time()
     try:
         compiled, system = build_step(mcfg, ccfg, step_cfg, devices, mesh_cfg, args.batch, args.seq, args.exp_len)
@@ -204,7 +218,7 @@ def run(args) -> dict:
     total = mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes + mem.temp_size_in_bytes
     report = {
         "model": args.model, "topology": args.topology, "chips": len(devices), "batch": args.batch,
-        "seq": args.seq, "exp_len": args.exp_len, "mesh": dataclasses.asdict(mesh_cfg) | {"rules": None},
+        "seq": args.seq, "exp_len": args.exp_len, "mesh": dataclasses.asdict(mesh_cfg) | {"rules": args.rule},
         "remat": args.remat, "attention": args.attention, "logits_chunk": args.logits_chunk,
         "micro_batch": args.micro_batch,
         "compile_s": round(compile_s, 1),
@@ -262,6 +276,8 @@ def parse_args(argv=None):
     p.add_argument("--data", type=int, default=1)
     p.add_argument("--fsdp", type=int, default=-1)
     p.add_argument("--tensor", type=int, default=1)
+    p.add_argument("--rule", action="append", default=[],
+                   help="logical-axis rule override, repeatable: e.g. --rule=act_embed=tensor")
     p.add_argument("--skip_flops", action="store_true", help="skip the unrolled FLOP-count compiles")
     p.add_argument("--json", default=None, help="also write the report here")
     return p.parse_args(argv)

@@ -20,15 +20,18 @@ def _has_libtpu():
 
 @pytest.mark.skipif(not _has_libtpu(), reason="libtpu not installed (pip install -r requirements-tpu.txt)")
 def test_compile_check_tiny_on_v5p_8(tmp_path):
+    """The TPU layout of the named configs: splash kernel under shard_map (Mosaic lowering)
+    and 2 micro-batches per step (8 trajectories over 4 chips, 1 per micro-step)."""
     out = tmp_path / "report.json"
     env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="")
     cmd = [sys.executable, "-m", "lopd_jax.compile_check", "--model=tiny_qwen3", "--topology=v5p-8",
-           "--batch=4", "--seq=128", "--exp_len=32", "--latents=4", "--depth=2", "--block=64",
-           "--logits_chunk=64", "--skip_flops", f"--json={out}"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+           "--batch=8", "--seq=128", "--exp_len=32", "--latents=4", "--depth=2", "--block=128",
+           "--logits_chunk=64", "--attention=splash", "--micro_batch=1", "--skip_flops", f"--json={out}"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
-    assert report["chips"] == 4 and report["fits"]
+    assert report["chips"] == 4 and report["fits"] and report["attention"] == "splash"
+    assert report["micro_batch"] == 1
     assert 0 < report["per_chip_gib"]["total"] < 1.0
     assert report["model_flops"] > 0
     assert "per chip GiB" in proc.stdout
@@ -52,3 +55,23 @@ def test_model_flops_scale_with_tokens():
     assert abs(b / a - 2) < 1e-9
     # 8B-class: ~6 N per student token dominates; N ~ 7e9 non-embedding parameters
     assert 6 * 6e9 * 4096 < a < 6 * 6e9 * 4096 * 4
+
+
+def test_splash_kernel_flops_counts_calls_by_phase_and_causal_blocks():
+    from lopd_jax.compile_check import splash_kernel_flops
+
+    # shapes as XLA:TPU prints them: layouts, tuple outputs, a leading (vmapped) batch dim
+    hlo = (
+        "  %splash_mha_fwd_segmented_residuals.3 = (f32[128,128]{1,0:T(8,128)}, bf16[2,4,1024,128]{3,2,1,0}, "
+        "f32[2,4,1024,128]{3,2,1,0}) custom-call(%a, %b), custom_call_target=\"tpu_custom_call\"\n"
+        "  %splash_mha_dkv_segmented_no_residuals.1 = (f32[128,128]{1,0}, bf16[2,2,1024,128]{2,1,0}, "
+        "bf16[2,2,1024,128]{2,1,0}) custom-call(%c), custom_call_target=\"tpu_custom_call\"\n"
+        "  %gte = bf16[2,4,1024,128]{3,2,1,0} get-tuple-element(%splash_mha_fwd_segmented_residuals.3), index=1\n"
+    )
+    blocks = 2 * 3 / 2  # 1024 tokens in blocks of 512: 3 causal blocks
+    per_block_matmul = 2 * 512 * 512 * 128
+    fwd = 2 * 4 * blocks * 2 * per_block_matmul  # batch 2, 4 q heads, 2 matmuls
+    dkv = 2 * (2 * 2) * blocks * 4 * per_block_matmul  # 2 kv heads x 2 q per kv, 4 matmuls
+    assert splash_kernel_flops(hlo, 512, q_per_kv=2) == fwd + dkv
+    # a block larger than the sequence is capped to it: one 1024-block per sequence
+    assert splash_kernel_flops(hlo, 2048, q_per_kv=2) == (2 * 4 * 2 + 2 * 4 * 4) * 2 * 1024 * 1024 * 128
