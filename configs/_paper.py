@@ -1,6 +1,9 @@
 """Shared pieces of the full-size configs: the paper's hyperparameters (SPEC defaults)
-and the TPU memory layout (FSDP over all chips, full remat, blockwise attention,
-logits chunk 1024). Each named config fills in its backbone.
+and the TPU memory layout the compile check measured to fit (README, "Compile check"):
+FSDP over all chips, full remat, Pallas splash attention (block 512), logits chunk 1024,
+one trajectory per chip per micro-step (``steps.micro_batch=1``), fp32 master weights
+(bf16 compute). Each named config fills in its backbone and, where needed, its mesh.
+Splash attention is a TPU kernel: on CPU override ``model.attention_impl=blockwise``.
 """
 
 from lopd_jax.composer import ComposerConfig
@@ -11,7 +14,8 @@ from train.mesh import MeshConfig
 from train.system import StepConfig
 
 
-def paper_config(name: str, *, source: str = "envscaler", workdir: str) -> TrainConfig:
+def paper_config(name: str, *, source: str = "envscaler", workdir: str,
+                 mesh: MeshConfig = MeshConfig(data=1, fsdp=-1, tensor=1)) -> TrainConfig:
     """LOPD at paper settings on backbone ``name``.
 
     Set ``model.hf_path`` to the Hugging Face checkpoint (local or gs://) for a real run;
@@ -19,15 +23,16 @@ def paper_config(name: str, *, source: str = "envscaler", workdir: str) -> Train
     go in ``env.kwargs`` (e.g. ``env.kwargs.train_path=...`` for EnvScaler).
     """
     return TrainConfig(
-        model=ModelSection(name=name, tokenizer="auto", dtype="bfloat16", param_dtype="bfloat16",
-                           attention_impl="blockwise", attention_block_q=512, attention_block_kv=512,
+        # fp32 parameters: AdamW steps of lr 1e-5 vanish below bf16 resolution
+        model=ModelSection(name=name, tokenizer="auto", dtype="bfloat16", param_dtype="float32",
+                           attention_impl="splash", attention_block_q=512, attention_block_kv=512,
                            remat_policy="full"),
         composer=ComposerConfig(num_latents=32, depth=8, n_ret=3, ff_mult=4,
                                 lora=LoraConfig(rank=8, alpha=16.0, dropout=0.0), max_experience_tokens=2048),
-        steps=StepConfig(margin=0.05, anchor_weight=0.2, eta_beta=0.5, top_m=20, logits_chunk=1024,
+        steps=StepConfig(margin=0.05, anchor_weight=0.2, eta_beta=0.5, top_m=20, logits_chunk=1024, micro_batch=1,
                          student_lr=1e-5, composer_lr=1e-5, student_clip=1.0, composer_clip=1.0,
                          cold_start_lr=1e-5, cold_start_encoder_clip=3.0, cold_start_compressor_clip=30.0),
-        mesh=MeshConfig(data=1, fsdp=-1, tensor=1),
+        mesh=mesh,
         bank=BankSection(min_reward=1.0, retrieval_mode="symmetric", allow_self_retrieval=True),
         env=EnvSection(source=source, tasks_per_step=32, group_size=1),
         rollout=RolloutSection(temperature=0.7, top_p=0.95, top_k=20, max_env_steps=30,

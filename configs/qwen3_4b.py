@@ -1,5 +1,16 @@
-"""LOPD on qwen3_4b at the paper's hyperparameters, laid out for a TPU slice (see configs/_paper.py)."""
+"""LOPD on qwen3_4b at the paper's hyperparameters, laid out for a v5e slice (see configs/_paper.py).
+
+v5e chips have 16 GiB of HBM and batch 32 cannot split 64 / 256 ways, so: FSDP over 32
+chips (one trajectory each), the rest of the slice on the tensor axis (2 on v5e-64, 8 on
+v5e-256) with the layer activations' embedding dimension sharded over it too
+(``act_embed -> tensor``). The compile check's measurements are in the README.
+"""
 
 from configs._paper import paper_config
+from models.partitioning import DEFAULT_RULES
+from train.mesh import MeshConfig
 
-CONFIG = paper_config("qwen3_4b", workdir="workdirs/qwen3_4b")
+RULES = tuple((name, "tensor" if name == "act_embed" else axes) for name, axes in DEFAULT_RULES)
+
+CONFIG = paper_config("qwen3_4b", workdir="workdirs/qwen3_4b",
+                      mesh=MeshConfig(data=1, fsdp=32, tensor=-1, rules=RULES))
