@@ -99,3 +99,20 @@ def test_plot_run(tmp_path):
     with pytest.raises(ValueError, match="nothing to plot"):
         plot_run(tmp_path / "metrics.jsonl", tmp_path / "x.png", stage="cold_start")
     json.dumps(read_metrics(tmp_path / "metrics.jsonl"))
+
+
+def test_plot_run_places_held_out_evaluations_at_their_rollouts(tmp_path):
+    from train.metrics import _held_out_series
+    with MetricsWriter(tmp_path, enabled=True, tensorboard=False) as w:
+        w.write(0, "eval_before", {"reward_mean": 0.25})
+        for s in range(1, 9):  # as the loop logs them: step s after s updates
+            w.write(s, "lopd", {"reward_mean": 0.3, "delta": 0.1, "beta": 0.0, "rollouts": 32})
+        w.write(4, "eval", {"reward_mean": 0.5})
+        w.write(8, "eval_after", {"reward_mean": 0.75})
+    path = tmp_path / "metrics.jsonl"
+    x, y = _held_out_series(path, read_metrics(path, "lopd"), ("eval_before", "eval", "eval_after"),
+                            "reward_mean", "rollouts")
+    np.testing.assert_allclose(x, [0, 4 * 32, 8 * 32])
+    np.testing.assert_allclose(y, [0.25, 0.5, 0.75])
+    assert plot_run(path, tmp_path / "run.png", margin=0.05).endswith("run.png")
+    assert _held_out_series(path, read_metrics(path, "lopd"), ("nothing",), "reward_mean", "rollouts") is None

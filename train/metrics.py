@@ -213,13 +213,36 @@ def _series(records: list[dict[str, Any]], key: str, rollouts_key: str):
     return x[keep], y[keep]
 
 
+def _held_out_series(path, records, eval_stages, reward_key: str, rollouts_key: str):
+    """(x, y) of the held-out evaluations on the training records' x axis, or None."""
+    evals = {}
+    for stage in eval_stages:
+        for r in read_metrics(path, stage):
+            if isinstance(r.get(reward_key), (int, float)):
+                evals[int(r["step"])] = float(r[reward_key])
+    if not evals or not records:
+        return None
+    by_step = {int(r["step"]): r for r in records}
+    steps = sorted(by_step)
+    if any(rollouts_key in r for r in by_step.values()):
+        done = dict(zip(steps, np.cumsum([float(by_step[s].get(rollouts_key, 0) or 0) for s in steps])))
+    else:
+        done = {s: float(s) for s in steps}
+    done[0] = 0.0
+    pts = sorted((done[s], y) for s, y in evals.items() if s in done)
+    return (np.array([p[0] for p in pts]), np.array([p[1] for p in pts])) if pts else None
+
+
 def plot_run(metrics_jsonl: str | os.PathLike, out_png: str | os.PathLike, *, stage: str | None = "lopd",
              reward_key: str = "reward_mean", delta_key: str = "delta", beta_key: str = "beta",
-             rollouts_key: str = "rollouts", margin: float | None = None, title: str | None = None) -> str:
+             rollouts_key: str = "rollouts", margin: float | None = None, title: str | None = None,
+             eval_stages: tuple[str, ...] = ("eval_before", "eval", "eval_after")) -> str:
     """Figure 4 layout: reward, Delta and beta against cumulative rollouts; returns the path.
 
     Three stacked panels sharing the x axis. ``margin`` draws the target m on the Delta
-    panel. Metrics absent from the file are left out; none present is an error.
+    panel. The held-out evaluations (records of ``eval_stages``, logged at LOPD step s)
+    join the reward panel as a second line at the rollouts done by step s. Metrics absent
+    from the file are left out; none present is an error.
     """
     import matplotlib
     matplotlib.use("Agg")
@@ -235,8 +258,13 @@ def plot_run(metrics_jsonl: str | os.PathLike, out_png: str | os.PathLike, *, st
     has_rollouts = any(rollouts_key in r for r in records)
     fig, axes = plt.subplots(len(series), 1, sharex=True, figsize=(6.4, 2.2 * len(series) + 0.6), squeeze=False)
     colors = ("tab:blue", "tab:orange", "tab:green")
+    held_out = _held_out_series(metrics_jsonl, records, eval_stages, reward_key, rollouts_key)
     for ax, (key, label, x, y), color in zip(axes[:, 0], series, colors):
-        ax.plot(x, y, color=color, lw=1.5, marker="o" if len(x) < 40 else None, ms=3)
+        ax.plot(x, y, color=color, lw=1.5, marker="o" if len(x) < 40 else None, ms=3,
+                label="rollouts (sampled)" if key == reward_key and held_out else None)
+        if key == reward_key and held_out:
+            ax.plot(*held_out, color="tab:red", lw=1.5, marker="s", ms=4, label="held-out (greedy)")
+            ax.legend(loc="best", fontsize=8)
         if key == delta_key and margin is not None:
             ax.axhline(margin, color="gray", ls="--", lw=1, label=f"m = {margin:g}")
             ax.legend(loc="best", fontsize=8)
