@@ -40,11 +40,13 @@ def test_decode_step_equals_decoder_cached_call(name, lora):
     ks, vs = to_layers(cache)
     ref, lengths = cache, cache.lengths
     step = jax.jit(lambda ks, vs, tok, lengths, live: decode_step(model, layers, tok, lengths, live, ks, vs, lora))
+    ref_step = jax.jit(lambda ref, tok, live: model(tok[:, None], positions=ref.lengths[:, None],
+                                                    attention_mask=live[:, None], cache=ref, lora=lora,
+                                                    return_hidden=True))
     for t in range(10):
         tok = jnp.asarray(rng.randint(0, 512, B), jnp.int32)
         live = jnp.asarray([True, t % 3 != 1, t < 6])  # rows pause and stop
-        h_ref, ref = model(tok[:, None], positions=ref.lengths[:, None], attention_mask=live[:, None],
-                           cache=ref, lora=lora, return_hidden=True)
+        h_ref, ref = ref_step(ref, tok, live)
         h, lengths, ks, vs = step(ks, vs, tok, lengths, live)
         np.testing.assert_allclose(np.asarray(h)[np.asarray(live)], np.asarray(h_ref[:, 0])[np.asarray(live)],
                                    atol=2e-5, rtol=1e-5)
