@@ -197,8 +197,14 @@ class RunContext:
         self.system._lora0 = mesh_lib.put(lora, sh["lora"])
         self.system._comp0 = mesh_lib.put(comp, sh["compressor"])
         self.student_lora = self.cfg.steps.student_mode == "lora"
+        # One new-token bucket (the turn cap; decoding stops early anyway) and one batch bucket
+        # (a step's rollouts; finished rows idle instead of compacting to smaller shapes):
+        # every rollout then reuses a handful of compiled turns instead of compiling one per
+        # (batch, cap) combination it meets.
+        buckets = BucketConfig(minimum=16, new_tokens=(cfg.rollout.max_turn_tokens,),
+                               batch=(cfg.env.tasks_per_step * cfg.env.group_size,))
         self.sampler = Sampler(backbone, stop_ids=self.fmt.stop_ids, sampling=cfg.rollout.sampling_params(),
-                               buckets=BucketConfig(minimum=16), rules=self.rules, lora=self.student_lora,
+                               buckets=buckets, rules=self.rules, lora=self.student_lora,
                                pad_id=self.tokenizer.pad_token_id or 0)
         self.train_tasks = self.source.tasks(cfg.env.train_split)
         eval_tasks = self.source.tasks(cfg.env.eval_split)
