@@ -15,8 +15,10 @@ the real step. With ``--attention=splash`` the variants keep the Pallas kernel, 
 does not cost: every splash custom call in the compiled HLO is counted by what it executes
 (2 / 3 / 4 matmuls of block_q x block_kv x head_dim per active block and head for the
 forward / dq / dkv kernels; causal block sparsity; blocks padded to the kernel block
-size). Other attention impls count with plain attention and one logits chunk (which may
-not fit at long sequences). The compressor's shared-block loop stays a loop (its FLOPs
+size); these variants run one trajectory per batch shard (no micro-batching: unrolled
+micro-steps would not fit) and are scaled to the batch (FLOPs per trajectory are the same;
+the optimizer's ~1e-6 share is scaled too). Other attention impls count with plain
+attention and one logits chunk at the full batch (which may not fit at long sequences). The compressor's shared-block loop stays a loop (its FLOPs
 are counted for one of ``depth`` iterations; they are < 0.1% of the step).
 """
 
@@ -234,17 +236,19 @@ def run(args) -> dict:
 
         per = []
         splash = args.attention == "splash"
+        batch_l = system.batch_shards(args.batch) if splash else args.batch
         for layers in (1, 2):
             cfg_l = mcfg.replace(num_layers=layers, layer_types=mcfg.layer_types[:layers], scan_layers=False,
                                  attention_impl="splash" if splash else "plain")
-            s_cfg = step_cfg if splash else dataclasses.replace(step_cfg, logits_chunk=args.seq)
+            s_cfg = (dataclasses.replace(step_cfg, micro_batch=0) if splash
+                     else dataclasses.replace(step_cfg, logits_chunk=args.seq))
             with unroll_scans():
-                c, _ = build_step(cfg_l, ccfg, s_cfg, devices, mesh_cfg, args.batch, args.seq, args.exp_len)
+                c, _ = build_step(cfg_l, ccfg, s_cfg, devices, mesh_cfg, batch_l, args.seq, args.exp_len)
             flops = float(c.cost_analysis()["flops"])
             if splash:
                 flops += splash_kernel_flops(c.as_text(), args.block, mcfg.num_heads // mcfg.num_kv_heads)
             per.append(flops)
-        compiled_flops = (per[0] + (mcfg.num_layers - 1) * (per[1] - per[0])) * len(devices)
+        compiled_flops = (per[0] + (mcfg.num_layers - 1) * (per[1] - per[0])) * len(devices) * args.batch / batch_l
         report["compiled_flops"] = compiled_flops
         report["flops_ratio"] = compiled_flops / mf["total"]
     report["fits"] = hbm is None or report["per_chip_gib"]["total"] <= hbm

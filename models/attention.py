@@ -1,4 +1,6 @@
-"""Grouped-query attention kernels: a plain reference and a memory-efficient blockwise one.
+"""Grouped-query attention kernels: a plain reference and a memory-efficient blockwise one
+(pure JAX, any backend); :func:`attention` also dispatches to the Pallas splash kernel
+for TPU (:mod:`models.splash`).
 
 Masks are built from positions, so one code path serves causal training, sliding windows,
 right-padded batches, spliced sequences and KV-cache decoding:
