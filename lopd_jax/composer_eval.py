@@ -75,7 +75,8 @@ def load_composer_run(workdir: str, stage: str = "auto") -> ComposerRun:
     Raises ``ValueError`` naming what is missing (no config, no bank, no composer
     checkpoint of the asked stage).
     """
-    from lopd_jax.config import ConfigError, load_run_config
+    from lopd_jax.config import ConfigError
+    from lopd_jax.run_config import load_run_config
     from train.bank_build import load_bank
     from train.stages import RunContext, StageLedger
 

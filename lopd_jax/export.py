@@ -31,7 +31,7 @@ def restore_student(workdir: str, step: int | None = None):
     import jax
     import jax.numpy as jnp
 
-    from lopd_jax.config import load_run_config
+    from lopd_jax.run_config import load_run_config
     from train.checkpoint import Checkpointer, abstract_tree
     from train.stages import RunContext
 

@@ -267,7 +267,7 @@ def lopd_stage(ctx: RunContext, bank, bank_path: str, composer0, writer):
 
 def run(cfg) -> str | dict:
     """Run (or resume) every stage of ``cfg``; returns the summary dict or :data:`PREEMPTED`."""
-    from lopd_jax.config import save_run_config
+    from lopd_jax.run_config import save_run_config
     from train.bank_build import build_bank, load_bank
     from train.checkpoint import install_preemption_handler
     from train.metrics import MetricsWriter, plot_run

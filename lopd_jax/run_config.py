@@ -1,0 +1,94 @@
+"""A run's saved configuration: ``<workdir>/config.json`` and the resume check.
+
+:func:`save_run_config` writes the config of a run into its workdir; when one is already
+there (a restarted run) it first checks that only :data:`RESUME_MUTABLE` keys changed,
+so a resumed run never silently mixes two configurations. :func:`load_run_config`
+reads it back (export, Base + Composer evaluation).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Sequence
+
+from lopd_jax.config import CONFIG_FILE, ConfigError, TrainConfig, from_dict, to_dict
+
+# Keys a resumed run may change: lengths, schedules, I/O and memory layout (restore
+# reshards onto any mesh; remat / attention blocking / logits chunking / micro-batching
+# change no number beyond fp32 summation order).
+RESUME_MUTABLE = (
+    "workdir", "stages.lopd_steps", "stages.eval_every", "stages.eval_tasks",
+    "checkpoint.*", "mesh.*", "rollout.env_workers", "model.remat_policy",
+    "model.attention_impl", "model.attention_block_q", "model.attention_block_kv",
+    "steps.logits_chunk", "steps.micro_batch",
+)
+
+
+def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted keys -> JSON values of a dataclass tree (dict-valued fields stay whole)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(v):
+            out.update(flatten(v, f"{prefix}{f.name}."))
+        else:
+            out[f"{prefix}{f.name}"] = json.loads(json.dumps(v))
+    return out
+
+
+def config_diff(a: TrainConfig, b: TrainConfig) -> dict[str, tuple[Any, Any]]:
+    """Dotted keys whose values differ: ``{key: (a_value, b_value)}``."""
+    fa, fb = flatten(a), flatten(b)
+    return {k: (fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)}
+
+
+def _mutable(key: str, allowed: Sequence[str]) -> bool:
+    return any(key == p or (p.endswith(".*") and key.startswith(p[:-1])) for p in allowed)
+
+
+def check_resume(saved: TrainConfig, current: TrainConfig, allowed: Sequence[str] = RESUME_MUTABLE) -> None:
+    """Raise :class:`ConfigError` if ``current`` changes a key outside ``allowed``."""
+    bad = {k: v for k, v in config_diff(saved, current).items() if not _mutable(k, allowed)}
+    if bad:
+        lines = "\n".join(f"  {k}: saved {v[0]!r}, now {v[1]!r}" for k, v in bad.items())
+        raise ConfigError(
+            f"this workdir holds a run with a different config:\n{lines}\n"
+            f"Resume with the saved values, or start a new run in another workdir. "
+            f"Keys a resumed run may change: {list(allowed)}.")
+
+
+def save_run_config(cfg: TrainConfig, workdir: str | None = None) -> bool:
+    """Write ``<workdir>/config.json``; if one exists, check the resume first.
+
+    Returns True when a saved config was found (a resumed run); the file is then
+    rewritten with the allowed changes.
+    """
+    workdir = workdir or cfg.workdir
+    path = os.path.join(workdir, CONFIG_FILE)
+    resumed = os.path.exists(path)
+    if resumed:
+        check_resume(load_run_config(workdir), cfg)
+    os.makedirs(workdir, exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(to_dict(cfg), f, indent=2, sort_keys=True)
+    os.replace(tmp, path)
+    return resumed
+
+
+def load_run_config(workdir: str) -> TrainConfig:
+    """The config saved in ``<workdir>/config.json``."""
+    path = os.path.join(workdir, CONFIG_FILE)
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"no {CONFIG_FILE} in {workdir}; is this a run directory?") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path} is not valid JSON ({e}); delete it to start over.") from None
+    return from_dict(data)
+
+
+__all__ = ["RESUME_MUTABLE", "flatten", "config_diff", "check_resume", "save_run_config", "load_run_config"]
