@@ -120,12 +120,10 @@ def load_composer_run(workdir: str, stage: str = "auto") -> ComposerRun:
 
 def task_latents(run: ComposerRun, tasks: Sequence) -> jax.Array:
     """c_phi [len(tasks), n_ret * K, d] from the run's composer and retrieved experiences."""
-    from train.bank_build import experience_arrays
+    from train.bank_build import retrieved_experience_arrays
 
     ctx = run.ctx
-    instructions = [t.instruction for t in tasks]
-    retrieved = run.bank.retrieve(instructions, [t.task_id for t in tasks])
-    exp_tokens, exp_mask = experience_arrays(ctx, instructions, retrieved)
+    exp_tokens, exp_mask = retrieved_experience_arrays(ctx, run.bank, tasks)
     if run.latents_fn is None:
         run.latents_fn = jax.jit(ctx.system.latents)
     return run.latents_fn(run.frozen, run.composer, jnp.asarray(exp_tokens), jnp.asarray(exp_mask))

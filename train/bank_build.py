@@ -127,11 +127,15 @@ def experience_arrays(ctx, instructions: Sequence[str], retrieved: Sequence[Sequ
     return toks, mask
 
 
+def retrieved_experience_arrays(ctx, bank: ExperienceBank, tasks) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`experience_arrays` of the n_ret experiences ``bank`` retrieves for each task."""
+    instructions = [t.instruction for t in tasks]
+    return experience_arrays(ctx, instructions, bank.retrieve(instructions, [t.task_id for t in tasks]))
+
+
 def _step_arrays(ctx, trajs: Sequence[Trajectory], bank: ExperienceBank, rows: int) -> dict[str, np.ndarray]:
     arr = training_arrays(trajs, buckets=ctx.seq_buckets(), minimum=128, pad_id=ctx.tokenizer.pad_token_id or 0)
-    instructions = [t.task.instruction for t in trajs]
-    retrieved = bank.retrieve(instructions, [t.task.task_id for t in trajs])
-    et, em = experience_arrays(ctx, instructions, retrieved)
+    et, em = retrieved_experience_arrays(ctx, bank, [t.task for t in trajs])
     batch = {"tokens": arr["tokens"], "attention_mask": arr["attention_mask"], "loss_mask": arr["mask"],
              "insert_at": arr["insert_at"], "exp_tokens": et, "exp_mask": em, "rewards": arr["rewards"]}
     pad = rows - len(trajs)

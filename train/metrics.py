@@ -198,16 +198,21 @@ class Progress:
 # ----------------------------------------------------------------------------- plot
 
 
-def _series(records: list[dict[str, Any]], key: str, rollouts_key: str):
-    """(x, y) for ``key``: x = cumulative rollouts (or step when none are logged)."""
+def _x_axis(records: list[dict[str, Any]], rollouts_key: str):
+    """``(rows, x)``: one record per step in step order and its x = cumulative rollouts
+    (or the step when none are logged)."""
     by_step: dict[int, dict[str, Any]] = {}
     for r in records:  # a resumed run may repeat steps: the last record of a step wins
         by_step[int(r["step"])] = r
     rows = [by_step[s] for s in sorted(by_step)]
     if any(rollouts_key in r for r in rows):
-        x = np.cumsum([float(r.get(rollouts_key, 0) or 0) for r in rows])
-    else:
-        x = np.array([float(r["step"]) for r in rows])
+        return rows, np.cumsum([float(r.get(rollouts_key, 0) or 0) for r in rows])
+    return rows, np.array([float(r["step"]) for r in rows])
+
+
+def _series(records: list[dict[str, Any]], key: str, rollouts_key: str):
+    """(x, y) for ``key``: x = cumulative rollouts (or step when none are logged)."""
+    rows, x = _x_axis(records, rollouts_key)
     y = np.array([float(r[key]) if isinstance(r.get(key), (int, float)) else math.nan for r in rows])
     keep = ~np.isnan(y)
     return x[keep], y[keep]
@@ -215,19 +220,12 @@ def _series(records: list[dict[str, Any]], key: str, rollouts_key: str):
 
 def _held_out_series(path, records, eval_stages, reward_key: str, rollouts_key: str):
     """(x, y) of the held-out evaluations on the training records' x axis, or None."""
-    evals = {}
-    for stage in eval_stages:
-        for r in read_metrics(path, stage):
-            if isinstance(r.get(reward_key), (int, float)):
-                evals[int(r["step"])] = float(r[reward_key])
+    evals = {int(r["step"]): float(r[reward_key]) for r in read_metrics(path)
+             if r.get("stage") in eval_stages and isinstance(r.get(reward_key), (int, float))}
     if not evals or not records:
         return None
-    by_step = {int(r["step"]): r for r in records}
-    steps = sorted(by_step)
-    if any(rollouts_key in r for r in by_step.values()):
-        done = dict(zip(steps, np.cumsum([float(by_step[s].get(rollouts_key, 0) or 0) for s in steps])))
-    else:
-        done = {s: float(s) for s in steps}
+    rows, x = _x_axis(records, rollouts_key)
+    done = {int(r["step"]): float(v) for r, v in zip(rows, x)}
     done[0] = 0.0
     pts = sorted((done[s], y) for s, y in evals.items() if s in done)
     return (np.array([p[0] for p in pts]), np.array([p[1] for p in pts])) if pts else None
