@@ -15,14 +15,16 @@ repair); the reward is that of the last attempt. An answer without a code block 
 * :class:`TacoTaskSource`: JSONL files of TACO records (``question``, ``input_output`` as
   a JSON string or object with ``inputs`` / ``outputs`` and optional ``fn_name``,
   optional ``starter_code`` and ``solutions``). Standard-input tests run the program once
-  per test in a fresh forked process with real file descriptors 0/1; function-call tests
-  call ``fn_name`` (a method of ``Solution()`` when the code defines that class) with the
-  test's arguments, comparing as TACO/APPS do (tuples as lists, a singly-wrapped expected
-  value accepted).
+  per test in a fresh forked process with real file descriptors 0/1 (the output is
+  compared outside the sandbox); function-call tests call ``fn_name`` (a method of
+  ``Solution()`` when the code defines that class) with the test's arguments, comparing
+  as TACO/APPS do (tuples as lists, a singly-wrapped expected value accepted), type-strictly.
 
-Grading programs live in :mod:`lopd_jax.envs.code_grading`: a passing run must also print
-a per-run random marker after the last test, so a program that exits early with status 0
-(``sys.exit(0)`` / ``os._exit(0)`` before the tests) fails.
+Grading lives in :mod:`lopd_jax.envs.code_grading`: the sandbox only runs the code on the
+test inputs and reports its outputs as plain data; the verdict is computed by a process the
+code never ran in (no pass marker and no expected output is ever inside the sandbox), so a
+program that exits early, prints a fake verdict or returns an object with an always-true
+``__eq__`` fails.
 """
 
 from __future__ import annotations

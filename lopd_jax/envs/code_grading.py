@@ -1,54 +1,201 @@
-"""Grading programs for the code environments: HumanEval check programs, the TACO harness.
+"""Grading for the code environments: the verdict is computed outside the sandbox.
 
-:func:`evaluate_code` builds the program for a task payload and the model's code, runs it
-in :mod:`lopd_jax.envs.sandbox`, and returns (reward, feedback, sandbox result). A pass
-needs exit status 0 *and* a per-run random marker printed after the last test, so a
-program that exits early with status 0 (``sys.exit(0)`` / ``os._exit(0)``) fails.
+:func:`evaluate_code` runs the model's code in :mod:`lopd_jax.envs.sandbox` under a
+harness (:mod:`lopd_jax.envs.code_harness`) that holds only the test *inputs*: it reports
+the code's outputs as plain data (:mod:`lopd_jax.envs.wire`) and never sees an expected
+output or a pass marker (there is none). The outputs are then compared by a process the
+code never ran in:
+
+* HumanEval: the problem's own ``check(candidate)`` runs in the trusted checker worker
+  (:mod:`lopd_jax.envs.code_checker`), where ``candidate`` answers with the decoded
+  outputs. The calls the test makes are collected once per problem (cached); a test whose
+  inputs depend on earlier outputs gets another sandbox round (at most ``MAX_ROUNDS``).
+* TACO function-call tests: compared here, type-strictly (``True`` is not ``1``), tuples
+  as lists, a singly wrapped expected value accepted, floats within ``FLOAT_TOLERANCE``
+  (relative, at least absolute) as TACO/APPS do.
+* TACO standard-input tests: each run's captured standard output is compared here (lines
+  with trailing blanks stripped, or token by token with the float tolerance).
+
+Returns (reward 1.0 or 0.0, feedback text for the model, the sandbox result of the last
+run). A program that exits early (``sys.exit(0)``, ``os._exit(0)``) reports no results and
+fails; one that prints a fake results line has, at most, answered with those outputs.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import re
-import secrets
+import threading
 from typing import Any
 
+from lopd_jax.envs.code_harness import call_program, parse_results, stdin_program
+from lopd_jax.envs.isolation import ResourceLimits, Worker, WorkerError
 from lopd_jax.envs.sandbox import SandboxConfig, SandboxResult, run_python
+from lopd_jax.envs.wire import wire_decode, wire_encode
+
+MAX_ROUNDS = 3
+FLOAT_TOLERANCE = 1e-6
+CHECKER = "lopd_jax.envs.code_checker:CheckHandler"
+CHECK_TIMEOUT_S = 20.0
+_CHECKER_LIMITS = ResourceLimits(memory_bytes=2 * 1024**3, cpu_seconds=None)
+_local = threading.local()
+_collected: dict[str, list[str]] = {}
 
 
+class GradingError(Exception):
+    """The trusted checker could not evaluate the test (time limit, crash)."""
 
 
-def _pass_marker() -> str:
-    return "LOPD_ALL_TESTS_PASSED_" + secrets.token_hex(8)
-
-
-def humaneval_program(payload: dict[str, Any], code: str, marker: str) -> str:
-    """The check program for one HumanEval problem and the model's code."""
+def humaneval_body(payload: dict[str, Any], code: str) -> str:
+    """The prompt (helpers) then the model's code; code without a ``def`` of the entry
+    point is taken as the body of the prompt's function."""
     entry = payload["entry_point"]
-    defines = re.search(rf"^\s*(?:async\s+)?def\s+{re.escape(entry)}\s*\(", code, re.M)
-    if defines:
-        body = payload["prompt"] + "\n    pass\n\n" + code
-    else:  # a completion of the prompt's function body
-        body = payload["prompt"] + code
-    return (f"{body}\n\n{payload['test']}\n\ncheck({entry})\n"
-            f"print({marker!r})\n")
+    if re.search(rf"^\s*(?:async\s+)?def\s+{re.escape(entry)}\s*\(", code, re.M):
+        return payload["prompt"] + "\n    pass\n\n" + code
+    return payload["prompt"] + code
 
 
-# The TACO harness runs inside the sandbox. CODE, TESTS, FN_NAME, PER_TEST_S, MARKER are
-# substituted as Python literals.
-_TACO_HARNESS = r'''
-import json, os, signal, sys, tempfile
-CODE = __CODE__
-TESTS = __TESTS__
-FN_NAME = __FN_NAME__
-PER_TEST_S = __PER_TEST_S__
-MARKER = __MARKER__
+def _checker_request(message: dict[str, Any]) -> dict[str, Any]:
+    """One request to this thread's checker worker (started, or restarted, on demand)."""
+    for attempt in range(2):
+        worker = getattr(_local, "checker", None)
+        if worker is None or not worker.alive:
+            worker = _local.checker = Worker(CHECKER, _CHECKER_LIMITS)
+        try:
+            reply = worker.request(message, CHECK_TIMEOUT_S)
+        except WorkerError as e:
+            _local.checker = None
+            if attempt == 0 and "did not finish in time" not in str(e):
+                continue  # the worker had died earlier (e.g. killed): retry on a fresh one
+            raise GradingError(f"the test checker failed: {e}") from None
+        if not reply.get("ok"):
+            raise GradingError(f"the test checker failed: {reply.get('error')}")
+        return reply
+    raise AssertionError("unreachable")
 
-def _lines(s):
-    out = [line.rstrip() for line in str(s).strip().splitlines()]
-    return out
 
-def _tokens_match(got, want):
+def _humaneval_calls(payload: dict[str, Any]) -> list[str]:
+    """The calls ``check(candidate)`` makes (collected once per problem text)."""
+    key = hashlib.sha256(json.dumps([payload["prompt"], payload["test"],
+                                     payload["entry_point"]]).encode()).hexdigest()
+    if key not in _collected:
+        reply = _checker_request({"op": "check", "prompt": payload["prompt"],
+                                  "test": payload["test"], "entry_point": payload["entry_point"],
+                                  "calls": [], "results": []})
+        _collected[key] = list(reply.get("calls", []))
+    return list(_collected[key])
+
+
+def _run_failure(result: SandboxResult) -> str | None:
+    """Why a harness run gave no usable results (None when it did)."""
+    if result.status == "timeout":
+        return "time limit exceeded"
+    if result.status == "memory":
+        return "memory limit exceeded"
+    if result.status == "output_limit":
+        return "the program printed too much output"
+    return None
+
+
+def _results_or_failure(result: SandboxResult) -> tuple[list[dict[str, Any]] | None, str]:
+    why = _run_failure(result)
+    if why:
+        return None, why
+    report = parse_results(result.stdout)
+    if report is None:
+        if result.status == "ok":
+            return None, "the program exited before all tests ran"
+        tail = result.stderr.strip().splitlines()[-12:]
+        return None, "\n".join(tail)[-1500:] or f"exit code {result.returncode}"
+    if "error" in report:
+        return None, str(report["error"])[:1500]
+    entries = report.get("results")
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        return None, "the program reported malformed results"
+    return entries, ""
+
+
+def _evaluate_humaneval(payload: dict[str, Any], code: str, cfg: SandboxConfig,
+                        per_test_s: int) -> tuple[float, str, SandboxResult]:
+    body, entry = humaneval_body(payload, code), payload["entry_point"]
+    calls = _humaneval_calls(payload)
+    result = None
+    for _ in range(MAX_ROUNDS):
+        program = call_program(body, entry, [json.loads(c) for c in calls], per_test_s)
+        result = run_python(program, config=cfg)
+        entries, why = _results_or_failure(result)
+        if entries is None:
+            return 0.0, f"Tests failed: {why}", result
+        for k, entry_result in enumerate(entries):
+            if "exc" in entry_result:
+                return 0.0, (f"Tests failed: call {k + 1} of {entry} raised "
+                             f"{str(entry_result['exc'])[:1500]}"), result
+        try:
+            reply = _checker_request({"op": "check", "prompt": payload["prompt"],
+                                      "test": payload["test"], "entry_point": entry,
+                                      "calls": calls, "results": entries})
+        except GradingError as e:
+            return 0.0, f"Tests failed: {e}", result
+        if "calls" not in reply:
+            if reply.get("passed") is True:
+                return 1.0, "All tests passed.", result
+            return 0.0, f"Tests failed: {reply.get('why', '')}", result
+        calls = reply["calls"]
+    return 0.0, ("Tests failed: the test's inputs kept depending on the outputs; grading "
+                 f"stopped after {MAX_ROUNDS} rounds"), result
+
+
+def _number_close(a: float, b: float) -> bool:
+    if a == b:
+        return True
+    try:
+        return abs(a - b) <= FLOAT_TOLERANCE * max(1.0, abs(b))
+    except OverflowError:
+        return False
+
+
+def values_match(got: Any, want: Any) -> bool:
+    """Type-strict comparison of plain data (bool only equals bool; int/float by value,
+    within the float tolerance when either is a float; containers element-wise)."""
+    if isinstance(got, bool) or isinstance(want, bool):
+        return type(got) is type(want) and got == want
+    if isinstance(got, (int, float)) and isinstance(want, (int, float)):
+        if isinstance(got, float) or isinstance(want, float):
+            return _number_close(got, want)
+        return got == want
+    if type(got) is not type(want):
+        return False
+    if isinstance(got, list):
+        return len(got) == len(want) and all(values_match(x, y) for x, y in zip(got, want))
+    if isinstance(got, dict):
+        return got.keys() == want.keys() and all(values_match(got[k], want[k]) for k in got)
+    return got == want
+
+
+def _as_lists(value: Any, depth: int = 0) -> Any:
+    if depth > 200:
+        return value
+    if isinstance(value, (tuple, list)):
+        return [_as_lists(x, depth + 1) for x in value]
+    return value
+
+
+def call_match(got: Any, want: Any) -> bool:
+    """TACO/APPS function-call comparison: tuples as lists, a singly wrapped expected value
+    accepted, otherwise :func:`values_match`."""
+    got = _as_lists(got)
+    if values_match(got, want):
+        return True
+    return isinstance(want, list) and len(want) == 1 and values_match(got, want[0])
+
+
+def _lines(text: str) -> list[str]:
+    return [line.rstrip() for line in str(text).strip().splitlines()]
+
+
+def _tokens_match(got: str, want: str) -> bool:
     a, b = str(got).split(), str(want).split()
     if len(a) != len(b):
         return False
@@ -59,160 +206,88 @@ def _tokens_match(got, want):
             fx, fy = float(x), float(y)
         except ValueError:
             return False
-        if abs(fx - fy) > 1e-6 * max(1.0, abs(fy)):
+        if not _number_close(fx, fy):
             return False
     return True
 
-def _stdout_match(got, want):
+
+def stdout_match(got: str, want: Any) -> bool:
+    """TACO standard-output comparison (lines, else tokens with the float tolerance)."""
     if isinstance(want, list):
         want = "\n".join(str(w) for w in want)
     return _lines(got) == _lines(want) or _tokens_match(got, want)
 
-def _fail(i, why):
-    print(json.dumps({"failed_test": i, "why": why[:2000]}))
-    sys.exit(1)
 
-def _run_stdin_test(i, data):
+def _stdin_text(data: Any) -> str:
     if isinstance(data, list):
-        data = "\n".join(str(x) for x in data) + "\n"
-    inp = tempfile.TemporaryFile()
-    inp.write(str(data).encode()); inp.seek(0)
-    out = tempfile.TemporaryFile()
-    err = tempfile.TemporaryFile()
-    pid = os.fork()
-    if pid == 0:
-        os.dup2(inp.fileno(), 0); os.dup2(out.fileno(), 1); os.dup2(err.fileno(), 2)
-        signal.signal(signal.SIGALRM, signal.SIG_DFL)  # over time: killed, not catchable
-        signal.alarm(PER_TEST_S)
-        code = 0
-        try:
-            exec(compile(CODE, "solution.py", "exec"), {"__name__": "__main__"})
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        except BaseException:
-            import traceback; traceback.print_exc(); code = 1
-        try:
-            sys.stdout.flush(); sys.stderr.flush()
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    out.seek(0); err.seek(0)
-    got = out.read().decode("utf-8", "replace"); errs = err.read().decode("utf-8", "replace")
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        _fail(i, "time limit exceeded" if sig == signal.SIGALRM else f"killed by signal {sig}")
-    if os.WEXITSTATUS(status) != 0:
-        _fail(i, "runtime error:\n" + errs[-1500:])
-    return got
-
-def _normalize(v):
-    if isinstance(v, tuple):
-        v = list(v)
-    if isinstance(v, list):
-        return [_normalize(x) for x in v]
-    return v
-
-def _call_match(got, want):
-    got = _normalize(got)
-    if got == want:
-        return True
-    if isinstance(want, list) and len(want) == 1 and got == want[0]:
-        return True
-    if isinstance(got, float) and isinstance(want, (int, float)) and not isinstance(want, bool):
-        return abs(got - want) <= 1e-6 * max(1.0, abs(want))
-    return False
-
-def main():
-    tests = TESTS
-    if FN_NAME is None:
-        for i, (inp, want) in enumerate(zip(tests["inputs"], tests["outputs"])):
-            got = _run_stdin_test(i, inp)
-            if not _stdout_match(got, want):
-                _fail(i, f"wrong answer\ninput:\n{str(inp)[:500]}\nexpected:\n"
-                         f"{str(want)[:500]}\ngot:\n{got[:500]}")
-    else:
-        import copy
-        env = {"__name__": "solution"}
-        signal.alarm(PER_TEST_S)
-        exec(compile(CODE, "solution.py", "exec"), env)
-        signal.alarm(0)
-        if "Solution" in env and hasattr(env["Solution"], FN_NAME):
-            fn = getattr(env["Solution"](), FN_NAME)
-        elif FN_NAME in env:
-            fn = env[FN_NAME]
-        else:
-            _fail(0, f"the code defines no function {FN_NAME!r} (nor a Solution class "
-                     "with that method)")
-        for i, (args, want) in enumerate(zip(tests["inputs"], tests["outputs"])):
-            args = args if isinstance(args, list) else [args]
-            signal.alarm(PER_TEST_S)
-            got = fn(*copy.deepcopy(args))
-            signal.alarm(0)
-            if not _call_match(got, want):
-                _fail(i, f"wrong answer for arguments {str(args)[:500]}: expected "
-                         f"{str(want)[:300]}, got {str(got)[:300]}")
-    print(MARKER)
-
-def _alarm(signum, frame):
-    raise TimeoutError("time limit exceeded")
-
-signal.signal(signal.SIGALRM, _alarm)
-main()
-'''
+        return "\n".join(str(x) for x in data) + "\n"
+    return str(data)
 
 
-def taco_program(payload: dict[str, Any], code: str, marker: str, per_test_s: int) -> str:
-    """The harness program for one TACO problem and the model's code."""
+def _evaluate_taco(payload: dict[str, Any], code: str, cfg: SandboxConfig,
+                   per_test_s: int) -> tuple[float, str, SandboxResult]:
     tests = payload["tests"]
-    subs = {"__CODE__": repr(code), "__TESTS__": repr(json.loads(json.dumps(
-        {"inputs": tests["inputs"], "outputs": tests["outputs"]}))),
-        "__FN_NAME__": repr(tests.get("fn_name")), "__PER_TEST_S__": repr(int(per_test_s)),
-        "__MARKER__": repr(marker)}
-    program = _TACO_HARNESS
-    for key, value in subs.items():
-        program = program.replace(key, value, 1)
-    return program
+    inputs, outputs, fn_name = tests["inputs"], tests["outputs"], tests.get("fn_name")
+    if fn_name is None:
+        want_len = max(len(str(w)) for w in outputs)
+        cap = max(1 << 16, 4 * want_len + 1024)
+        budget = min(64 << 20, 2 * cap * len(inputs) + (1 << 16))
+        cfg = dataclasses.replace(cfg, max_output_bytes=max(cfg.max_output_bytes, budget))
+        program = stdin_program(code, [_stdin_text(x) for x in inputs], per_test_s, cap)
+    else:
+        calls = [[wire_encode(x if isinstance(x, list) else [x]), wire_encode({})]
+                 for x in inputs]
+        program = call_program(code, fn_name, calls, per_test_s, method_class="Solution")
+    result = run_python(program, config=cfg)
+    entries, why = _results_or_failure(result)
+    if entries is None:
+        return 0.0, f"Tests failed: {why}", result
+    for i, (inp, want) in enumerate(zip(inputs, outputs)):
+        if i >= len(entries):
+            return 0.0, f"Tests failed: test {i}: no result was reported", result
+        entry = entries[i]
+        if "exc" in entry:
+            return 0.0, f"Tests failed: test {i}: {str(entry['exc'])[:1500]}", result
+        if fn_name is None:
+            got = entry.get("ok")
+            if not isinstance(got, str) or entry.get("truncated"):
+                return 0.0, f"Tests failed: test {i}: the output is too long", result
+            if not stdout_match(got, want):
+                return 0.0, (f"Tests failed: test {i}: wrong answer\ninput:\n"
+                             f"{str(inp)[:500]}\nexpected:\n{str(want)[:500]}\ngot:\n"
+                             f"{got[:500]}"), result
+        else:
+            try:
+                got = wire_decode(entry.get("ok"))
+                ok = call_match(got, want)
+            except (ValueError, TypeError, RecursionError, OverflowError):
+                return 0.0, f"Tests failed: test {i}: the result could not be read", result
+            if not ok:
+                args = inp if isinstance(inp, list) else [inp]
+                return 0.0, (f"Tests failed: test {i}: wrong answer for arguments "
+                             f"{str(args)[:500]}: expected {str(want)[:300]}, got "
+                             f"{_short_repr(got)}"), result
+    return 1.0, "All tests passed.", result
+
+
+def _short_repr(value: Any) -> str:
+    try:
+        return str(value)[:300]
+    except ValueError:  # an int too long for str()
+        return f"<{type(value).__name__}>"
 
 
 def evaluate_code(payload: dict[str, Any], code: str,
                   config: SandboxConfig | None = None, per_test_s: int = 4
                   ) -> tuple[float, str, SandboxResult]:
-    """Run ``code`` against the task ``payload``'s tests in the sandbox.
+    """Run ``code`` against the task ``payload``'s tests (see the module docstring).
 
     Returns (reward 1.0 or 0.0, feedback text for the model, the sandbox result).
     """
-    marker = _pass_marker()
+    cfg = config or SandboxConfig()
     kind = payload.get("kind")
     if kind == "humaneval":
-        program = humaneval_program(payload, code, marker)
-    elif kind == "taco":
-        program = taco_program(payload, code, marker, per_test_s)
-    else:
-        raise ValueError(f"unknown code task kind {kind!r}; expected 'humaneval' or 'taco'")
-    result = run_python(program, config=config or SandboxConfig())
-    passed = result.status == "ok" and marker in result.stdout
-    if passed:
-        return 1.0, "All tests passed.", result
-    if result.status == "ok":
-        why = "the program exited before all tests ran"
-    elif result.status == "timeout":
-        why = "time limit exceeded"
-    elif result.status == "memory":
-        why = "memory limit exceeded"
-    elif result.status == "output_limit":
-        why = "the program printed too much output"
-    else:
-        why = _failure_text(result)
-    return 0.0, f"Tests failed: {why}", result
-
-
-def _failure_text(result: SandboxResult) -> str:
-    for line in reversed(result.stdout.splitlines()):
-        if line.startswith('{"failed_test"'):
-            try:
-                info = json.loads(line)
-                return f"test {info['failed_test']}: {info['why']}"
-            except ValueError:
-                break
-    tail = result.stderr.strip().splitlines()[-12:]
-    return "\n".join(tail)[-1500:] or f"exit code {result.returncode}"
+        return _evaluate_humaneval(payload, code, cfg, per_test_s)
+    if kind == "taco":
+        return _evaluate_taco(payload, code, cfg, per_test_s)
+    raise ValueError(f"unknown code task kind {kind!r}; expected 'humaneval' or 'taco'")
