@@ -8,6 +8,10 @@ was really in force):
 
 1. **pids cgroup** (root, cgroup v1 ``pids`` or v2 with the controller delegated): a hard
    cap on processes+threads (``max_processes``); also the list used to kill every survivor.
+   Next to it a **memory cgroup** (:mod:`lopd_jax.envs.sandbox_memory`: v2 ``memory.max``
+   with ``memory.swap.max = 0``, else v1 ``memory.limit_in_bytes`` + ``memmemsw``) bounds
+   the memory of all the run's processes together (``memory_total_bytes``); an OOM kill
+   there is status ``"memory"``. Without a writable memory cgroup one warning is issued.
 2. **Namespaces** (``unshare``): new network namespace (no interfaces but a down loopback,
    so no network at all), PID namespace (the program cannot see or signal outside
    processes, and when the namespace's init exits the kernel kills everything in it), mount
@@ -31,8 +35,8 @@ The parent enforces the wall-clock timeout and the output cap (reads at most
 left in the cgroup, and reaps the launcher: nothing is left behind. HOME and TMPDIR point
 at the temporary directory, which is deleted afterwards.
 
-Measured on the project's dev VM (root, kernel 6.x, cgroup v1 pids): every layer is in
-force. Without root and without user namespaces only layers 4-5 plus process-group killing
+Measured on the project's dev VM (root, kernel 6.x, cgroup v1 pids and memory): every
+layer is in force. Without root and without user namespaces only layers 4-5 plus process-group killing
 remain; a program that double-forks into its own session can then outlive the run.
 """
 
@@ -47,6 +51,8 @@ import sys
 import time
 
 from lopd_jax.envs.sandbox_launcher import REPORT_PREFIX
+from lopd_jax.envs.sandbox_memory import (cgroup_pids, make_memory_cgroup, oom_killed,
+                                          remove_memory_cgroup)
 
 STATUSES = ("ok", "timeout", "memory", "error", "output_limit")
 
@@ -61,7 +67,12 @@ class SandboxConfig:
     ``timeout_s`` is wall-clock; ``cpu_time_s`` (default: ``timeout_s`` rounded up) is
     RLIMIT_CPU; ``memory_bytes`` is RLIMIT_AS per process; ``max_processes`` caps processes
     (and threads, under the cgroup); ``max_output_bytes`` caps each of stdout / stderr;
-    ``max_file_bytes`` is RLIMIT_FSIZE. ``isolation`` is ``"auto"`` (every layer the OS
+    ``max_file_bytes`` is RLIMIT_FSIZE. ``memory_total_bytes`` (default: ``memory_bytes``)
+    bounds the resident memory of *all* the run's processes together, swap off, with a
+    memory cgroup (cgroup v2 ``memory.max`` + ``memory.swap.max = 0``, else cgroup v1
+    ``memory.limit_in_bytes`` + ``memory.memsw.limit_in_bytes``); where neither is
+    writable only the per-process RLIMIT_AS applies and one warning says so.
+    ``isolation`` is ``"auto"`` (every layer the OS
     allows) or ``"basic"`` (no namespaces: cgroup where available, capabilities dropped,
     rlimits, the prelude and process-group killing - what an unprivileged host gets).
     ``python`` is the interpreter for the program (default: this one).
@@ -73,6 +84,7 @@ class SandboxConfig:
     max_processes: int = 64
     max_output_bytes: int = 1 << 20
     max_file_bytes: int = 64 << 20
+    memory_total_bytes: int | None = None
     isolation: str = "auto"
     python: str = ""
 
@@ -86,6 +98,10 @@ class SandboxConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.memory_total_bytes is not None and (
+                not isinstance(self.memory_total_bytes, int) or self.memory_total_bytes < 64 << 20):
+            raise ValueError(f"memory_total_bytes must be None or an int >= 64 MiB, got "
+                             f"{self.memory_total_bytes!r}")
         if self.memory_bytes < 64 << 20:
             raise ValueError(f"memory_bytes={self.memory_bytes} is below 64 MiB; the "
                              "interpreter cannot start with less - raise it")
@@ -182,16 +198,17 @@ def _cgroup_pids(path: str) -> list[int]:
         return []
 
 
-def _kill_everything(proc, cgroup: str | None) -> None:
-    """SIGKILL the launcher's process group and every task in the cgroup, then reap."""
+def _kill_everything(proc, cgroup: str | None, mem_cgroup: str | None = None) -> None:
+    """SIGKILL the launcher's process group and every task in the cgroups, then reap."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    if cgroup:
+    if cgroup or mem_cgroup:
         deadline = time.monotonic() + 5.0
         while time.monotonic() < deadline:
-            pids = _cgroup_pids(cgroup)
+            pids = (_cgroup_pids(cgroup) if cgroup else []) + (
+                cgroup_pids(mem_cgroup) if mem_cgroup else [])
             if not pids:
                 break
             for pid in pids:
@@ -285,6 +302,8 @@ def run_python(code: str, stdin: str = "", config: SandboxConfig | None = None) 
     cfg = config or SandboxConfig()
     workdir = tempfile.mkdtemp(prefix="lopd_sbx_")
     cgroup = _make_cgroup(cfg.max_processes)
+    memory = make_memory_cgroup(cfg.memory_total_bytes or cfg.memory_bytes)
+    mem_path = memory[1] if memory else None
     report_r, report_w = os.pipe()
     start = time.monotonic()
     proc = None
@@ -300,6 +319,7 @@ def run_python(code: str, stdin: str = "", config: SandboxConfig | None = None) 
             "cpu_s": max(1, int(-(-cpu // 1))), "memory": cfg.memory_bytes,
             "nproc": cfg.max_processes, "fsize": cfg.max_file_bytes,
             "namespaces": cfg.isolation == "auto", "cgroup": cgroup, "report_fd": report_w,
+            "memory_cgroup": mem_path,
         }
         env = {"HOME": workdir, "TMPDIR": workdir, "PATH": "/usr/local/bin:/usr/bin:/bin",
                "LANG": "C.UTF-8", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
@@ -319,7 +339,7 @@ def run_python(code: str, stdin: str = "", config: SandboxConfig | None = None) 
                 proc.wait(timeout=max(0.0, start + cfg.timeout_s - time.monotonic()))
             except subprocess.TimeoutExpired:
                 timed_out = True
-        _kill_everything(proc, cgroup)
+        _kill_everything(proc, cgroup, mem_path)
         wall = time.monotonic() - start
         os.set_blocking(report_r, False)
         try:
@@ -329,18 +349,25 @@ def run_python(code: str, stdin: str = "", config: SandboxConfig | None = None) 
         report = _parse_report(raw)
         stdout = out.decode("utf-8", "replace")
         stderr = err.decode("utf-8", "replace")
-        return _classify(report, stdout, stderr, wall, timed_out, over_cap, cgroup)
+        result = _classify(report, stdout, stderr, wall, timed_out, over_cap, cgroup)
+        result.enforced["cgroup_memory"] = bool(mem_path and result.enforced.pop(
+            "memory_cgroup_joined", False))
+        result.enforced.pop("memory_cgroup_joined", None)
+        if oom_killed(memory) and result.status in ("error", "ok"):
+            result.status = "memory"
+        return result
     finally:
         if proc is not None:
             for stream in (proc.stdout, proc.stderr):
                 if stream:
                     stream.close()
             if proc.returncode is None:
-                _kill_everything(proc, cgroup)
+                _kill_everything(proc, cgroup, mem_path)
         for fd in (report_r, report_w):
             if fd >= 0:
                 os.close(fd)
         _remove_cgroup(cgroup)
+        remove_memory_cgroup(mem_path)
         shutil.rmtree(workdir, ignore_errors=True)
 
 

@@ -233,6 +233,13 @@ def _launcher_main(conf: dict) -> int:
             enforced["cgroup_joined"] = True
         except OSError:
             pass
+    if conf.get("memory_cgroup"):
+        try:
+            with open(os.path.join(conf["memory_cgroup"], "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+            enforced["memory_cgroup_joined"] = True
+        except OSError:
+            pass
     if os.getuid() != 0:
         conf["uid_procs"] = _count_own_processes()
     in_ns = False
