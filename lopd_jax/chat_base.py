@@ -20,6 +20,7 @@ import dataclasses
 import json
 from typing import Any, ClassVar, Sequence
 
+from lopd_jax.call_limits import MAX_CALLS_PER_TURN, arguments_limit_error
 from lopd_jax.tokenizers import LATENT_TOKEN, validate_tokenizer
 from lopd_jax.types import AssistantTurn, Message, ToolCall, ToolSchema
 
@@ -175,12 +176,35 @@ def call_from_json(obj: Any, where: str) -> tuple[ToolCall | None, str | None]:
                       f"got {type(obj).__name__}")
     name = obj.get("name")
     if not isinstance(name, str) or not name.strip():
-        return None, f"{where}: missing or empty 'name' string in {_snippet(json.dumps(obj))}"
+        return None, f"{where}: missing or empty 'name' string in {_snippet(_dumps(obj))}"
+    if len(name) > 256:
+        return None, f"{where}: the tool name is {len(name)} characters long (at most 256)"
     arguments = obj.get("arguments", {})
     if not isinstance(arguments, dict):
-        return None, (f"{where}: 'arguments' of {name!r} must be a JSON object, got "
-                      f"{type(arguments).__name__} {_snippet(json.dumps(arguments))}")
+        return None, (f"{where}: 'arguments' of {name.strip()[:80]!r} must be a JSON object, "
+                      f"got {type(arguments).__name__} {_snippet(_dumps(arguments))}")
+    error = arguments_limit_error(arguments, where)
+    if error:
+        return None, error
     return ToolCall(name=name.strip(), arguments=arguments), None
+
+
+def _dumps(value: Any) -> str:
+    try:
+        return json.dumps(value, default=str)
+    except (ValueError, TypeError, RecursionError):
+        return f"<{type(value).__name__}>"
+
+
+def limit_calls(turn: AssistantTurn) -> AssistantTurn:
+    """``turn`` with at most ``MAX_CALLS_PER_TURN`` calls (one parse error for the rest)."""
+    if len(turn.tool_calls) <= MAX_CALLS_PER_TURN:
+        return turn
+    extra = len(turn.tool_calls) - MAX_CALLS_PER_TURN
+    errors = [*turn.parse_errors, f"{len(turn.tool_calls)} tool calls in one turn; the limit "
+              f"is MAX_CALLS_PER_TURN={MAX_CALLS_PER_TURN}, so the last {extra} were not run"]
+    return dataclasses.replace(turn, tool_calls=turn.tool_calls[:MAX_CALLS_PER_TURN],
+                               parse_errors=errors)
 
 
 def tojson(value: Any) -> str:
@@ -306,8 +330,19 @@ class ChatFormat(abc.ABC):
                                      clean_up_tokenization_spaces=False)
 
     def parse_generated(self, ids: Sequence[int]) -> AssistantTurn:
-        """:meth:`parse_assistant` of :meth:`decode_generated`."""
-        return self.parse_assistant(self.decode_generated(ids))
+        """:meth:`parse_assistant` of :meth:`decode_generated`; never raises.
+
+        At most ``MAX_CALLS_PER_TURN`` calls are kept (:func:`limit_calls`); an unexpected
+        failure inside the parser becomes a parse error (the turn's text is its content).
+        """
+        text = self.decode_generated(ids)
+        try:
+            turn = self.parse_assistant(text)
+        except Exception as e:  # a parser bug must not stop a rollout: the model reads it
+            return AssistantTurn(raw=text, content=text.strip(), parse_errors=[
+                f"the turn could not be parsed ({type(e).__name__}); write each tool call "
+                "as the format's tool-call block with a JSON object"])
+        return limit_calls(turn)
 
     def assistant_message(self, turn: AssistantTurn) -> Message:
         """The assistant message dict (HF convention) for a parsed turn."""

@@ -16,12 +16,16 @@ import ast
 import json
 from typing import Any, Sequence
 
+from lopd_jax.call_limits import (MAX_NUMBER_DIGITS, arguments_limit_error, load_json,
+                                  text_limit_error)
 from lopd_jax.chat_base import (ChatFormat, call_from_json, message_text, scan_blocks,
                                 split_thinking, tojson)
 from lopd_jax.chat_templates import (OLMO3_DEFAULT_SYSTEM, OLMO3_NO_FUNCTIONS,
                                      OLMO3_WITH_FUNCTIONS)
 from lopd_jax.types import AssistantTurn, Message, ToolCall, ToolSchema
 
+_PARSE_ERRORS = (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError)
+MAX_INT_BITS = int(MAX_NUMBER_DIGITS * 3.3219280948873626)
 _NAMED_CONSTANTS = {"true": True, "false": False, "null": None,
                     "True": True, "False": False, "None": None}
 
@@ -29,6 +33,10 @@ _NAMED_CONSTANTS = {"true": True, "false": False, "null": None,
 def _literal(node: ast.AST) -> Any:
     """A JSON-compatible value from a literal expression (JSON and Python spellings)."""
     if isinstance(node, ast.Constant) and not isinstance(node.value, (bytes, complex)):
+        if isinstance(node.value, int) and not isinstance(node.value, bool) and (
+                node.value.bit_length() > MAX_INT_BITS):
+            raise ValueError(f"an integer has more than MAX_NUMBER_DIGITS={MAX_NUMBER_DIGITS} "
+                             "digits")
         return node.value
     if isinstance(node, ast.Name) and node.id in _NAMED_CONSTANTS:
         return _NAMED_CONSTANTS[node.id]
@@ -75,25 +83,31 @@ def _call_from_statement(stmt: ast.stmt, source: str, where: str) -> tuple[ToolC
             return None, f"{where}: {name}(...) uses **-unpacking; write key=value arguments"
         try:
             arguments[kw.arg] = _literal(kw.value)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             return None, f"{where}: argument {kw.arg!r} of {name}: {e}"
+    error = arguments_limit_error(arguments, where)
+    if error:
+        return None, error
     return ToolCall(name=name, arguments=arguments), None
 
 
 def parse_function_calls(body: str, where: str = "<function_calls> block") -> tuple[list[ToolCall], list[str]]:
     """Calls in one ``<function_calls>`` body: Python-style lines, or a JSON object/list.
 
-    Every malformed line becomes an error message; well-formed lines still parse.
+    Every malformed line becomes an error message; well-formed lines still parse. Never
+    raises; over-limit blocks (:mod:`lopd_jax.call_limits`) are errors naming the limit.
     """
     source = body.strip()
     if not source:
         return [], [f"{where}: empty block"]
+    error = text_limit_error(source, where)
+    if error:
+        return [], [error]
     if source[0] in "[{":
-        try:
-            obj = json.loads(source)
-        except json.JSONDecodeError:
-            obj = None
-        if obj is not None:
+        obj, error = load_json(source, where)
+        if error is not None and "MAX_" in error:  # a limit, not just another syntax
+            return [], [error]
+        if error is None:
             calls, errors = [], []
             for k, item in enumerate(obj if isinstance(obj, list) else [obj]):
                 call, error = call_from_json(item, f"{where}, JSON call {k + 1}")
@@ -101,21 +115,26 @@ def parse_function_calls(body: str, where: str = "<function_calls> block") -> tu
             return calls, errors
     try:
         chunks = [(source, ast.parse(source).body)]
-    except SyntaxError:
+    except _PARSE_ERRORS:
         chunks = []
         for line in source.splitlines():
             if line.strip():
                 try:
                     chunks.append((line.strip(), ast.parse(line.strip()).body))
-                except SyntaxError as e:
+                except _PARSE_ERRORS as e:
                     chunks.append((line.strip(), e))
     calls, errors = [], []
     for text, parsed in chunks:
-        if isinstance(parsed, SyntaxError):
-            errors.append(f"{where}: not a valid call ({parsed.msg}): {text[:80]!r}")
+        if isinstance(parsed, Exception):
+            why = parsed.msg if isinstance(parsed, SyntaxError) else (
+                f"{type(parsed).__name__}: {str(parsed)[:120]}")
+            errors.append(f"{where}: not a valid call ({why}): {text[:80]!r}")
             continue
         for stmt in parsed:
-            call, error = _call_from_statement(stmt, text, where)
+            try:
+                call, error = _call_from_statement(stmt, text, where)
+            except Exception as e:  # anything unexpected in a statement: a parse error
+                call, error = None, f"{where}: cannot read the call ({type(e).__name__})"
             (errors.append(error) if error else calls.append(call))
     return calls, errors
 

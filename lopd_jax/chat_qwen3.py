@@ -13,9 +13,9 @@ keeps the ids the model actually saw and generated; this format never re-renders
 
 from __future__ import annotations
 
-import json
 from typing import Sequence
 
+from lopd_jax.call_limits import load_json
 from lopd_jax.chat_base import (ChatFormat, call_from_json, message_text, scan_blocks,
                                 split_thinking, tojson)
 from lopd_jax.types import AssistantTurn, Message, ToolSchema
@@ -144,7 +144,11 @@ class Qwen3ChatFormat(ChatFormat):
                 + self.generation_prompt(enable_thinking))
 
     def parse_assistant(self, text: str) -> AssistantTurn:
-        """Thinking, visible content and ``<tool_call>`` JSON calls of one generated turn."""
+        """Thinking, visible content and ``<tool_call>`` JSON calls of one generated turn.
+
+        Never raises: a malformed or over-limit block (:mod:`lopd_jax.call_limits`) is a
+        parse error naming what was wrong.
+        """
         thinking, rest = split_thinking(text)
         outside, bodies, errors = scan_blocks(rest, "<tool_call>", "</tool_call>")
         calls = []
@@ -153,13 +157,9 @@ class Qwen3ChatFormat(ChatFormat):
             if not body.strip():
                 errors.append(f"{where}: empty block")
                 continue
-            try:
-                obj = json.loads(body)
-            except json.JSONDecodeError as e:
-                errors.append(f"{where}: invalid JSON ({e.msg} at line {e.lineno} column "
-                              f"{e.colno}): {body.strip()[:80]!r}")
-                continue
-            call, error = call_from_json(obj, where)
+            obj, error = load_json(body, where)
+            if error is None:
+                call, error = call_from_json(obj, where)
             if error:
                 errors.append(error)
             else:

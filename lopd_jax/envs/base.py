@@ -48,6 +48,7 @@ import types
 import typing
 from typing import Any, Callable
 
+from lopd_jax.call_limits import arguments_limit_error
 from lopd_jax.types import AssistantTurn, Message, StepResult, Task, ToolCall, ToolSchema
 
 SPLITS = ("train", "heldout")
@@ -107,8 +108,25 @@ def format_result(value: Any) -> str:
 
 
 def call_key(call: ToolCall) -> str:
-    """A canonical string for a call, used to detect repeated identical calls."""
-    return call.name + json.dumps(call.arguments, sort_keys=True, default=str)
+    """A canonical string for a call, used to detect repeated identical calls.
+
+    Never raises: arguments JSON cannot encode (an integer beyond Python's 4,300-digit
+    conversion limit, nesting beyond the recursion limit, mixed key types) give a key
+    from the name and the arguments' identity, i.e. the call never counts as repeated.
+    """
+    try:
+        return str(call.name) + json.dumps(call.arguments, sort_keys=True, default=str)
+    except (TypeError, ValueError, RecursionError):
+        return f"{call.name!s}\x00unencodable:{id(call.arguments)}"
+
+
+def check_call(call: ToolCall) -> str | None:
+    """The limit (:mod:`lopd_jax.call_limits`) a call breaks, as error text, or None."""
+    if not isinstance(call.name, str):
+        return "a tool call needs a string name"
+    if not isinstance(call.arguments, dict):
+        return None  # validate_arguments explains that arguments must be an object
+    return arguments_limit_error(call.arguments, f"arguments of {call.name[:80]!r}")
 
 
 # ---------------------------------------------------------------------------------------
@@ -256,16 +274,25 @@ _JSON_CHECKS: dict[str, Callable[[Any], bool]] = {
 }
 
 
+def _short(value: Any) -> str:
+    """``repr(value)`` cut to 200 characters; never raises (huge ints, odd objects)."""
+    try:
+        text = repr(value)
+    except Exception:
+        return f"<{type(value).__name__}>"
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
 def _check_value(value: Any, schema: dict[str, Any], where: str) -> str | None:
     if "enum" in schema and value not in schema["enum"]:
-        return f"{where} must be one of {schema['enum']}, got {value!r}"
+        return f"{where} must be one of {schema['enum']}, got {_short(value)}"
     typ = schema.get("type")
     if typ is not None:
         # Dataset schemas sometimes carry Python type names ("str", "int"); map them.
         allowed = [_NAME_TO_JSON.get(t, t) for t in ([typ] if isinstance(typ, str) else typ)]
         if not any(_JSON_CHECKS.get(t, lambda v: True)(value) for t in allowed):
             want = " or ".join(allowed)
-            return f"{where} must be of type {want}, got {type(value).__name__} {value!r}"
+            return f"{where} must be of type {want}, got {type(value).__name__} {_short(value)}"
     if isinstance(value, list) and "items" in schema:
         for i, item in enumerate(value):
             err = _check_value(item, schema["items"], f"{where}[{i}]")
@@ -423,7 +450,17 @@ class ToolUseEnvironment(Environment):
         """Reward in [0, 1] for the current state."""
 
     def _run_call(self, call: ToolCall) -> Message:
+        try:
+            return self._run_checked_call(call)
+        except Exception as e:  # host-side bug between the text and the tool: never crash
+            return self._error(str(call.name), f"the call could not be processed "
+                               f"({type(e).__name__})", "invalid_arguments")
+
+    def _run_checked_call(self, call: ToolCall) -> Message:
         self.stats.tool_calls += 1
+        limit = check_call(call)
+        if limit:
+            return self._error(str(call.name), limit, "invalid_arguments")
         key = call_key(call)
         if key in self._seen:
             self.stats.repeated_calls += 1

@@ -8,10 +8,10 @@ was really in force):
 
 1. **pids cgroup** (root, cgroup v1 ``pids`` or v2 with the controller delegated): a hard
    cap on processes+threads (``max_processes``); also the list used to kill every survivor.
-   Next to it a **memory cgroup** (:mod:`lopd_jax.envs.sandbox_memory`: v2 ``memory.max``
-   with ``memory.swap.max = 0``, else v1 ``memory.limit_in_bytes`` + ``memmemsw``) bounds
-   the memory of all the run's processes together (``memory_total_bytes``); an OOM kill
-   there is status ``"memory"``. Without a writable memory cgroup one warning is issued.
+   Next to it a **memory cgroup** (:mod:`lopd_jax.envs.sandbox_memory`: v2
+   ``memory.max`` with ``memory.swap.max = 0``, else v1 ``memory.limit_in_bytes`` +
+   ``memory.memsw.limit_in_bytes``) bounds the memory of all the run's processes together
+   (``memory_total_bytes``); an OOM kill there is status ``"memory"``. Without a writable memory cgroup one warning is issued.
 2. **Namespaces** (``unshare``): new network namespace (no interfaces but a down loopback,
    so no network at all), PID namespace (the program cannot see or signal outside
    processes, and when the namespace's init exits the kernel kills everything in it), mount
