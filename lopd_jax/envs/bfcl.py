@@ -26,6 +26,15 @@ user message (BFCL's "I have updated some more functions you can choose from. Wh
 now?") carries their JSON docs, ``env.tools`` is updated and ``StepResult.info["tools"]``
 holds the new full list. Calls never raise: unknown names, bad arguments and exceptions
 inside the API come back as ``"Error: ..."`` tool messages.
+
+The API instances live in a worker process (:mod:`lopd_jax.envs.bfcl_worker`, taken from
+:mod:`lopd_jax.envs.worker_pool` at reset, given back when the episode ends): each call
+runs under a wall-clock limit (``call_timeout_s``, and ``step_timeout_s`` for all the calls
+of one step), the turn checks under ``check_timeout_s``, and ``mpmath`` / ``decimal``
+precision is restored after every call. A call over its limit kills the worker and is an
+error observation ("had no effect"); the next request starts a fresh worker and rebuilds
+the episode's state by replaying the calls that had succeeded and the ground truth of the
+turns already checked.
 """
 
 from __future__ import annotations
@@ -40,10 +49,13 @@ import inspect
 import json
 import os
 import re
+import time
 from typing import Any, Sequence
 
-from lopd_jax.envs.base import (Environment, EpisodeStats, TaskSource, call_key, check_split,
-                                tool_message, validate_arguments)
+from lopd_jax.envs import worker_pool
+from lopd_jax.envs.base import (Environment, EpisodeStats, TaskSource, call_key, check_call,
+                                check_split, tool_message, validate_arguments)
+from lopd_jax.envs.isolation import ResourceLimits, Worker, WorkerError, WorkerTimeout
 from lopd_jax.types import AssistantTurn, Message, StepResult, Task, ToolCall, ToolSchema
 
 ENV_ID = "bfcl"
@@ -72,6 +84,9 @@ SYSTEM_PROMPT = (
     "have no more functions to call, answer in plain text and the turn is complete.")
 
 INSTALL_HINT = "pip install --no-deps bfcl-eval"
+WORKER_HANDLER = "lopd_jax.envs.bfcl_worker:BFCLHandler"
+# Wall-clock timeouts bound every request; no lifetime CPU cap (pooled workers live long).
+WORKER_LIMITS = ResourceLimits(memory_bytes=2 * 1024**3, cpu_seconds=None)
 
 
 def bfcl_available() -> bool:
@@ -241,17 +256,31 @@ class BFCLEnvironment(Environment):
 
     env_id = ENV_ID
 
-    def __init__(self, reward_mode: str = "fraction", strict_types: bool = True):
+    def __init__(self, reward_mode: str = "fraction", strict_types: bool = True,
+                 call_timeout_s: float = 2.0, step_timeout_s: float = 3.0,
+                 check_timeout_s: float = 10.0, limits: ResourceLimits = WORKER_LIMITS):
         """``reward_mode``: ``"fraction"`` of passed turns, or ``"all"`` (1.0 iff all pass).
         ``strict_types``: reject arguments whose JSON type differs from the doc (False: only
         missing / unknown argument names are rejected, as bfcl's own executor would run
-        them)."""
+        them). ``call_timeout_s`` bounds one API call, ``step_timeout_s`` all the calls of
+        one step, ``check_timeout_s`` one turn's ground-truth check (or a state rebuild);
+        ``limits`` are the API worker's resource limits."""
         super().__init__()
         if reward_mode not in ("fraction", "all"):
             raise ValueError(f"reward_mode must be 'fraction' or 'all', got {reward_mode!r}")
+        for name, value in (("call_timeout_s", call_timeout_s),
+                            ("step_timeout_s", step_timeout_s),
+                            ("check_timeout_s", check_timeout_s)):
+            if not value > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {value!r}")
         self.reward_mode = reward_mode
         self.strict_types = strict_types
+        self.call_timeout_s, self.step_timeout_s = call_timeout_s, step_timeout_s
+        self.check_timeout_s, self.limits = check_timeout_s, limits
         self.tools: list[ToolSchema] = []
+        self._worker: Worker | None = None
+        self._broken: str | None = None
+        self._deadline = 0.0
 
     # -- episode state -------------------------------------------------------------------
 
@@ -262,10 +291,11 @@ class BFCLEnvironment(Environment):
             raise ValueError(f"task {task.task_id!r} is not a BFCL task")
         self.stats = EpisodeStats()
         self.task, self.done = task, False
-        self.model_instances = _build_instances(p)
-        self.gt_instances = _build_instances(p)
-        self._model_methods = _method_table(self.model_instances)
-        self._gt_methods = _method_table(self.gt_instances)
+        self.close()
+        self._broken, self._call_log = None, []
+        self.turn_index = 0
+        self._methods: set[str] = set()
+        self._start_worker(replay=False)
         held = {n for names in p.get("missed_function", {}).values() for n in names}
         self._docs = {}
         for cls in p["involved_classes"]:
@@ -274,10 +304,8 @@ class BFCLEnvironment(Environment):
         self._available = [n for n in self._docs if n not in held]
         self.tools = [tool_schema(self._docs[n]) for n in self._available]
         self._schemas = {s["function"]["name"]: s for s in self.tools}
-        self.turn_index = 0
         self.turn_results: list[bool] = []
         self.turn_details: list[dict[str, Any]] = []
-        self._model_results: list[str] = []
         self._calls_this_turn = 0
         self._seen: set[str] = set()
         messages = [{"role": "system", "content": SYSTEM_PROMPT}]
@@ -300,15 +328,60 @@ class BFCLEnvironment(Environment):
 
     # -- calls ---------------------------------------------------------------------------
 
+    def _start_worker(self, replay: bool) -> None:
+        """Take an API worker and load the episode (replaying its history when ``replay``)."""
+        try:
+            self._worker = worker_pool.acquire(WORKER_HANDLER, self.limits)
+            message = {"op": "replay" if replay else "init", "payload": self.task.payload,
+                       "calls": self._call_log, "turns": self.turn_index}
+            reply = self._worker.request(message, self.check_timeout_s)
+            if not reply.get("ok"):
+                raise WorkerError(reply.get("error", "unknown error"))
+            self._methods = set(reply["methods"])
+        except WorkerError as e:
+            self._broken = (f"the API process could not be (re)started ({e}); reply in plain "
+                            "text to end the turn")
+            self.close()
+
+    def _ensure_worker(self) -> None:
+        """Restart the API worker (rebuilding the episode's state) when an earlier request
+        killed it. Raises WorkerError when that is impossible."""
+        if self._broken:
+            raise WorkerError(self._broken)
+        if self._worker is None or not self._worker.alive:
+            self._start_worker(replay=True)
+            if self._broken:
+                raise WorkerError(self._broken)
+
+    def _request(self, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """One request to the API worker (see :meth:`_ensure_worker`). Raises WorkerError."""
+        self._ensure_worker()
+        try:
+            return self._worker.request(message, timeout_s)
+        except WorkerError:
+            self._worker = None  # killed by Worker; a replacement starts in the background
+            worker_pool.prestart(WORKER_HANDLER, self.limits)
+            raise
+
     def _run_call(self, call: ToolCall) -> Message:
+        try:
+            return self._run_checked_call(call)
+        except Exception as e:  # host-side bug between the text and the API: never crash
+            return self._error(str(call.name), f"the call could not be processed "
+                               f"({type(e).__name__})", "invalid_arguments")
+
+    def _run_checked_call(self, call: ToolCall) -> Message:
         self.stats.tool_calls += 1
         self._calls_this_turn += 1
+        limit = check_call(call)
+        if limit:
+            return self._error(str(call.name), limit, "invalid_arguments")
         key = call_key(call)
         if key in self._seen:
             self.stats.repeated_calls += 1
         self._seen.add(key)
         schema = self._schemas.get(call.name)
-        if schema is None or call.name not in self._model_methods:
+        if schema is None or (self._methods and call.name not in self._methods):
             return self._error(call.name, f"unknown tool {call.name!r}; available tools: "
                                f"{sorted(self._schemas)}", "unknown_tools")
         err = validate_arguments(schema if self.strict_types else _untyped(schema),
@@ -316,48 +389,46 @@ class BFCLEnvironment(Environment):
         if err:
             return self._error(call.name, err, "invalid_arguments")
         try:
-            result = format_execution_result(self._model_methods[call.name](**call.arguments))
-        except Exception as e:  # inside the API: the model reads it (bfcl records it too)
-            self._model_results.append(f"Error during execution: {e}")
-            return self._error(call.name, f"{type(e).__name__}: {e}", "tool_exceptions")
-        self._model_results.append(result)
-        return tool_message(call.name, result)
+            self._ensure_worker()
+        except WorkerError as e:
+            return self._error(call.name, f"not run: {e}", "tool_exceptions")
+        remaining = self._deadline - time.monotonic()
+        if remaining <= 0.05:
+            return self._error(call.name, f"not run: this step's calls already took the step "
+                               f"time limit (step_timeout_s={self.step_timeout_s:g}); make "
+                               "fewer or cheaper calls per step", "tool_exceptions")
+        timeout = min(self.call_timeout_s, remaining)
+        try:
+            reply = self._request({"op": "call", "name": call.name,
+                                   "arguments": call.arguments}, timeout)
+        except WorkerTimeout:
+            return self._error(call.name, f"the call did not finish within {timeout:.1f} s "
+                               f"(time limit call_timeout_s={self.call_timeout_s:g}); it was "
+                               "stopped and had no effect; use smaller arguments",
+                               "tool_exceptions")
+        except WorkerError as e:
+            return self._error(call.name, f"the call stopped the API process ({e}); it had "
+                               "no effect", "tool_exceptions")
+        self._call_log.append([call.name, call.arguments])
+        if not reply.get("ok"):
+            return self._error(call.name, str(reply.get("error", "unknown error")),
+                               "tool_exceptions")
+        return tool_message(call.name, str(reply.get("result", "")))
 
     # -- checking ------------------------------------------------------------------------
 
-    def _run_ground_truth(self, index: int) -> list[str]:
-        results = []
-        for text in self.task.payload["ground_truth"][index]:
-            try:
-                name, args, kwargs = parse_call_string(text)
-                results.append(format_execution_result(self._gt_methods[name](*args, **kwargs)))
-            except Exception as e:  # as bfcl does: the error text is the result
-                results.append(f"Error during execution: {e}")
-        return results
-
     def _check_turn(self) -> None:
-        """Run the current turn's ground truth and record whether the turn passed."""
+        """Run the current turn's ground truth (in the worker) and record whether it passed."""
         index = self.turn_index
-        gt_calls = self.task.payload["ground_truth"][index]
-        gt_results = self._run_ground_truth(index)
-        detail: dict[str, Any] = {"turn": index}
-        if not gt_calls:
-            ok = self._calls_this_turn == 0
-            detail["irrelevance"] = ok
-        else:
-            mismatched = [name for name, gt in self.gt_instances.items()
-                          if any(getattr(self.model_instances[name], k, object()) != v
-                                 for k, v in _public_state(gt).items())]
-            remaining = list(self._model_results)
-            missing = []
-            for r in gt_results:
-                if r in remaining:
-                    remaining.remove(r)
-                else:
-                    missing.append(r)
-            ok = not mismatched and not missing
-            detail.update(state_mismatch=mismatched, missing_results=missing[:5])
-        detail["passed"] = ok
+        try:
+            reply = self._request({"op": "check_turn", "index": index,
+                                   "calls_this_turn": self._calls_this_turn},
+                                  self.check_timeout_s)
+            detail = reply["detail"] if reply.get("ok") else {
+                "turn": index, "passed": False, "error": reply.get("error")}
+        except WorkerError as e:
+            detail = {"turn": index, "passed": False, "error": str(e)}
+        ok = bool(detail.get("passed"))
         self.turn_results.append(ok)
         self.turn_details.append(detail)
 
@@ -377,6 +448,7 @@ class BFCLEnvironment(Environment):
     def step(self, turn: AssistantTurn) -> StepResult:
         """Tool calls -> tool messages; plain text -> check the turn, send the next one."""
         self._begin_step()
+        self._deadline = time.monotonic() + self.step_timeout_s
         if turn.tool_calls or turn.parse_errors:
             obs = [self._error("invalid_tool_call", f"malformed tool call: {e}. Write a tool "
                                "call as a JSON object with a \"name\" string and an "
@@ -389,6 +461,7 @@ class BFCLEnvironment(Environment):
         self._calls_this_turn = 0
         if self.turn_index >= len(self.task.payload["question"]):
             self.done = True
+            self.close()
             info = self._info()
             info["turn_details"] = self.turn_details
             return StepResult([], True, self._reward(), info)
@@ -406,7 +479,19 @@ class BFCLEnvironment(Environment):
         if not self.done:
             self._check_turn()
             self.done = True
+        self.close()
         return self._reward()
+
+    def close(self) -> None:
+        """Give the API worker back to the pool (safe to call twice)."""
+        worker, self._worker = self._worker, None
+        worker_pool.release(worker, self.limits)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
 
 
 class BFCLTaskSource(TaskSource):

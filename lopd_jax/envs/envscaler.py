@@ -47,7 +47,9 @@ end of the episode.
 
 All dataset code (class source, methods, checks) runs in an isolated worker subprocess per
 episode (:mod:`lopd_jax.envs.isolation`): import-time errors, hangs (per-call timeout),
-crashes and resource-limit kills become error observations and reward 0.
+crashes and resource-limit kills become error observations and reward 0. ``decimal`` and
+``mpmath`` precision are restored after every call; an observation is cut at
+``MAX_RESULT_CHARS``.
 """
 
 from __future__ import annotations
@@ -62,9 +64,11 @@ from typing import Any
 from lopd_jax.envs.base import (TaskSource, ToolError, ToolUseEnvironment, Toolbox,
                                 check_split, format_result)
 from lopd_jax.envs.isolation import ResourceLimits, Worker, WorkerError
+from lopd_jax.envs.numeric_state import preserved_numeric_state
 from lopd_jax.types import Message, Task, ToolSchema
 
 ENV_ID = "envscaler"
+MAX_RESULT_CHARS = 100_000
 HANDLER = "lopd_jax.envs.envscaler:ScenarioHandler"
 _ENV_FIELDS = ("env_class_code", "environment_introduction", "constraints_rules", "tools",
                "env_class_name")
@@ -353,14 +357,15 @@ class ScenarioHandler:
         method = self.toolbox.methods.get(name)
         if method is None:
             return {"ok": False, "error": f"the environment has no method {name!r}"}
-        try:
-            result = method(**arguments)
-        except KeyboardInterrupt:
-            raise
-        except BaseException as e:
-            return {"ok": False, "error": _short_error(e)}
-        text = format_result(result) if self.format == "json" else f"{result}"
-        return {"ok": True, "result": text}
+        with preserved_numeric_state():
+            try:
+                result = method(**arguments)
+                text = format_result(result) if self.format == "json" else f"{result}"
+            except KeyboardInterrupt:
+                raise
+            except BaseException as e:
+                return {"ok": False, "error": _short_error(e)}
+        return {"ok": True, "result": text[:MAX_RESULT_CHARS]}
 
     def _check(self, source: str) -> dict[str, Any]:
         scope = {"__builtins__": __builtins__, "initial_state": copy.deepcopy(self.initial_state)}
