@@ -7,7 +7,7 @@ import time
 import psutil
 import pytest
 
-from lopd_jax.envs import registry
+from lopd_jax.envs import registry, worker_pool
 from lopd_jax.envs.envscaler import EnvScalerTaskSource, load_scenarios
 from lopd_jax.envs.isolation import ResourceLimits, Worker, WorkerCrashed
 from lopd_jax.types import AssistantTurn, ToolCall
@@ -32,7 +32,8 @@ def answer(text="Task Completed"):
 
 
 def no_children():
-    kids = psutil.Process().children(recursive=True)
+    idle = worker_pool.idle_pids()  # pooled idle workers of other environments (BFCL)
+    kids = [k for k in psutil.Process().children(recursive=True) if k.pid not in idle]
     return [k for k in kids if k.status() != psutil.STATUS_ZOMBIE] == [] and kids == []
 
 

@@ -27,11 +27,11 @@ import dataclasses
 import hashlib
 import json
 import re
-import threading
 from typing import Any
 
 from lopd_jax.envs.code_harness import call_program, parse_results, stdin_program
-from lopd_jax.envs.isolation import ResourceLimits, Worker, WorkerError
+from lopd_jax.envs import worker_pool
+from lopd_jax.envs.isolation import ResourceLimits, WorkerError
 from lopd_jax.envs.sandbox import SandboxConfig, SandboxResult, run_python
 from lopd_jax.envs.wire import wire_decode, wire_encode
 
@@ -40,7 +40,6 @@ FLOAT_TOLERANCE = 1e-6
 CHECKER = "lopd_jax.envs.code_checker:CheckHandler"
 CHECK_TIMEOUT_S = 20.0
 _CHECKER_LIMITS = ResourceLimits(memory_bytes=2 * 1024**3, cpu_seconds=None)
-_local = threading.local()
 _collected: dict[str, list[str]] = {}
 
 
@@ -58,18 +57,17 @@ def humaneval_body(payload: dict[str, Any], code: str) -> str:
 
 
 def _checker_request(message: dict[str, Any]) -> dict[str, Any]:
-    """One request to this thread's checker worker (started, or restarted, on demand)."""
+    """One request to a pooled checker worker (a fresh one when the pooled one died)."""
     for attempt in range(2):
-        worker = getattr(_local, "checker", None)
-        if worker is None or not worker.alive:
-            worker = _local.checker = Worker(CHECKER, _CHECKER_LIMITS)
+        worker = worker_pool.acquire(CHECKER, _CHECKER_LIMITS)
         try:
             reply = worker.request(message, CHECK_TIMEOUT_S)
         except WorkerError as e:
-            _local.checker = None
             if attempt == 0 and "did not finish in time" not in str(e):
-                continue  # the worker had died earlier (e.g. killed): retry on a fresh one
+                continue  # the worker had died while idle (e.g. killed): retry on a fresh one
             raise GradingError(f"the test checker failed: {e}") from None
+        finally:
+            worker_pool.release(worker, _CHECKER_LIMITS)
         if not reply.get("ok"):
             raise GradingError(f"the test checker failed: {reply.get('error')}")
         return reply

@@ -56,3 +56,9 @@ def prestart(handler: str, limits: ResourceLimits, start_timeout_s: float = 15.0
             pass
 
     threading.Thread(target=start, name="lopd-worker-prestart", daemon=True).start()
+
+
+def idle_pids() -> set[int]:
+    """Process ids of the pooled idle workers (for leak checks in tests)."""
+    with _lock:
+        return {w.pid for idle in _idle.values() for w in idle if w.pid is not None}
