@@ -66,8 +66,18 @@ def _dotted_name(node: ast.AST) -> str | None:
     return None
 
 
-def _call_from_statement(stmt: ast.stmt, source: str, where: str) -> tuple[ToolCall | None, str | None]:
-    text = ast.get_source_segment(source, stmt) or ""
+def _statement_text(lines: list[str], stmt: ast.stmt) -> str:
+    """The start of a statement's source (for error snippets; ``ast.get_source_segment``
+    is quadratic in the source length)."""
+    try:
+        line = lines[stmt.lineno - 1].encode("utf-8")[stmt.col_offset:]
+    except (IndexError, AttributeError):
+        return ""
+    return line.decode("utf-8", "replace")[:200]
+
+
+def _call_from_statement(stmt: ast.stmt, lines: list[str], where: str) -> tuple[ToolCall | None, str | None]:
+    text = _statement_text(lines, stmt)
     if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)):
         return None, f"{where}: not a function call: {text[:80]!r}"
     call = stmt.value
@@ -125,6 +135,7 @@ def parse_function_calls(body: str, where: str = "<function_calls> block") -> tu
                     chunks.append((line.strip(), e))
     calls, errors = [], []
     for text, parsed in chunks:
+        lines = text.splitlines()
         if isinstance(parsed, Exception):
             why = parsed.msg if isinstance(parsed, SyntaxError) else (
                 f"{type(parsed).__name__}: {str(parsed)[:120]}")
@@ -132,7 +143,7 @@ def parse_function_calls(body: str, where: str = "<function_calls> block") -> tu
             continue
         for stmt in parsed:
             try:
-                call, error = _call_from_statement(stmt, text, where)
+                call, error = _call_from_statement(stmt, lines, where)
             except Exception as e:  # anything unexpected in a statement: a parse error
                 call, error = None, f"{where}: cannot read the call ({type(e).__name__})"
             (errors.append(error) if error else calls.append(call))
