@@ -136,3 +136,30 @@ def test_finish_counts_unreached_turns_as_failed(base):
 def test_bad_category_is_rejected():
     with pytest.raises(ValueError, match="unknown BFCL categories"):
         BFCLTaskSource(["parallel"])
+
+
+def test_api_call_over_its_time_limit_is_an_error_and_the_state_survives():
+    """square_root(precision=1e9) used to hang the process; now the worker is killed at the
+    call's time limit, the model reads an error, and the next call sees the earlier state
+    (rebuilt on a fresh worker by replay)."""
+    import time
+
+    src = BFCLTaskSource(["base"])
+    task = next(t for t in src.all_tasks()
+                if set(t.payload["involved_classes"]) == {"GorillaFileSystem", "MathAPI"})
+    env = src.make_env()
+    env.call_timeout_s, env.step_timeout_s = 1.0, 2.0
+    env.reset(task)
+    r = env.step(_calls(ToolCall("mkdir", {"dir_name": "lopd_probe"})))
+    assert not r.observation[0]["content"].startswith("Error"), r.observation
+    start = time.monotonic()
+    r = env.step(_calls(ToolCall("square_root", {"number": 1e9, "precision": 10**9}),
+                        ToolCall("square_root", {"number": 1e9, "precision": 10**9})))
+    assert time.monotonic() - start < 4.0
+    assert "time limit call_timeout_s=1" in r.observation[0]["content"]
+    assert "step_timeout_s=2" in r.observation[1]["content"] or (
+        "time limit" in r.observation[1]["content"])
+    r = env.step(_calls(ToolCall("ls", {})))
+    assert "lopd_probe" in r.observation[0]["content"], r.observation
+    assert env.stats.tool_exceptions == 2
+    env.close()

@@ -247,3 +247,38 @@ def test_malformed_messages_never_crash_and_every_step_is_fast(formats):
     assert total >= 1000
     assert crashes == []
     assert slowest[0] < STEP_LIMIT_S, slowest
+
+
+def test_parse_errors_name_the_limits(formats):
+    """The issue's crashing inputs become parse errors that name the limit they hit, and a
+    ToolCall built elsewhere with an over-limit argument is an error observation."""
+    qwen, olmo = formats
+    cases = [
+        (qwen, "<tool_call>" + "[" * 1000 + "]" * 1000 + "</tool_call>", "MAX_JSON_DEPTH=32"),
+        (qwen, '<tool_call>{"name": "f", "arguments": {"x": ' + "9" * 5000 + "}}</tool_call>",
+         "MAX_NUMBER_DIGITS=100"),
+        (olmo, "<function_calls>f(x=0x" + "f" * 5000 + ")</function_calls>",
+         "MAX_NUMBER_DIGITS=100"),
+        (olmo, "<function_calls>f(x=0b" + "1" * 400 + ")</function_calls>",
+         "MAX_NUMBER_DIGITS=100"),
+        (olmo, "<function_calls>f(x=" + "[" * 1000 + "]" * 1000 + ")</function_calls>",
+         "MAX_JSON_DEPTH=32"),
+        (qwen, '<tool_call>{"name": "f", "arguments": {"x": "' + "y" * 70000 + '"}}</tool_call>',
+         "MAX_CALL_CHARS=65536"),
+        (qwen, '<tool_call>{"name": "f", "arguments": {}}</tool_call>' * 70,
+         "MAX_CALLS_PER_TURN=64"),
+    ]
+    for fmt, text, limit in cases:
+        turn = fmt.parse_generated(_encode(fmt, text) + [fmt.end_of_turn_id])
+        assert any(limit in e for e in turn.parse_errors), (limit, turn.parse_errors[:2])
+        assert len(turn.tool_calls) <= 64
+    from lopd_jax.envs.base import call_key
+    from lopd_jax.types import AssistantTurn, ToolCall
+
+    huge = ToolCall("deposit", {"account": "alice", "amount": 10 ** 5000})
+    assert call_key(huge).startswith("deposit")
+    source = SyntheticTaskSource(n_train_per_family=1, n_heldout_per_family=1)
+    env = source.make_env()
+    env.reset(source.tasks("train")[0])
+    result = env.step(AssistantTurn(raw="", content="", tool_calls=[huge]))
+    assert "MAX_NUMBER_DIGITS=100" in result.observation[0]["content"]
