@@ -31,9 +31,16 @@ def answer(text="Task Completed"):
     return AssistantTurn(raw=text, content=text)
 
 
+def _pool_worker(p):
+    try:
+        return worker_pool.is_pool_worker(p.cmdline())
+    except psutil.Error:
+        return False
+
+
 def no_children():
-    idle = worker_pool.idle_pids()  # pooled idle workers of other environments (BFCL)
-    kids = [k for k in psutil.Process().children(recursive=True) if k.pid not in idle]
+    kids = [k for k in psutil.Process().children(recursive=True)  # pooled BFCL workers
+            if not _pool_worker(k)]
     return [k for k in kids if k.status() != psutil.STATUS_ZOMBIE] == [] and kids == []
 
 

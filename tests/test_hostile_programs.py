@@ -141,8 +141,13 @@ HOSTILE = [
 
 
 def _leftovers() -> list[psutil.Process]:
-    idle = worker_pool.idle_pids()
-    found = [p for p in psutil.Process().children(recursive=True) if p.pid not in idle]
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if not worker_pool.is_pool_worker(p.cmdline()):  # the trusted checker workers
+                found.append(p)
+        except psutil.Error:
+            pass
     for p in psutil.process_iter(["cmdline"]):
         try:
             if any("lopd_sbx_" in part for part in (p.info["cmdline"] or [])):

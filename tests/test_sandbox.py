@@ -8,15 +8,24 @@ import uuid
 import psutil
 import pytest
 
+from lopd_jax.envs import worker_pool
 from lopd_jax.envs.sandbox import SandboxConfig, SandboxResult, run_python
 
 MODES = ["auto", "basic"]
 
 
+def _pool_worker(p: psutil.Process) -> bool:
+    try:
+        return worker_pool.is_pool_worker(p.cmdline())
+    except psutil.Error:
+        return False
+
+
 def _leftovers() -> list[psutil.Process]:
     """Any process that still belongs to a sandbox run (its workdir is in the command line),
     or any child of this test process."""
-    found = list(psutil.Process().children(recursive=True))
+    found = [p for p in psutil.Process().children(recursive=True)
+             if not _pool_worker(p)]  # pooled BFCL / checker workers are not sandbox runs
     for p in psutil.process_iter(["cmdline"]):
         try:
             if any("lopd_sbx_" in part for part in (p.info["cmdline"] or [])):

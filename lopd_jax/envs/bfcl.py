@@ -40,7 +40,6 @@ turns already checked.
 from __future__ import annotations
 
 import ast
-import copy
 import functools
 import glob
 import importlib
@@ -207,22 +206,6 @@ def _untyped(schema: ToolSchema) -> ToolSchema:
     params = dict(fn.get("parameters", {}))
     params["properties"] = {k: {} for k in params.get("properties", {})}
     return {"type": "function", "function": {**fn, "parameters": params}}
-
-
-def _public_state(obj: Any) -> dict[str, Any]:
-    return {k: v for k, v in vars(obj).items() if not k.startswith("_")}
-
-
-def _build_instances(payload: dict[str, Any]) -> dict[str, Any]:
-    long_context = payload["category"] == "long_context"
-    out = {}
-    for name in payload["involved_classes"]:
-        inst = api_class(name)()
-        if name not in STATELESS:
-            config = copy.deepcopy(payload["initial_config"].get(name, {}))
-            inst._load_scenario(config, long_context=long_context)
-        out[name] = inst
-    return out
 
 
 def _method_table(instances: dict[str, Any]) -> dict[str, Any]:

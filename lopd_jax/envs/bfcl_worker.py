@@ -21,13 +21,30 @@ caller bounds each request's wall time (the worker is killed on a time-out).
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
-from lopd_jax.envs.bfcl import (_build_instances, _method_table, _public_state,
-                                format_execution_result, parse_call_string)
+from lopd_jax.envs.bfcl import (STATELESS, _method_table, api_class, format_execution_result,
+                                parse_call_string)
 from lopd_jax.envs.numeric_state import preserved_numeric_state
 
 MAX_RESULT_CHARS = 100_000
+
+
+def _public_state(obj: Any) -> dict[str, Any]:
+    return {k: v for k, v in vars(obj).items() if not k.startswith("_")}
+
+
+def _build_instances(payload: dict[str, Any]) -> dict[str, Any]:
+    long_context = payload["category"] == "long_context"
+    out = {}
+    for name in payload["involved_classes"]:
+        inst = api_class(name)()
+        if name not in STATELESS:
+            config = copy.deepcopy(payload["initial_config"].get(name, {}))
+            inst._load_scenario(config, long_context=long_context)
+        out[name] = inst
+    return out
 
 
 def _run(method: Any, args: list[Any], kwargs: dict[str, Any]) -> tuple[str | None, str, str]:

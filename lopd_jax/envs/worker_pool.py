@@ -16,12 +16,14 @@ from lopd_jax.envs.isolation import ResourceLimits, Worker, WorkerError
 MAX_IDLE_PER_HANDLER = 16
 _idle: dict[tuple[str, ResourceLimits], list[Worker]] = {}
 _lock = threading.Lock()
+_handlers: set[str] = set()
 
 
 def acquire(handler: str, limits: ResourceLimits, start_timeout_s: float = 15.0) -> Worker:
     """An idle live worker of ``handler`` with ``limits``, or a newly started one."""
     key = (handler, limits)
     with _lock:
+        _handlers.add(handler)
         idle = _idle.setdefault(key, [])
         while idle:
             worker = idle.pop()
@@ -49,6 +51,9 @@ def prestart(handler: str, limits: ResourceLimits, start_timeout_s: float = 15.0
     """Start one worker in the background and pool it (after a kill, so that the next
     :func:`acquire` does not wait for an interpreter start)."""
 
+    with _lock:
+        _handlers.add(handler)
+
     def start() -> None:
         try:
             release(Worker(handler, limits, start_timeout_s), limits)
@@ -58,7 +63,9 @@ def prestart(handler: str, limits: ResourceLimits, start_timeout_s: float = 15.0
     threading.Thread(target=start, name="lopd-worker-prestart", daemon=True).start()
 
 
-def idle_pids() -> set[int]:
-    """Process ids of the pooled idle workers (for leak checks in tests)."""
+def is_pool_worker(cmdline: list[str]) -> bool:
+    """Whether a process command line is a worker of a pooled handler (idle, in use or
+    being pre-started): leak checks of other components skip these."""
     with _lock:
-        return {w.pid for idle in _idle.values() for w in idle if w.pid is not None}
+        handlers = set(_handlers)
+    return "--worker" in cmdline and any(h in cmdline for h in handlers)
