@@ -48,26 +48,29 @@ HOSTILE = [
      "    def __pow__(self, o): return F(0)\n"
      "def find_zero(xs):\n    return F(0.5)\n"),
     ("read main.py, print it, exit 0", "he0",
-     "import os\nprint(open('main.py').read())\nos._exit(0)\n"),
+     "import os\nprint(open('main.py').read(), flush=True)\nos._exit(0)\n"),
     ("forged results line then exit", "he0",
      FORGED + "os.write(1, ('\\n' + line + '\\n').encode())\nos._exit(0)\n"),
     ("forged results line (TACO fn)", "gcd",
-     FORGED.replace("True", "6") + "print(line)\nos._exit(0)\n"),
+     FORGED.replace("True", "6") + "print(line, flush=True)\nos._exit(0)\n"),
     ("sys._getframe into harness globals", "he0",
-     "import sys\ndef has_close_elements(numbers, threshold):\n"
+     "import os, sys\ndef has_close_elements(numbers, threshold):\n"
      "    g = sys._getframe(1).f_globals\n"
-     "    for k in ('MARKER', 'TESTS', '_call_match'):\n        print(k, g.get(k))\n"
+     "    if 'MARKER' in g:\n        print(g['MARKER'], flush=True)\n        os._exit(0)\n"
      "    g['_emit']({'results': [{'ok': True}] * len(g['_CALL_LIST'])})\n"),
     ("replace the harness's comparison (TACO fn)", "gcd",
      "import sys\ndef gcd(a, b):\n    g = sys._getframe(1).f_globals\n"
-     "    g['_call_match'] = lambda *a: True\n    print(g.get('MARKER'))\n"
-     "    g['_emit']({'results': [{'ok': 6}] * len(g['_CALL_LIST'])})\n"),
+     "    g['_call_match'] = lambda *a: True\n"
+     "    if '_emit' in g:\n        g['_emit']({'results': [{'ok': 6}] * len(g['_CALL_LIST'])})\n"
+     "    return 6\n"),
     ("forked child reads the harness's tests (TACO stdin)", "sum",
-     "import gc, sys\nframe = sys._getframe(1)\nwhile frame:\n"
-     "    for k in ('TESTS', '_INPUTS', 'outputs', 'MARKER'):\n"
-     "        if k in frame.f_globals: print(frame.f_globals[k])\n    frame = frame.f_back\n"
-     "for o in gc.get_objects():\n"
-     "    if isinstance(o, dict) and 'outputs' in o: print(o['outputs'])\n"),
+     "import sys\ndata = sys.stdin.read()\nframe, found = sys._getframe(0), False\n"
+     "while frame and not found:\n    t = frame.f_globals.get('TESTS')\n"
+     "    if isinstance(t, dict) and 'outputs' in t:\n"
+     "        for i, o in zip(t['inputs'], t['outputs']):\n"
+     "            if i == data:\n                print(o, end='')\n                found = True\n"
+     "    frame = frame.f_back\n"
+     "if not found:\n    print(data)\n"),
     ("monkeypatch json.dumps to forge", "he0",
      "import json\n_d = json.dumps\n"
      "json.dumps = lambda o, *a, **k: _d({'results': [{'ok': True}] * 200})\n"
