@@ -120,6 +120,8 @@ def run_check(prompt: str, test: str, entry_point: str, calls: list[str],
     def fail(lineno: int, text: str, error: BaseException) -> None:
         if isinstance(error, AssertionError):
             why = f"AssertionError at test line {lineno}: {text}"
+        elif isinstance(error, CandidateError):
+            why = f"test line {lineno}: the function raised {error} (in {text[:200]})"
         else:
             why = f"{type(error).__name__} at test line {lineno} ({text}): {error}"
         failures.append(why[:600])
@@ -132,7 +134,9 @@ def run_check(prompt: str, test: str, entry_point: str, calls: list[str],
     random.seed(seed)
     try:
         ns["check"](candidate)
-    except Exception as e:  # outside an assert (e.g. `x = candidate(...)` raised)
+    except CandidateError as e:  # outside an assert (e.g. `x = candidate(...)`)
+        failures.append(f"the function raised {e}"[:600])
+    except Exception as e:  # the test itself broke on the returned values
         failures.append(f"{type(e).__name__}: {e}"[:600])
     if missing and not state["failed_before_missing"]:
         return {"calls": list(calls) + missing}

@@ -8,9 +8,10 @@ code never ran in:
 
 * HumanEval: the problem's own ``check(candidate)`` runs in the trusted checker worker
   (:mod:`lopd_jax.envs.code_checker`), where ``candidate`` answers with the decoded
-  outputs. The calls the test makes are collected once per problem (cached); a test whose
-  inputs depend on earlier outputs gets another sandbox round (at most ``MAX_ROUNDS``,
-  sharing the one ``timeout_s``).
+  outputs; a call that raised in the sandbox raises ``CandidateError`` there, so it only
+  fails the test if the test really makes it. The calls the test makes are collected
+  once per problem (cached); a test whose inputs depend on earlier outputs gets another
+  sandbox round (at most ``MAX_ROUNDS``, sharing the one ``timeout_s``).
 * TACO function-call tests: compared here, type-strictly (``True`` is not ``1``), tuples
   as lists, a singly wrapped expected value accepted, floats within ``FLOAT_TOLERANCE``
   (relative, at least absolute) as TACO/APPS do.
@@ -127,16 +128,17 @@ def _evaluate_humaneval(payload: dict[str, Any], code: str, cfg: SandboxConfig,
         remaining = deadline - time.monotonic()
         if result is not None and remaining < 0.5:
             return 0.0, "Tests failed: time limit exceeded", result
-        program = call_program(body, entry, [json.loads(c) for c in calls], per_test_s)
+        program = call_program(body, entry, [json.loads(c) for c in calls], per_test_s,
+                               stop_on_exception=False)
         result = run_python(program, config=dataclasses.replace(
             cfg, timeout_s=max(0.5, remaining)))
         entries, why = _results_or_failure(result)
         if entries is None:
             return 0.0, f"Tests failed: {why}", result
         for k, entry_result in enumerate(entries):
-            if "exc" in entry_result:
-                return 0.0, (f"Tests failed: call {k + 1} of {entry} raised "
-                             f"{str(entry_result['exc'])[:1500]}"), result
+            if entry_result.get("timeout"):
+                return 0.0, (f"Tests failed: call {k + 1} of {entry}: "
+                             f"{str(entry_result.get('exc'))[:300]}"), result
         try:
             reply = _checker_request({"op": "check", "prompt": payload["prompt"],
                                       "test": payload["test"], "entry_point": entry,

@@ -9,7 +9,8 @@ HumanEval, in the parent process for TACO). Whatever the model's code does to th
 most report *some* outputs, which is what answering the task means anyway; the trusted
 side decodes them into plain built-in data only, so no custom ``__eq__`` survives.
 
-Result entries (one per input, in order; the run stops at the first failing call):
+Result entries (one per input, in order; the run stops at a time-out and, unless told
+otherwise, at the first exception):
 ``{"ok": <wire value>}`` (a return value, or for stdin programs the captured standard
 output as a string, ``"truncated": true`` when over the per-test cap), or ``{"exc":
 "text"}`` (an exception, time limit, crash or unserializable value). Set-up failures
@@ -61,6 +62,7 @@ _SOURCE = __SOURCE__
 _ENTRY = __ENTRY__
 _CLASS = __CLASS__
 _CALL_LIST = _json.loads(__CALLS__)
+_STOP_ON_EXC = __STOP__
 _signal.signal(_signal.SIGALRM, _on_alarm)
 _ns = {"__name__": "__main__"}
 try:
@@ -87,7 +89,11 @@ for _args, _kwargs in _CALL_LIST:
     except BaseException as e:
         _signal.alarm(0)
         _results.append({"exc": _describe(e)})
-        break
+        if isinstance(e, TimeoutError):
+            _results[-1]["timeout"] = True
+            break
+        if _STOP_ON_EXC:
+            break
 _emit({"results": _results})
 '''
 
@@ -153,15 +159,18 @@ def _common(per_call_s: int) -> str:
 
 
 def call_program(source: str, entry: str, calls: list, per_call_s: int,
-                 method_class: str | None = None) -> str:
+                 method_class: str | None = None, stop_on_exception: bool = True) -> str:
     """A program that runs ``source`` and calls ``entry`` once per ``calls`` item.
 
     ``calls`` holds ``[wire args list, wire kwargs dict]`` pairs; with ``method_class``
-    (TACO's ``Solution``) the entry is that class's method when the code defines it.
+    (TACO's ``Solution``) the entry is that class's method when the code defines it. The
+    run stops at the first exception (``stop_on_exception``) or time-out (always; the
+    entry then has ``"timeout": true``).
     """
     return _common(per_call_s) + _fill(_CALLS, {
         "__SOURCE__": repr(source), "__ENTRY__": repr(entry),
-        "__CLASS__": repr(method_class), "__CALLS__": repr(json.dumps(calls))})
+        "__CLASS__": repr(method_class), "__CALLS__": repr(json.dumps(calls)),
+        "__STOP__": repr(bool(stop_on_exception))})
 
 
 def stdin_program(source: str, inputs: list[str], per_call_s: int, cap_bytes: int) -> str:
