@@ -149,7 +149,9 @@ class ModelSection:
 class BankSection:
     """Experience bank (SPEC 5): :class:`lopd_jax.bank.BankConfig` fields but ``n_ret``
     (taken from ``composer.n_ret``), the embedder, and the bank to load (``path``; None
-    means "build it offline before training")."""
+    means "build it offline before training"). ``embedder_pool_token``: the token the
+    backbone embedder appends and pools (Qwen3-Embedding's ``<|endoftext|>``; none = no
+    token appended)."""
 
     min_reward: float = 1.0
     retrieval_mode: Literal["symmetric", "asymmetric"] = "symmetric"
@@ -159,6 +161,7 @@ class BankSection:
     embedder: Literal["hashing", "backbone"] = "hashing"
     embedder_dim: int = 512
     embedder_path: str | None = None
+    embedder_pool_token: str | None = "<|endoftext|>"
     path: str | None = None
 
     def __post_init__(self):

@@ -34,7 +34,7 @@ def make_embedder(cfg):
         from lopd_jax.embedders import HashingEmbedder
         return HashingEmbedder(dim=cfg.bank.embedder_dim)
     from lopd_jax.backbone_embedder import BackboneEmbedder
-    return BackboneEmbedder.from_pretrained(cfg.bank.embedder_path)
+    return BackboneEmbedder.from_pretrained(cfg.bank.embedder_path, pool_token=cfg.bank.embedder_pool_token)
 
 
 def _spans(mask: np.ndarray) -> list[list[int]]:
