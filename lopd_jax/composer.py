@@ -21,14 +21,20 @@ from models.config import LoraConfig, ModelConfig
 
 @dataclasses.dataclass(frozen=True)
 class ComposerConfig:
-    """Composer sizes: latents per experience K, compressor depth, experiences n_ret, LoRA."""
+    """Composer sizes: latents per experience K, compressor depth, experiences n_ret, LoRA.
+
+    ``ff_bias``: biases on the compressor's feed-forward Linears (False = the release's).
+    ``max_experience_tokens``: encoder inputs are cut to this many tokens (None = no cut,
+    as the release; inputs are then padded to a length bucket of the longest one).
+    """
 
     num_latents: int = 32
     depth: int = 8
     n_ret: int = 3
     ff_mult: int = 4
     lora: LoraConfig = LoraConfig(rank=8, alpha=16.0, dropout=0.0)
-    max_experience_tokens: int = 2048
+    max_experience_tokens: int | None = None
+    ff_bias: bool = False
 
     @property
     def num_slots(self) -> int:
@@ -42,7 +48,7 @@ def make_compressor(model_cfg: ModelConfig, cfg: ComposerConfig, rngs: nnx.Rngs)
     while d % heads:  # head_dim = d / heads must be whole (SPEC 4)
         heads -= 1
     return Compressor(d, heads, num_latents=cfg.num_latents, depth=cfg.depth, ff_mult=cfg.ff_mult,
-                      param_dtype=model_cfg.jnp_param_dtype, dtype=model_cfg.jnp_dtype, rngs=rngs)
+                      ff_bias=cfg.ff_bias, param_dtype=model_cfg.jnp_param_dtype, dtype=model_cfg.jnp_dtype, rngs=rngs)
 
 
 def compose(encoder, compressor: Compressor, exp_tokens: jax.Array, exp_mask: jax.Array,
