@@ -61,6 +61,16 @@ def compose(encoder, compressor: Compressor, exp_tokens: jax.Array, exp_mask: ja
     B, n, L = exp_tokens.shape
     flat_ids = exp_tokens.reshape(B * n, L)
     flat_mask = exp_mask.reshape(B * n, L).astype(bool)
-    hidden = encoder(flat_ids, attention_mask=flat_mask, lora=True, return_hidden=True, dropout_rng=dropout_rng)
+    # a missing experience (all-False row) still runs through the encoder with one valid key;
+    # the compressor then sees none of its states and the teacher masks its slots (slot_mask)
+    enc_mask = flat_mask.at[:, 0].set(True)
+    hidden = encoder(flat_ids, attention_mask=enc_mask, lora=True, return_hidden=True, dropout_rng=dropout_rng)
     latents = compressor(hidden, flat_mask)  # [B * n, K, d]
     return latents.reshape(B, n * latents.shape[1], latents.shape[2]).astype(jnp.float32)
+
+
+def slot_mask(exp_mask: jax.Array, num_latents: int) -> jax.Array:
+    """[B, n_ret * K] bool: False on the K slots of each experience with no valid token
+    (the bank returned fewer than n_ret hits)."""
+    valid = jnp.any(exp_mask.astype(bool), axis=-1)  # [B, n_ret]
+    return jnp.repeat(valid, num_latents, axis=1)

@@ -195,8 +195,10 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
                  "env_stats": t.env_stats, "mean_raw_logprob": _mean_generated(t.raw_logprobs, t.mask)}
                 for t in trajs]
     if run is not None:
+        from lopd_jax.composer_eval import eval_layout
         metrics["composer"] = {"workdir": args.composer_from, "stage": run.stage, "step": run.step,
-                               "latent_slots": run.ctx.layout.num_slots, "block_tokens": run.ctx.layout.length}
+                               "latent_slots": eval_layout(run.ctx).num_slots,
+                               "block_tokens": eval_layout(run.ctx).length}
     return {"config": vars(args), "metrics": metrics, "trajectories": per_task}
 
 

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import optax
 
 from lopd_jax import losses
+from lopd_jax.composer import slot_mask
 from lopd_jax.losses_kl import chunked_token_logp, scans_unrolled
 from lopd_jax.splice import teacher_hidden_states
 from train.nonfinite import all_finite, keep_if_finite
@@ -53,7 +54,8 @@ def lopd_loss(system: LOPDSystem, student_p, composer_p, state, frozen, batch, r
     latents0 = sg(system.latents(frozen, sg(state["composer0"]), batch["exp_tokens"], batch["exp_mask"]))
     teacher = system.backbone(frozen, sg(composer_p["lora"]))
     tokens, amask = batch["tokens"], batch["attention_mask"].astype(bool)
-    t_hidden = teacher_hidden_states(teacher, tokens, amask, batch["insert_at"], latents, system.layout)
+    t_hidden = teacher_hidden_states(teacher, tokens, amask, batch["insert_at"], latents, system.layout,
+                                     slot_mask(batch["exp_mask"], system.composer_cfg.num_latents))
     student, use_lora = system.student(student_p, frozen, composer_p["lora"])
     s_hidden = student(tokens, attention_mask=amask, lora=use_lora, return_hidden=True)
     mask = batch["loss_mask"][:, 1:].astype(jnp.float32)
@@ -200,7 +202,8 @@ def cold_start_loss(system: LOPDSystem, composer_p, frozen, batch, rng):
     latents = system.latents(frozen, composer_p, batch["exp_tokens"], batch["exp_mask"], rng)
     teacher = system.backbone(frozen, sg(composer_p["lora"]))
     tokens, amask = batch["tokens"], batch["attention_mask"].astype(bool)
-    t_hidden = teacher_hidden_states(teacher, tokens, amask, batch["insert_at"], latents, system.layout)
+    t_hidden = teacher_hidden_states(teacher, tokens, amask, batch["insert_at"], latents, system.layout,
+                                     slot_mask(batch["exp_mask"], system.composer_cfg.num_latents))
     logp = chunked_token_logp(t_hidden[:, :-1], sg(teacher.lm_head_kernel()), tokens[:, 1:],
                               chunk_size=system.step_cfg.logits_chunk, compute_dtype=system.model_cfg.jnp_dtype,
                               logits_dtype=system.step_cfg.logits_jnp_dtype(system.model_cfg.jnp_dtype))
