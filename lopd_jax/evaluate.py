@@ -165,7 +165,9 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         except TypeError as e:
             raise ValueError(f"--env_kwargs do not fit the {args.env!r} task source: {e}") from e
         model, tok, family = load_policy(args.model, seed=args.seed, dtype=args.dtype)
-        fmt = make_chat_format(args.chat_format or family, tok, enable_thinking=args.enable_thinking)
+        # a checkpoint renders prompts with its own chat template (apply_chat_template)
+        fmt = make_chat_format(args.chat_format or family, tok, enable_thinking=args.enable_thinking,
+                               use_tokenizer_template=args.model != TINY and bool(getattr(tok, "chat_template", None)))
         sampler = Sampler(model, stop_ids=fmt.stop_ids, sampling=sampling, pad_id=tok.pad_token_id or 0)
         params = Sampler.params_of(model)
     tasks = source.tasks(args.split)
