@@ -50,34 +50,40 @@ def tok():
     return qwen3_tokenizer()
 
 
+@pytest.fixture(scope="module")
+def fmt(tok):
+    return Qwen3ChatFormat(tok)
+
+
 @pytest.mark.parametrize("name", sorted(CONVERSATIONS))
-@pytest.mark.parametrize("thinking", [True, False])
-@pytest.mark.parametrize("tools", [True, False])
-def test_reconstructed_template_renders_as_official(tok, name, thinking, tools):
+def test_reconstructed_template_renders_as_official(tok, fmt, name):
     msgs = CONVERSATIONS[name]
     finished = name == "finished"
-    kw = dict(tools=TOOLS if tools else None, tokenize=False, add_generation_prompt=not finished,
-              enable_thinking=thinking)
-    official = tok.apply_chat_template(msgs, chat_template=OFFICIAL, **kw)
-    ours = tok.apply_chat_template(msgs, chat_template=QWEN3_CHAT_TEMPLATE, **kw)
-    assert ours == official
-    fmt = Qwen3ChatFormat(tok)
-    assert fmt.render(msgs, kw["tools"], add_generation_prompt=not finished, enable_thinking=thinking) == official
-    if not finished:
-        assert official.endswith("<|im_start|>assistant\n" + ("" if thinking else "<think>\n\n</think>\n\n"))
+    for thinking in (True, False):
+        for tools in (TOOLS, None):
+            kw = dict(tools=tools, tokenize=False, add_generation_prompt=not finished, enable_thinking=thinking)
+            official = tok.apply_chat_template(msgs, chat_template=OFFICIAL, **kw)
+            ours = tok.apply_chat_template(msgs, chat_template=QWEN3_CHAT_TEMPLATE, **kw)
+            assert ours == official, (thinking, tools is not None)
+            assert fmt.render(msgs, tools, add_generation_prompt=not finished, enable_thinking=thinking) == official
+            if not finished:
+                assert official.endswith("<|im_start|>assistant\n" + ("" if thinking else "<think>\n\n</think>\n\n"))
 
 
-@pytest.mark.parametrize("thinking", [True, False])
-def test_checkpoint_template_prompts(tok, thinking):
+def test_checkpoint_template_prompts(tok, fmt):
     """A checkpoint run renders prompts with the tokenizer's own template (here: the official one)."""
-    tok = qwen3_tokenizer()
-    tok.chat_template = OFFICIAL
-    ckpt = Qwen3ChatFormat(tok, enable_thinking=thinking, use_tokenizer_template=True)
-    builtin = Qwen3ChatFormat(tok, enable_thinking=thinking)
-    msgs = CONVERSATIONS["prompt"]
-    ids = ckpt.prompt_ids(msgs, TOOLS)
-    assert ids == tok.encode(tok.apply_chat_template(msgs, tools=TOOLS, tokenize=False, add_generation_prompt=True,
-                                                     enable_thinking=thinking), add_special_tokens=False)
-    assert ids == builtin.prompt_ids(msgs, TOOLS)
-    tok.chat_template = OFFICIAL.replace("# Tools", "# Functions")  # a different checkpoint template is used as is
-    assert ckpt.prompt_ids(msgs, TOOLS) != builtin.prompt_ids(msgs, TOOLS)
+    saved = tok.chat_template
+    try:
+        tok.chat_template = OFFICIAL
+        ckpt = Qwen3ChatFormat(tok, use_tokenizer_template=True)
+        msgs = CONVERSATIONS["prompt"]
+        for thinking in (True, False):
+            ids = ckpt.prompt_ids(msgs, TOOLS, enable_thinking=thinking)
+            text = tok.apply_chat_template(msgs, tools=TOOLS, tokenize=False, add_generation_prompt=True,
+                                           enable_thinking=thinking)
+            assert ids == tok.encode(text, add_special_tokens=False)
+            assert ids == fmt.prompt_ids(msgs, TOOLS, enable_thinking=thinking)
+        tok.chat_template = OFFICIAL.replace("# Tools", "# Functions")  # another checkpoint's template is used as is
+        assert ckpt.prompt_ids(msgs, TOOLS) != fmt.prompt_ids(msgs, TOOLS)
+    finally:
+        tok.chat_template = saved
