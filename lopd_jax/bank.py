@@ -34,6 +34,7 @@ from lopd_jax.types import Message
 
 FORMAT_VERSION = 1
 RETRIEVAL_MODES = ("symmetric", "asymmetric")
+MISSING_HITS = ("mask", "repeat")
 ENCODER_INPUT_TEMPLATE = "Task to solve:\n{task}\n\nReference past trajectory:\n{linearized}"
 
 
@@ -76,7 +77,9 @@ class BankConfig:
 
     ``min_reward`` is ``bank_min_reward``; ``extra_candidates`` is the "+10" of the
     k + 10 candidate search; ``max_obs_chars`` truncates observations in the
-    linearization (``None`` keeps them whole).
+    linearization (``None`` keeps them whole). ``missing_hits``: when fewer than n_ret
+    entries are usable, ``mask`` (the release) returns fewer experiences (their latent
+    slots are masked out of the teacher's attention); ``repeat`` repeats the hits in order.
     """
 
     min_reward: float = 1.0
@@ -85,8 +88,11 @@ class BankConfig:
     n_ret: int = 3
     extra_candidates: int = 10
     max_obs_chars: int | None = 300
+    missing_hits: str = "mask"
 
     def __post_init__(self):
+        if self.missing_hits not in MISSING_HITS:
+            raise ValueError(f"missing_hits={self.missing_hits!r}; choose one of {MISSING_HITS}.")
         if self.retrieval_mode not in RETRIEVAL_MODES:
             raise ValueError(f"retrieval_mode={self.retrieval_mode!r}; choose one of "
                              f"{RETRIEVAL_MODES}.")
@@ -300,8 +306,9 @@ class ExperienceBank:
         Searches ``n_ret + extra_candidates`` nearest neighbours by inner product; unless
         ``allow_self_retrieval``, drops entries with the query's task id or the exact same
         instruction text (widening the search while too few remain). Keeps the best
-        ``n_ret`` in score order; when fewer are available, pads by repeating them in order
-        (``[a, b] -> [a, b, a]``).
+        ``n_ret`` in score order; when fewer are available, the row ends in -1 entries
+        (``missing_hits="mask"``: ``[a, b] -> [a, b, -1]``) or repeats them in order
+        (``"repeat"``: ``[a, b] -> [a, b, a]``).
         """
         if not self.frozen:
             if not self._entries:
@@ -342,16 +349,20 @@ class ExperienceBank:
                         f"No bank entry is usable for task {instructions[q][:80]!r}: every "
                         "entry is the task itself and allow_self_retrieval is False. Allow "
                         "self-retrieval or add successful rollouts of other tasks.")
-                out[q] = [kept[i % len(kept)] for i in range(n_ret)]
+                if self.config.missing_hits == "repeat":
+                    out[q] = [kept[i % len(kept)] for i in range(n_ret)]
+                else:
+                    out[q] = kept[:n_ret] + [-1] * max(0, n_ret - len(kept))
             pending = still
             k = min(2 * k, total)
         return out
 
     def retrieve(self, instructions: Sequence[str], task_ids: Sequence[str] | None = None,
                  n_ret: int | None = None) -> list[list[Experience]]:
-        """The retrieved experiences per instruction (see :meth:`retrieve_indices`)."""
+        """The retrieved experiences per instruction (see :meth:`retrieve_indices`); a row
+        holds fewer than n_ret when the bank has fewer usable entries (``missing_hits="mask"``)."""
         idx = self.retrieve_indices(instructions, task_ids, n_ret)
-        return [[self._entries[j] for j in row] for row in idx]
+        return [[self._entries[j] for j in row if j >= 0] for row in idx]
 
     # -- persistence
     def save(self, path: str) -> None:

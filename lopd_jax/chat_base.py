@@ -231,6 +231,10 @@ class ChatFormat(abc.ABC):
     token-in-token-out helpers. ``enable_thinking`` is the default for every call that
     takes it; ``latent_token`` overrides the latent-slot placeholder (default: the
     tokenizer's ``<|latent|>`` if it has one, else the family's fallback).
+    ``use_tokenizer_template``: render prompts with the tokenizer's own chat template
+    through ``transformers`` (``apply_chat_template`` with ``tools`` and
+    ``enable_thinking``) instead of the hand-written renderer -- what runs with a real
+    checkpoint (``model.hf_path``) do; the renderers serve tokenizer-less tiny runs.
     """
 
     family: ClassVar[str]
@@ -242,9 +246,13 @@ class ChatFormat(abc.ABC):
     format_tokens: ClassVar[tuple[str, ...]]
 
     def __init__(self, tokenizer: Any, *, enable_thinking: bool = False,
-                 latent_token: str | None = None):
+                 latent_token: str | None = None, use_tokenizer_template: bool = False):
         self.tokenizer = tokenizer
         self.enable_thinking = bool(enable_thinking)
+        self.use_tokenizer_template = bool(use_tokenizer_template)
+        if self.use_tokenizer_template and not getattr(tokenizer, "chat_template", None):
+            raise ValueError(f"use_tokenizer_template needs a tokenizer with a chat_template; "
+                             f"{type(tokenizer).__name__} has none (use the checkpoint's tokenizer files).")
         if latent_token is None:
             latent_token = (LATENT_TOKEN if LATENT_TOKEN in tokenizer.get_vocab()
                             else self.fallback_latent_token)
@@ -300,6 +308,11 @@ class ChatFormat(abc.ABC):
                    tools: Sequence[ToolSchema] | None = None, *,
                    enable_thinking: bool | None = None) -> list[int]:
         """Ids of the rendered conversation ending with the assistant generation prompt."""
+        if self.use_tokenizer_template:
+            text = self.tokenizer.apply_chat_template(
+                [dict(m) for m in messages], tools=list(tools) if tools else None, tokenize=False,
+                add_generation_prompt=True, enable_thinking=self._thinking(enable_thinking))
+            return self.encode(text)
         return self.encode(self.render(messages, tools, add_generation_prompt=True,
                                        enable_thinking=enable_thinking))
 

@@ -160,7 +160,7 @@ def format_function_call(call: dict) -> str:
 
 
 class Olmo3ChatFormat(ChatFormat):
-    """Olmo-3 Instruct chat format (``enable_thinking=True``: Olmo-3-Think's ``<think>`` prompt).
+    """Olmo-3 Instruct chat format (official template; no ``<think>`` added to the prompt).
 
     ``default_system`` is the identity sentence of the default system turn (Olmo-3: "You
     are a helpful function-calling AI assistant. "; Olmo-3.1 uses a longer one).
@@ -174,13 +174,16 @@ class Olmo3ChatFormat(ChatFormat):
                      "</function_calls>", "<functions>", "</functions>")
 
     def __init__(self, tokenizer: Any, *, enable_thinking: bool = False,
-                 latent_token: str | None = None, default_system: str = OLMO3_DEFAULT_SYSTEM):
+                 latent_token: str | None = None, default_system: str = OLMO3_DEFAULT_SYSTEM,
+                 use_tokenizer_template: bool = False):
         self.default_system = default_system
-        super().__init__(tokenizer, enable_thinking=enable_thinking, latent_token=latent_token)
+        super().__init__(tokenizer, enable_thinking=enable_thinking, latent_token=latent_token,
+                         use_tokenizer_template=use_tokenizer_template)
 
     def generation_prompt(self, enable_thinking: bool | None = None) -> str:
-        """The assistant header that generation continues from."""
-        return "<|im_start|>assistant\n" + ("<think>" if self._thinking(enable_thinking) else "")
+        """The assistant header that generation continues from (the same with thinking on or
+        off: the official Instruct template has no ``enable_thinking`` switch)."""
+        return "<|im_start|>assistant\n"
 
     def _turns(self, messages: Sequence[Message], tools: Sequence[ToolSchema] | None,
                *, final_eos: bool) -> str:

@@ -13,8 +13,13 @@ so that ``tokenizer.apply_chat_template`` exists for them and the hand-written r
 * ``OLMO3_CHAT_TEMPLATE`` is Olmo-3-7B-Instruct's template (reconstructed likewise): a
   default system turn when none is given, tool schemas in ``<functions>``, calls as
   Python-style ``name(key=<json>, ...)`` lines inside ``<function_calls>``, tool results
-  in ``environment`` turns. One addition of ours: ``enable_thinking=True`` appends
-  ``<think>`` to the generation prompt, as the Olmo-3-Think template does.
+  in ``environment`` turns. Like the official template it adds nothing to the generation
+  prompt for ``enable_thinking``.
+
+Runs with a real checkpoint (``model.hf_path``) render prompts with the checkpoint's own
+template through ``apply_chat_template`` (``model.chat_template=auto``); these serve
+tokenizer-less tiny runs, and tests/test_chat_template_parity.py checks the Qwen3 one
+against the official template's text.
 """
 
 QWEN3_CHAT_TEMPLATE = r"""{%- if tools %}
@@ -165,7 +170,6 @@ OLMO3_CHAT_TEMPLATE = (
     "{%- endif -%}"
     "{%- if loop.last and add_generation_prompt -%}"
     "{{- '<|im_start|>assistant\\n' -}}"
-    "{%- if enable_thinking is defined and enable_thinking -%}{{- '<think>' -}}{%- endif -%}"
     "{%- endif -%}"
     "{%- endfor -%}"
 )

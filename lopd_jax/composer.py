@@ -21,19 +21,37 @@ from models.config import LoraConfig, ModelConfig
 
 @dataclasses.dataclass(frozen=True)
 class ComposerConfig:
-    """Composer sizes: latents per experience K, compressor depth, experiences n_ret, LoRA."""
+    """Composer sizes: latents per experience K, compressor depth, experiences n_ret, LoRA.
+
+    ``ff_bias``: biases on the compressor's feed-forward Linears (False = the release's).
+    ``max_experience_tokens``: encoder inputs are cut to this many tokens (None = no cut,
+    as the release; inputs are then padded to a length bucket of the longest one).
+    ``framing_before`` / ``framing_after``: the text around the latent slots (None = the
+    built-in SPEC 2.5 framing, :data:`lopd_jax.chat_base.DEFAULT_FRAMING_BEFORE`); set them
+    to the release's exact text to reproduce its teacher prompt token for token.
+    """
 
     num_latents: int = 32
     depth: int = 8
     n_ret: int = 3
     ff_mult: int = 4
     lora: LoraConfig = LoraConfig(rank=8, alpha=16.0, dropout=0.0)
-    max_experience_tokens: int = 2048
+    max_experience_tokens: int | None = None
+    ff_bias: bool = False
+    framing_before: str | None = None
+    framing_after: str | None = None
 
     @property
     def num_slots(self) -> int:
         """Latent vectors per task (n_ret * K; 96 by default)."""
         return self.n_ret * self.num_latents
+
+    def latent_framing(self, num_slots: int | None = None):
+        """The :class:`lopd_jax.chat_base.LatentFraming` of this config (``num_slots``
+        default: n_ret * K)."""
+        from lopd_jax.chat_base import LatentFraming
+        text = {k: v for k, v in (("before", self.framing_before), ("after", self.framing_after)) if v is not None}
+        return LatentFraming(num_slots=num_slots or self.num_slots, **text)
 
 
 def make_compressor(model_cfg: ModelConfig, cfg: ComposerConfig, rngs: nnx.Rngs) -> Compressor:
@@ -42,7 +60,7 @@ def make_compressor(model_cfg: ModelConfig, cfg: ComposerConfig, rngs: nnx.Rngs)
     while d % heads:  # head_dim = d / heads must be whole (SPEC 4)
         heads -= 1
     return Compressor(d, heads, num_latents=cfg.num_latents, depth=cfg.depth, ff_mult=cfg.ff_mult,
-                      param_dtype=model_cfg.jnp_param_dtype, dtype=model_cfg.jnp_dtype, rngs=rngs)
+                      ff_bias=cfg.ff_bias, param_dtype=model_cfg.jnp_param_dtype, dtype=model_cfg.jnp_dtype, rngs=rngs)
 
 
 def compose(encoder, compressor: Compressor, exp_tokens: jax.Array, exp_mask: jax.Array,
@@ -55,6 +73,16 @@ def compose(encoder, compressor: Compressor, exp_tokens: jax.Array, exp_mask: ja
     B, n, L = exp_tokens.shape
     flat_ids = exp_tokens.reshape(B * n, L)
     flat_mask = exp_mask.reshape(B * n, L).astype(bool)
-    hidden = encoder(flat_ids, attention_mask=flat_mask, lora=True, return_hidden=True, dropout_rng=dropout_rng)
+    # a missing experience (all-False row) still runs through the encoder with one valid key;
+    # the compressor then sees none of its states and the teacher masks its slots (slot_mask)
+    enc_mask = flat_mask.at[:, 0].set(True)
+    hidden = encoder(flat_ids, attention_mask=enc_mask, lora=True, return_hidden=True, dropout_rng=dropout_rng)
     latents = compressor(hidden, flat_mask)  # [B * n, K, d]
     return latents.reshape(B, n * latents.shape[1], latents.shape[2]).astype(jnp.float32)
+
+
+def slot_mask(exp_mask: jax.Array, num_latents: int) -> jax.Array:
+    """[B, n_ret * K] bool: False on the K slots of each experience with no valid token
+    (the bank returned fewer than n_ret hits)."""
+    valid = jnp.any(exp_mask.astype(bool), axis=-1)  # [B, n_ret]
+    return jnp.repeat(valid, num_latents, axis=1)

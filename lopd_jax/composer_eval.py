@@ -10,7 +10,8 @@
   has no checkpoint yet);
 * the run's experience bank (the path the ``bank`` stage recorded).
 
-:func:`latent_context` retrieves ``n_ret`` experiences per task from that bank, encodes
+:func:`latent_context` retrieves ``bank.eval_n_ret`` experiences per task (the release's
+Base + Composer setting is 1; default ``composer.n_ret``) from that bank, encodes
 them with the composer (:meth:`train.system.LOPDSystem.latents`, exactly as the LOPD and
 cold-start steps do) and returns a :class:`train.rollout.LatentContext`: the rollout then
 prefills each task's teacher-format prompt (the run's latent block spliced in) with the
@@ -118,12 +119,38 @@ def load_composer_run(workdir: str, stage: str = "auto") -> ComposerRun:
     return ComposerRun(ctx, frozen, composer, bank, found[0], int(found[1]))
 
 
+def eval_n_ret(ctx) -> int:
+    """Experiences retrieved per task for Base + Composer (``bank.eval_n_ret`` or ``composer.n_ret``)."""
+    return ctx.cfg.bank.eval_n_ret or ctx.cfg.composer.n_ret
+
+
+def eval_layout(ctx):
+    """The latent block of Base + Composer prompts: ``eval_n_ret * K`` slots (the run's own
+    layout when ``eval_n_ret == composer.n_ret``)."""
+    from lopd_jax.splice import SpliceLayout
+
+    n = eval_n_ret(ctx)
+    if n == ctx.cfg.composer.n_ret:
+        return ctx.layout
+    block = ctx.fmt.framing_ids(ctx.cfg.composer.latent_framing(n * ctx.cfg.composer.num_latents))
+    return SpliceLayout(tuple(block.before_ids), tuple(block.after_ids), block.num_slots, block.slot_id)
+
+
 def task_latents(run: ComposerRun, tasks: Sequence) -> jax.Array:
-    """c_phi [len(tasks), n_ret * K, d] from the run's composer and retrieved experiences."""
-    from train.bank_build import retrieved_experience_arrays
+    """c_phi [len(tasks), eval_n_ret * K, d] from the run's composer and retrieved experiences.
+
+    The composer encodes each experience on its own, so it serves any number of them (the
+    release trains with 3 and evaluates Base + Composer with 1). The sampler cannot mask
+    slots inside its KV cache, so a task with fewer hits than ``eval_n_ret`` repeats them.
+    """
+    from train.bank_build import experience_arrays
 
     ctx = run.ctx
-    exp_tokens, exp_mask = retrieved_experience_arrays(ctx, run.bank, tasks)
+    n = eval_n_ret(ctx)
+    instructions = [t.instruction for t in tasks]
+    hits = run.bank.retrieve(instructions, [t.task_id for t in tasks], n)
+    hits = [[h[i % len(h)] for i in range(n)] for h in hits]
+    exp_tokens, exp_mask = experience_arrays(ctx, instructions, hits, n)
     if run.latents_fn is None:
         run.latents_fn = jax.jit(ctx.system.latents)
     return run.latents_fn(run.frozen, run.composer, jnp.asarray(exp_tokens), jnp.asarray(exp_mask))
@@ -137,4 +164,4 @@ def latent_context(run: ComposerRun, tasks: Sequence, latents=None):
     embed_table = run.frozen["embed"]
     dtype = run.ctx.model_cfg.jnp_dtype
     latents = task_latents(run, tasks) if latents is None else latents
-    return LatentContext(run.ctx.layout, latents, lambda ids: jnp.take(embed_table, ids, axis=0).astype(dtype))
+    return LatentContext(eval_layout(run.ctx), latents, lambda ids: jnp.take(embed_table, ids, axis=0).astype(dtype))

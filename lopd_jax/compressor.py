@@ -52,11 +52,12 @@ class ResamplerBlock(nnx.Module):
     keys and values from ``concat(H, latents)``; no projection biases; q and k each scaled
     by ``head_dim ** -0.25``; fp32 softmax with the padding mask (latent keys are always
     valid); output projection; residual. Feed-forward: LayerNorm -> Linear(d, ff_mult*d)
-    -> GELU -> Linear(ff_mult*d, d); residual.
+    -> GELU -> Linear(ff_mult*d, d); residual. The two feed-forward Linears have no bias
+    (as in the authors' release) unless ``ff_bias``.
     """
 
     def __init__(self, d_model: int, num_heads: int, *, ff_mult: int = 4,
-                 approximate_gelu: bool = False, eps: float = LAYERNORM_EPS,
+                 approximate_gelu: bool = False, eps: float = LAYERNORM_EPS, ff_bias: bool = False,
                  dtype: Any = jnp.float32, param_dtype: Any = jnp.float32, rngs: nnx.Rngs):
         self.d_model = d_model
         self.num_heads = num_heads
@@ -71,8 +72,8 @@ class ResamplerBlock(nnx.Module):
         self.v_proj = _linear(d_model, d_model, ("embed", "kv"), use_bias=False, **kw)
         self.o_proj = _linear(d_model, d_model, ("heads", "embed"), use_bias=False, **kw)
         self.ff_norm = _layernorm(d_model, eps=eps, **kw)
-        self.ff_in = _linear(d_model, ff_mult * d_model, ("embed", "mlp"), use_bias=True, **kw)
-        self.ff_out = _linear(ff_mult * d_model, d_model, ("mlp", "embed"), use_bias=True, **kw)
+        self.ff_in = _linear(d_model, ff_mult * d_model, ("embed", "mlp"), use_bias=ff_bias, **kw)
+        self.ff_out = _linear(ff_mult * d_model, d_model, ("mlp", "embed"), use_bias=ff_bias, **kw)
 
     def _split_heads(self, x: jax.Array) -> jax.Array:
         n, t, _ = x.shape
@@ -110,6 +111,8 @@ class Compressor(nnx.Module):
       approximate_gelu: False (default) is exact erf GELU, as torch ``nn.GELU()``;
         True is the tanh approximation.
       eps: LayerNorm epsilon (torch default 1e-5).
+      ff_bias: biases on the feed-forward Linears (False, as the release: its composer
+        checkpoints map one to one, see :mod:`lopd_jax.compressor_import`).
       param_dtype / dtype: parameter storage and computation dtypes (softmax is fp32).
       rngs: ``nnx.Rngs`` for initialization.
 
@@ -119,7 +122,7 @@ class Compressor(nnx.Module):
 
     def __init__(self, d_model: int, num_heads: int, num_latents: int = 32, depth: int = 8,
                  ff_mult: int = 4, *, approximate_gelu: bool = False,
-                 eps: float = LAYERNORM_EPS, param_dtype: Any = jnp.float32,
+                 eps: float = LAYERNORM_EPS, ff_bias: bool = False, param_dtype: Any = jnp.float32,
                  dtype: Any = jnp.float32, rngs: nnx.Rngs):
         if d_model <= 0 or num_heads <= 0 or d_model % num_heads:
             raise ValueError(
@@ -140,7 +143,7 @@ class Compressor(nnx.Module):
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.proj_in = _linear(d_model, d_model, ("embed", "mlp"), use_bias=True, **kw)
         self.block = ResamplerBlock(d_model, num_heads, ff_mult=ff_mult,
-                                    approximate_gelu=approximate_gelu, eps=eps, **kw)
+                                    approximate_gelu=approximate_gelu, eps=eps, ff_bias=ff_bias, **kw)
         self.proj_out = _linear(d_model, d_model, ("mlp", "embed"), use_bias=True, **kw)
         self.norm_out = _layernorm(d_model, eps=eps, **kw)
 

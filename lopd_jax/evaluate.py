@@ -165,7 +165,9 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         except TypeError as e:
             raise ValueError(f"--env_kwargs do not fit the {args.env!r} task source: {e}") from e
         model, tok, family = load_policy(args.model, seed=args.seed, dtype=args.dtype)
-        fmt = make_chat_format(args.chat_format or family, tok, enable_thinking=args.enable_thinking)
+        # a checkpoint renders prompts with its own chat template (apply_chat_template)
+        fmt = make_chat_format(args.chat_format or family, tok, enable_thinking=args.enable_thinking,
+                               use_tokenizer_template=args.model != TINY and bool(getattr(tok, "chat_template", None)))
         sampler = Sampler(model, stop_ids=fmt.stop_ids, sampling=sampling, pad_id=tok.pad_token_id or 0)
         params = Sampler.params_of(model)
     tasks = source.tasks(args.split)
@@ -195,8 +197,10 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
                  "env_stats": t.env_stats, "mean_raw_logprob": _mean_generated(t.raw_logprobs, t.mask)}
                 for t in trajs]
     if run is not None:
+        from lopd_jax.composer_eval import eval_layout
         metrics["composer"] = {"workdir": args.composer_from, "stage": run.stage, "step": run.step,
-                               "latent_slots": run.ctx.layout.num_slots, "block_tokens": run.ctx.layout.length}
+                               "latent_slots": eval_layout(run.ctx).num_slots,
+                               "block_tokens": eval_layout(run.ctx).length}
     return {"config": vars(args), "metrics": metrics, "trajectories": per_task}
 
 

@@ -25,6 +25,7 @@ from lopd_jax.losses_kl import (
 __all__ = [
     "TAIL_LOG_CLAMP",
     "COMPOSER_KL_WEIGHTINGS",
+    "COMPOSER_MARGIN_WEIGHTINGS",
     "chunked_distill_stats",
     "chunked_token_logp",
     "project_logits",
@@ -47,6 +48,12 @@ __all__ = [
 ]
 
 COMPOSER_KL_WEIGHTINGS = ("token_mean", "rollout_mean")
+COMPOSER_MARGIN_WEIGHTINGS = ("rollout_mean", "token_mean")
+
+
+def _check_weighting(name: str, value: str, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"{name}={value!r}; choose one of {choices}.")
 
 
 def _check_mask(x: jax.Array, mask: jax.Array) -> jax.Array:
@@ -213,8 +220,15 @@ def lopd_loss_from_stats(
     anchor_weight: float = 0.2,
     composer_kl_weighting: str = "rollout_mean",
     totals: dict[str, jax.Array] | None = None,
+    composer_margin_weighting: str = "rollout_mean",
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """L = L_distill + beta (m - Delta) + lambda anchor from per-token stats (SPEC 2.10).
+
+    ``composer_margin_weighting`` sets the Delta inside the loss, whose gradient reaches
+    only the composer: ``rollout_mean`` (the release, which averages per-rollout losses
+    kl_i + beta (m - delta_i) + lambda anchor_i) uses the mean of delta_i over rollouts with
+    supervised tokens; ``token_mean`` uses the token-weighted Delta. The ``delta`` metric
+    (and so the dual step) is always the token-weighted Delta.
 
     ``stats`` holds ``kl``, ``student_logp``, ``teacher_logp`` and optionally
     ``teacher_topm_mass`` (``[B, S]``, as from :func:`chunked_distill_stats`). ``beta`` is
@@ -230,11 +244,8 @@ def lopd_loss_from_stats(
     ``margin_gap``) gives the whole batch's values; ``beta`` and ``delta_per_rollout``
     are not summed.
     """
-    if composer_kl_weighting not in COMPOSER_KL_WEIGHTINGS:
-        raise ValueError(
-            f"composer_kl_weighting={composer_kl_weighting!r}; choose one of "
-            f"{COMPOSER_KL_WEIGHTINGS}."
-        )
+    _check_weighting("composer_kl_weighting", composer_kl_weighting, COMPOSER_KL_WEIGHTINGS)
+    _check_weighting("composer_margin_weighting", composer_margin_weighting, COMPOSER_MARGIN_WEIGHTINGS)
     if (latents is None) != (latents0 is None):
         raise ValueError("pass both latents and latents0 for the anchor, or neither.")
     tot = totals or {}
@@ -247,7 +258,13 @@ def lopd_loss_from_stats(
     anchor = jnp.float32(0.0) if latents is None else anchor_loss(latents, latents0, n_elem)
     beta = jax.lax.stop_gradient(jnp.asarray(beta, jnp.float32))
     m_const = margin if totals is None else 0.0
-    loss = distill + beta * (m_const - big_delta) + anchor_weight * anchor
+    if composer_margin_weighting == "rollout_mean":
+        has = (n > 0).astype(jnp.float32)
+        n_delta_rollouts = jnp.sum(has) if n_roll is None else n_roll
+        margin_delta = jnp.sum(delta_i * has) / jnp.maximum(n_delta_rollouts, 1.0)
+    else:
+        margin_delta = big_delta
+    loss = distill + beta * (m_const - margin_delta) + anchor_weight * anchor
 
     sg = jax.lax.stop_gradient
     if composer_kl_weighting == "rollout_mean":
@@ -292,6 +309,8 @@ def lopd_objective(
     chunk_size: int = 512,
     compute_dtype=jnp.float32,
     totals: dict[str, jax.Array] | None = None,
+    composer_margin_weighting: str = "rollout_mean",
+    logits_dtype=jnp.float32,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The fused LOPD scalar for one step: student and composer gradients in one backward.
 
@@ -305,7 +324,9 @@ def lopd_objective(
 
     * d loss / d student params = d token_mean(kl) (the margin term has none: the student
       log-prob in Delta is stop-gradient; the anchor does not involve the student);
-    * d loss / d composer params = d w_C(kl) - beta d Delta + lambda d anchor.
+    * d loss / d composer params = d w_C(kl) - beta d Delta_w + lambda d anchor, with
+      Delta_w the ``composer_margin_weighting`` mean of the per-rollout deltas (see
+      :func:`lopd_loss_from_stats`).
 
     The caller stop-gradients whatever is frozen (the teacher's head / theta0 weights).
 
@@ -332,6 +353,7 @@ def lopd_objective(
         chunk_size=chunk_size,
         compute_dtype=compute_dtype,
         teacher_kl_grad_scale=scale,
+        logits_dtype=logits_dtype,
     )
     return lopd_loss_from_stats(
         stats,
@@ -344,6 +366,7 @@ def lopd_objective(
         anchor_weight=anchor_weight,
         composer_kl_weighting=composer_kl_weighting,
         totals=totals,
+        composer_margin_weighting=composer_margin_weighting,
     )
 
 

@@ -136,14 +136,19 @@ def topm_tail_reverse_kl(
 
 
 def project_logits(
-    hidden: jax.Array, head: jax.Array, compute_dtype=jnp.float32
+    hidden: jax.Array, head: jax.Array, compute_dtype=jnp.float32, logits_dtype=jnp.float32
 ) -> jax.Array:
-    """Logits ``hidden @ head`` with the matmul in ``compute_dtype``, returned in fp32.
+    """Logits ``hidden @ head`` with inputs in ``compute_dtype``, returned in fp32.
 
     ``hidden`` is ``[..., D]`` (final hidden states after the final norm), ``head`` is the
     LM-head kernel ``[D, V]`` (for tied embeddings pass the embedding table transposed).
+    ``logits_dtype`` is the matmul's accumulation / output type (``preferred_element_type``):
+    fp32 (default, as the release) keeps full precision from bf16 inputs; passing the
+    compute dtype rounds the logits to it before the fp32 log-softmax (on bf16 that moves
+    per-token log-probs by up to ~0.04, the size of the margin m).
     """
-    logits = jnp.dot(hidden.astype(compute_dtype), head.astype(compute_dtype))
+    logits = jnp.dot(hidden.astype(compute_dtype), head.astype(compute_dtype),
+                     preferred_element_type=logits_dtype)
     return logits.astype(jnp.float32)
 
 
@@ -231,6 +236,7 @@ def chunked_distill_stats(
     chunk_size: int = 512,
     compute_dtype=jnp.float32,
     teacher_kl_grad_scale: jax.Array | None = None,
+    logits_dtype=jnp.float32,
 ) -> dict[str, jax.Array]:
     """Per-token distillation statistics from hidden states, chunked over the sequence.
 
@@ -242,7 +248,8 @@ def chunked_distill_stats(
       top_m: teacher top-M for the KL.
       chunk_size: sequence positions per chunk. One chunk holds B * chunk_size rows of
         V logits, so with a larger per-device batch pick a smaller chunk_size.
-      compute_dtype: dtype of the logits matmul (log-softmax is always fp32).
+      compute_dtype: dtype of the logits matmul's inputs (log-softmax is always fp32).
+      logits_dtype: the matmul's accumulation / output dtype (see :func:`project_logits`).
       teacher_kl_grad_scale: optional ``[B, S]`` per-token factor applied only to the
         gradient that the KL sends into the teacher's logits (values unchanged, and the
         teacher's target log-prob gradient is unscaled). ``lopd_objective`` uses it to give
@@ -279,8 +286,8 @@ def chunked_distill_stats(
         seq_inputs.append(jax.lax.stop_gradient(teacher_kl_grad_scale.astype(jnp.float32)))
 
     def chunk_fn(s_h, t_h, tgt, *scale):
-        s_logits = project_logits(s_h, s_head, compute_dtype)
-        t_logits = project_logits(t_h, t_head, compute_dtype)
+        s_logits = project_logits(s_h, s_head, compute_dtype, logits_dtype)
+        t_logits = project_logits(t_h, t_head, compute_dtype, logits_dtype)
         t_kl = _scale_grad(t_logits, scale[0]) if scale else None
         return _topm_tail_stats(s_logits, t_logits, top_m, tgt, t_kl)
 
@@ -294,6 +301,7 @@ def chunked_token_logp(
     *,
     chunk_size: int = 512,
     compute_dtype=jnp.float32,
+    logits_dtype=jnp.float32,
 ) -> jax.Array:
     """log pi(target) per position, ``[B, S]`` fp32, chunked like :func:`chunked_distill_stats`.
 
@@ -307,7 +315,7 @@ def chunked_token_logp(
     w = head.astype(compute_dtype)
 
     def chunk_fn(h, tgt):
-        logits = project_logits(h, w, compute_dtype)
+        logits = project_logits(h, w, compute_dtype, logits_dtype)
         row_max = jax.lax.stop_gradient(jnp.max(logits, axis=-1))
         lse = _shifted_logsumexp(logits, row_max)
         picked = jnp.take_along_axis(logits, tgt[..., None], axis=-1)[..., 0]

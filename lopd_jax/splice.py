@@ -69,15 +69,27 @@ def teacher_tokens(tokens: jax.Array, insert_at: jax.Array, layout: SpliceLayout
     return jnp.where((p >= ins) & (p < ins + L), from_block, from_student)
 
 
-def teacher_mask(mask: jax.Array, insert_at: jax.Array, layout: SpliceLayout) -> jax.Array:
-    """Attention mask [B, S + L_ins] for the teacher sequence (inserted block always valid)."""
+def teacher_mask(mask: jax.Array, insert_at: jax.Array, layout: SpliceLayout,
+                 slot_mask: jax.Array | None = None) -> jax.Array:
+    """Attention mask [B, S + L_ins] for the teacher sequence.
+
+    The inserted block is valid, except the latent slots where ``slot_mask [B, num_slots]``
+    is False (slots of experiences the bank could not supply): no position attends to them.
+    The other positions keep their RoPE positions (the block's length is fixed).
+    """
     B, S = mask.shape
     L = layout.length
     p = jnp.arange(S + L)[None, :]
     ins = insert_at[:, None]
     src = jnp.where(p < ins, p, p - L)
     shifted = jnp.take_along_axis(mask, jnp.clip(src, 0, S - 1), axis=1)
-    return jnp.where((p >= ins) & (p < ins + L), True, shifted)
+    block = jnp.ones((B, S + L), bool)
+    if slot_mask is not None:
+        first = ins + len(layout.before_ids)
+        idx = jnp.clip(p - first, 0, layout.num_slots - 1)
+        is_slot = (p >= first) & (p < first + layout.num_slots)
+        block = jnp.where(is_slot, jnp.take_along_axis(slot_mask.astype(bool), idx, axis=1), True)
+    return jnp.where((p >= ins) & (p < ins + L), block, shifted)
 
 
 def splice_latents(embeds: jax.Array, latents: jax.Array, insert_at: jax.Array, layout: SpliceLayout) -> jax.Array:
@@ -92,14 +104,21 @@ def splice_latents(embeds: jax.Array, latents: jax.Array, insert_at: jax.Array, 
     return jnp.where(is_slot[..., None], picked, embeds)
 
 
-def teacher_hidden_states(teacher, tokens, attention_mask, insert_at, latents, layout: SpliceLayout):
+def teacher_hidden_states(teacher, tokens, attention_mask, insert_at, latents, layout: SpliceLayout,
+                          slot_mask=None):
     """Teacher final hidden states aligned to the student's positions: [B, S, D].
 
-    ``teacher`` is the frozen backbone (called with LoRA off); ``latents`` [B, slots, D].
+    ``teacher`` is the frozen backbone (called with LoRA off); ``latents`` [B, slots, D];
+    ``slot_mask`` [B, slots] (optional) masks the slots of missing experiences.
     Positions before the insertion point are not aligned (they are never supervised).
+
+    Context cap: the teacher sequence is S + L_ins long -- longer than the student's
+    ``rollout.max_total_tokens`` cap by the inserted block (L_ins = framing + n_ret * K,
+    about 130 tokens at paper settings). It is not cut: the block adds positions beyond
+    the cap and RoPE has no hard limit (docs/release_parity.md).
     """
     t_ids = teacher_tokens(tokens, insert_at, layout)
-    t_mask = teacher_mask(attention_mask, insert_at, layout)
+    t_mask = teacher_mask(attention_mask, insert_at, layout, slot_mask)
     emb = splice_latents(teacher.embed_tokens(t_ids), latents, insert_at, layout)
     hidden = teacher(inputs_embeds=emb, attention_mask=t_mask, lora=False, return_hidden=True)
     return hidden[:, layout.length:]

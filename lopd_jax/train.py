@@ -10,7 +10,8 @@ more than one host.
 
 Exit status: 0 done (or preempted with a checkpoint saved: rerun to resume); 2 a bad
 config, unknown key, bad value or missing path (nothing compiled or written); 3 the run
-stopped with an explanation (e.g. the experience bank came out empty).
+stopped with an explanation (e.g. the experience bank came out empty, or too many
+consecutive steps had non-finite gradients).
 """
 
 from __future__ import annotations
@@ -71,12 +72,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     maybe_initialize_distributed()
     from lopd_jax.bank import EmptyBankError
     from train import loop
+    from train.nonfinite import NonFiniteError
     try:
         result = loop.run(cfg)
     except ConfigError as e:  # e.g. a resumed workdir holding another config
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except EmptyBankError as e:
+    except (EmptyBankError, NonFiniteError) as e:
         print(f"stopped: {e}", file=sys.stderr)
         return 3
     if result == loop.PREEMPTED:

@@ -158,7 +158,7 @@ def test_self_retrieval_filter():
     strict.add_many(bank.entries)
     strict.build()
     off = strict.retrieve_indices(q, tid, n_ret=3)[0]
-    assert list(off) == [2, 4, 2]  # only b and c survive; padded by repetition
+    assert list(off) == [2, 4, -1]  # only b and c survive; the third slot is missing (masked)
     # Without task ids only the instruction text identifies the task itself.
     assert 3 in strict.retrieve_indices(q, None, n_ret=3)[0]
 
@@ -169,7 +169,7 @@ def test_self_filter_widens_search_past_many_copies():
         bank.add(make_exp(f"x{i}", "Reverse the linked list in place", []))
     bank.add(make_exp("y", "Reverse the doubly linked list", []))
     bank.build()
-    assert list(bank.retrieve_indices(["Reverse the linked list in place"], ["q"])[0]) == [20] * 3
+    assert list(bank.retrieve_indices(["Reverse the linked list in place"], ["q"])[0]) == [20, -1, -1]
     lonely = ExperienceBank(HashingEmbedder(dim=64), allow_self_retrieval=False)
     lonely.add(make_exp("only", "Only task", []))
     with pytest.raises(EmptyBankError, match="allow_self_retrieval"):
@@ -196,13 +196,15 @@ def test_symmetric_vs_asymmetric():
     assert top == {"symmetric": "s1", "asymmetric": "s2"}
 
 
-def test_padding_when_bank_smaller_than_n_ret():
-    bank = ExperienceBank(HashingEmbedder(dim=128))
-    bank.add(make_exp("a", "sort a list of integers", []))
-    bank.add(make_exp("b", "parse a date string", []))
-    bank.build()
-    got = bank.retrieve(["sort integers in a list"], n_ret=3)[0]
-    assert [e.task_id for e in got] == ["a", "b", "a"]
+def test_fewer_hits_than_n_ret_mask_or_repeat():
+    for mode, expected, idx in (("mask", ["a", "b"], [0, 1, -1]), ("repeat", ["a", "b", "a"], [0, 1, 0])):
+        bank = ExperienceBank(HashingEmbedder(dim=128), missing_hits=mode)
+        bank.add(make_exp("a", "sort a list of integers", []))
+        bank.add(make_exp("b", "parse a date string", []))
+        bank.build()
+        got = bank.retrieve(["sort integers in a list"], n_ret=3)[0]
+        assert [e.task_id for e in got] == expected  # mask (the release): fewer experiences
+        assert list(bank.retrieve_indices(["sort integers in a list"], n_ret=3)[0]) == idx
 
 
 def test_empty_bank_error():

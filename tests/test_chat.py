@@ -194,8 +194,9 @@ def test_olmo3_default_system_and_think_prompt(tiny_olmo):
     text = fmt.render([USER], TOOLS, add_generation_prompt=True)
     assert text.startswith("<|im_start|>system\nYou are a helpful function-calling AI assistant. "
                            "You are provided with function signatures within <functions>")
+    # as the official template: no <think> added to the generation prompt
     assert text.endswith("<|im_start|>user\nWhat is the weather in Paris and Köln?<|im_end|>\n"
-                         "<|im_start|>assistant\n<think>")
+                         "<|im_start|>assistant\n")
     turn = fmt.parse_assistant("Two cities, two calls.</think>Checking."
                                '<function_calls>get_weather(city="Paris")</function_calls>')
     assert turn.thinking == "Two cities, two calls." and turn.content == "Checking."

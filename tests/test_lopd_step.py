@@ -201,7 +201,9 @@ def test_micro_batched_gradients_equal_one_pass():
     got_g, got_m = jax.jit(lambda s, f, b: _accumulated_grads(system, s, f, b, rng, (0, 1), None))(state, frozen, batch)
     assert set(got_m) == set(want_m)
     for k in want_m:
-        np.testing.assert_allclose(got_m[k], want_m[k], rtol=1e-5, atol=1e-7, err_msg=k)
+        # delta_per_rollout is a mean of log-prob differences of size ~5: fp32 resolution ~5e-7
+        atol = 1e-6 if k == "delta_per_rollout" else 1e-7
+        np.testing.assert_allclose(got_m[k], want_m[k], rtol=1e-5, atol=atol, err_msg=k)
     assert float(want_m["anchor"]) > 0 and abs(float(want_m["delta"])) > 0
     for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got_g), jax.tree.leaves(want_g)):
         scale = float(np.abs(np.asarray(w)).max()) + 1e-12

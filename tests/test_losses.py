@@ -286,12 +286,17 @@ def test_chunked_token_logp_and_bf16_compute():
     for a, bb in zip(g_c, g_p):
         np.testing.assert_allclose(np.asarray(a), np.asarray(bb), rtol=1e-4, atol=1e-5)
 
-    # bf16 matmul: log-softmax still in fp32, result tracks the bf16-rounded logits.
+    # bf16 matmul inputs: by default the head accumulates in fp32 (the release), so the result
+    # tracks the exact logits of the bf16-rounded inputs; logits_dtype=bf16 tracks the
+    # bf16-rounded logits. Log-softmax is fp32 either way.
+    h16, w16 = (np.asarray(x.astype(jnp.bfloat16).astype(jnp.float32), np.float64) for x in (h, w))
+    pick = lambda logits: np.take_along_axis(np_log_softmax(logits), np.asarray(tgt)[..., None], -1)[..., 0]  # noqa: E731
     lp16 = L.chunked_token_logp(h, w, tgt, chunk_size=4, compute_dtype=jnp.bfloat16)
     assert lp16.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(lp16), pick(h16 @ w16), rtol=1e-5, atol=1e-5)
+    lp_rounded = L.chunked_token_logp(h, w, tgt, chunk_size=4, compute_dtype=jnp.bfloat16, logits_dtype=jnp.bfloat16)
     logits16 = np.asarray(jnp.dot(h.astype(jnp.bfloat16), w.astype(jnp.bfloat16)).astype(jnp.float32))
-    ref16 = np.take_along_axis(np_log_softmax(logits16.astype(np.float64)), np.asarray(tgt)[..., None], -1)[..., 0]
-    np.testing.assert_allclose(np.asarray(lp16), ref16, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(lp_rounded), pick(logits16.astype(np.float64)), rtol=1e-4, atol=1e-4)
 
 
 def test_bad_inputs_raise_clear_errors():
@@ -341,6 +346,7 @@ def test_fused_objective_splits_gradients(weighting):
             student_h(th), th["head"], teacher_h(ph), head0, targets, mask, adv, beta,
             latents(ph), z @ c0, margin=margin, anchor_weight=lam,
             composer_kl_weighting=weighting, top_m=m, chunk_size=3,
+            composer_margin_weighting="token_mean",  # the rollout-mean margin: tests/test_margin_weighting.py
         )
 
     (val, metrics), (g_th, g_ph) = jax.jit(jax.value_and_grad(fused, argnums=(0, 1), has_aux=True))(theta, phi)

@@ -7,7 +7,7 @@
   so the cold start trains on the very ids the student produced.
 * :func:`experience_arrays` tokenizes the composer's encoder inputs
   (:func:`lopd_jax.bank.encoder_input_text`) of the retrieved experiences to
-  ``exp_tokens`` / ``exp_mask`` ``[B, n_ret, max_experience_tokens]``.
+  ``exp_tokens`` / ``exp_mask`` ``[B, n_ret, L_e]`` (L_e: the cap, or a length bucket).
 * :func:`lopd_batch` / :func:`cold_start_batch` assemble the step batches documented in
   :mod:`train.steps`.
 """
@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import Sequence
 
 import jax
@@ -34,7 +35,7 @@ def make_embedder(cfg):
         from lopd_jax.embedders import HashingEmbedder
         return HashingEmbedder(dim=cfg.bank.embedder_dim)
     from lopd_jax.backbone_embedder import BackboneEmbedder
-    return BackboneEmbedder.from_pretrained(cfg.bank.embedder_path)
+    return BackboneEmbedder.from_pretrained(cfg.bank.embedder_path, pool_token=cfg.bank.embedder_pool_token)
 
 
 def _spans(mask: np.ndarray) -> list[list[int]]:
@@ -110,27 +111,47 @@ def load_bank(ctx, path: str) -> ExperienceBank:
     return ExperienceBank.load(path, make_embedder(ctx.cfg))
 
 
-def experience_arrays(ctx, instructions: Sequence[str], retrieved: Sequence[Sequence[Experience]]):
-    """``(exp_tokens int32, exp_mask bool)`` ``[B, n_ret, L_e]`` of the encoder inputs."""
-    L = ctx.cfg.composer.max_experience_tokens
-    n = ctx.cfg.composer.n_ret
+EXP_LEN_MINIMUM = 64  # smallest experience-length bucket when inputs are not cut
+
+
+def experience_arrays(ctx, instructions: Sequence[str], retrieved: Sequence[Sequence[Experience]],
+                      n_ret: int | None = None):
+    """``(exp_tokens int32, exp_mask bool)`` ``[B, n_ret, L_e]`` of the encoder inputs.
+
+    ``L_e`` is ``composer.max_experience_tokens`` when set (longer inputs are cut, and the
+    log says how many), else the power-of-two bucket of the longest input (no cut, as the
+    release). A task with fewer than ``n_ret`` experiences leaves the rest of its rows
+    all-False: :func:`lopd_jax.composer.slot_mask` masks their latent slots.
+    """
+    cap = ctx.cfg.composer.max_experience_tokens
+    n = ctx.cfg.composer.n_ret if n_ret is None else n_ret
     B = len(instructions)
+    rows = [[ctx.tokenizer.encode(encoder_input_text(task, e, ctx.cfg.bank.max_obs_chars), add_special_tokens=False)
+             for e in exps[:n]] for task, exps in zip(instructions, retrieved)]
+    longest = max((len(ids) for r in rows for ids in r), default=1)
+    L = cap if cap is not None else bucket(longest, (), EXP_LEN_MINIMUM)
+    cut = sum(len(ids) > L for r in rows for ids in r)
+    if cut:
+        print(f"[lopd] composer.max_experience_tokens={cap}: cut {cut} of {sum(map(len, rows))} experience "
+              f"inputs (longest {longest} tokens); set composer.max_experience_tokens=none to keep them whole",
+              file=sys.stderr, flush=True)
     toks = np.full((B, n, L), ctx.tokenizer.pad_token_id or 0, np.int32)
     mask = np.zeros((B, n, L), bool)
-    for b, (task, exps) in enumerate(zip(instructions, retrieved)):
-        for j, e in enumerate(exps[:n]):
-            ids = ctx.tokenizer.encode(encoder_input_text(task, e, ctx.cfg.bank.max_obs_chars),
-                                       add_special_tokens=False)[:L]
+    for b, r in enumerate(rows):
+        for j, ids in enumerate(r):
+            ids = ids[:L]
             toks[b, j, :len(ids)] = ids
             mask[b, j, :len(ids)] = True
-    mask[..., 0] = True  # an empty slot (padding row) still has one valid key
     return toks, mask
 
 
-def retrieved_experience_arrays(ctx, bank: ExperienceBank, tasks) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`experience_arrays` of the n_ret experiences ``bank`` retrieves for each task."""
+def retrieved_experience_arrays(ctx, bank: ExperienceBank, tasks, n_ret: int | None = None
+                                ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`experience_arrays` of the n_ret (default ``composer.n_ret``) experiences ``bank``
+    retrieves for each task."""
     instructions = [t.instruction for t in tasks]
-    return experience_arrays(ctx, instructions, bank.retrieve(instructions, [t.task_id for t in tasks]))
+    return experience_arrays(ctx, instructions, bank.retrieve(instructions, [t.task_id for t in tasks], n_ret),
+                             n_ret)
 
 
 def _step_arrays(ctx, trajs: Sequence[Trajectory], bank: ExperienceBank, rows: int) -> dict[str, np.ndarray]:

@@ -98,6 +98,7 @@ def run_steps(ctx: RunContext, stage: str, state, num_steps: int, step_fn: Calla
     """
     from train.checkpoint import Checkpointer, abstract_tree, preemption_agreed
     from train.metrics import Progress
+    from train.nonfinite import NonFiniteTracker
 
     c = ctx.cfg.checkpoint
     ckpt = Checkpointer(ctx.ckpt_dir(stage), every_steps=c.every_steps, keep=c.keep, async_save=c.async_save)
@@ -111,6 +112,7 @@ def run_steps(ctx: RunContext, stage: str, state, num_steps: int, step_fn: Calla
         log(f"{stage}: resumed from step {start}")
     preempted = False
     meta = lambda s: {"stage": stage, "step": s, **(extra_meta(s) if extra_meta else {})}  # noqa: E731
+    guard = NonFiniteTracker(ctx.cfg.steps.max_nonfinite_skips, stage)
     with Progress(num_steps, stage, initial=start) as bar:
         for s in range(start, num_steps):
             t0 = time.perf_counter()
@@ -120,6 +122,8 @@ def run_steps(ctx: RunContext, stage: str, state, num_steps: int, step_fn: Calla
             metrics = {k: float(v) for k, v in jax.device_get(metrics).items() if np.ndim(v) == 0}
             t2 = time.perf_counter()
             metrics["batch_seconds"], metrics["train_seconds"] = t1 - t0, t2 - t1
+            if "nonfinite" in metrics:  # skipped updates; stops after steps.max_nonfinite_skips in a row
+                metrics["skipped_steps"] = float(guard.update(metrics, s + 1))
             if on_metrics is not None:
                 metrics.update(on_metrics(s, metrics))
             if writer is not None:

@@ -157,7 +157,7 @@ class RunContext:
     def __init__(self, cfg):
         from flax import nnx
 
-        from lopd_jax.chat import LatentFraming, make_chat_format
+        from lopd_jax.chat import make_chat_format
         from lopd_jax.envs.registry import get_task_source
         from lopd_jax.splice import SpliceLayout
         from models.decoder import Decoder
@@ -173,8 +173,9 @@ class RunContext:
             raise ValueError(f"the tokenizer has {len(self.tokenizer)} tokens but the model's vocabulary is "
                              f"{self.model_cfg.vocab_size}; raise model.vocab_size.")
         self.fmt = make_chat_format(self.model_cfg.family, self.tokenizer,
-                                    enable_thinking=cfg.rollout.enable_thinking)
-        self.block = self.fmt.framing_ids(LatentFraming(num_slots=cfg.composer.num_slots))
+                                    enable_thinking=cfg.rollout.enable_thinking,
+                                    use_tokenizer_template=cfg.model.uses_checkpoint_template)
+        self.block = self.fmt.framing_ids(cfg.composer.latent_framing())
         self.layout = SpliceLayout(tuple(self.block.before_ids), tuple(self.block.after_ids),
                                    self.block.num_slots, self.block.slot_id)
         self.mesh = mesh_lib.make_mesh(cfg.mesh)

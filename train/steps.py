@@ -20,8 +20,10 @@ import jax.numpy as jnp
 import optax
 
 from lopd_jax import losses
+from lopd_jax.composer import slot_mask
 from lopd_jax.losses_kl import chunked_token_logp, scans_unrolled
 from lopd_jax.splice import teacher_hidden_states
+from train.nonfinite import all_finite, keep_if_finite
 from train.system import LOPDSystem
 
 sg = jax.lax.stop_gradient
@@ -52,7 +54,8 @@ def lopd_loss(system: LOPDSystem, student_p, composer_p, state, frozen, batch, r
     latents0 = sg(system.latents(frozen, sg(state["composer0"]), batch["exp_tokens"], batch["exp_mask"]))
     teacher = system.backbone(frozen, sg(composer_p["lora"]))
     tokens, amask = batch["tokens"], batch["attention_mask"].astype(bool)
-    t_hidden = teacher_hidden_states(teacher, tokens, amask, batch["insert_at"], latents, system.layout)
+    t_hidden = teacher_hidden_states(teacher, tokens, amask, batch["insert_at"], latents, system.layout,
+                                     slot_mask(batch["exp_mask"], system.composer_cfg.num_latents))
     student, use_lora = system.student(student_p, frozen, composer_p["lora"])
     s_hidden = student(tokens, attention_mask=amask, lora=use_lora, return_hidden=True)
     mask = batch["loss_mask"][:, 1:].astype(jnp.float32)
@@ -61,7 +64,9 @@ def lopd_loss(system: LOPDSystem, student_p, composer_p, state, frozen, batch, r
         s_hidden[:, :-1], student.lm_head_kernel(), t_hidden[:, :-1], sg(teacher.lm_head_kernel()),
         tokens[:, 1:], mask, adv, state["beta"], latents, latents0,
         margin=cfg.margin, anchor_weight=cfg.anchor_weight, composer_kl_weighting=cfg.composer_kl_weighting,
-        top_m=cfg.top_m, chunk_size=cfg.logits_chunk, compute_dtype=system.model_cfg.jnp_dtype, totals=totals)
+        top_m=cfg.top_m, chunk_size=cfg.logits_chunk, compute_dtype=system.model_cfg.jnp_dtype, totals=totals,
+        composer_margin_weighting=cfg.composer_margin_weighting,
+        logits_dtype=cfg.logits_jnp_dtype(system.model_cfg.jnp_dtype))
     return loss, metrics
 
 
@@ -175,6 +180,12 @@ def make_lopd_step(system: LOPDSystem, example_state, example_batch):
                                                           state["composer"])
             metrics["composer_grad_norm"] = optax.global_norm(grads[1])
         new["beta"] = losses.dual_update(state["beta"], cfg.margin, metrics["delta"], cfg.eta_beta)
+        if cfg.skip_nonfinite:  # the release skips a step whose gradient norm is not finite
+            ok = all_finite(metrics["delta"], *(metrics[k] for k in ("student_grad_norm", "composer_grad_norm")
+                                                 if k in metrics))
+            keys = [k for k in ("student", "student_opt", "composer", "composer_opt", "beta") if k in new]
+            new.update(keep_if_finite(ok, {k: new[k] for k in keys}, {k: state[k] for k in keys}))
+            metrics["nonfinite"] = 1.0 - ok.astype(jnp.float32)
         new["step"] = state["step"] + 1
         new["rng"] = rng
         metrics["beta_next"] = new["beta"]
@@ -191,9 +202,11 @@ def cold_start_loss(system: LOPDSystem, composer_p, frozen, batch, rng):
     latents = system.latents(frozen, composer_p, batch["exp_tokens"], batch["exp_mask"], rng)
     teacher = system.backbone(frozen, sg(composer_p["lora"]))
     tokens, amask = batch["tokens"], batch["attention_mask"].astype(bool)
-    t_hidden = teacher_hidden_states(teacher, tokens, amask, batch["insert_at"], latents, system.layout)
+    t_hidden = teacher_hidden_states(teacher, tokens, amask, batch["insert_at"], latents, system.layout,
+                                     slot_mask(batch["exp_mask"], system.composer_cfg.num_latents))
     logp = chunked_token_logp(t_hidden[:, :-1], sg(teacher.lm_head_kernel()), tokens[:, 1:],
-                              chunk_size=system.step_cfg.logits_chunk, compute_dtype=system.model_cfg.jnp_dtype)
+                              chunk_size=system.step_cfg.logits_chunk, compute_dtype=system.model_cfg.jnp_dtype,
+                              logits_dtype=system.step_cfg.logits_jnp_dtype(system.model_cfg.jnp_dtype))
     mask = batch["loss_mask"][:, 1:].astype(jnp.float32)
     nll = losses.nll_token_mean(logp, mask)
     return nll, {"nll": nll, "tokens": jnp.sum(mask)}
@@ -212,6 +225,11 @@ def make_cold_start_step(system: LOPDSystem, example_state, example_batch):
             new["composer"][group], new["composer_opt"][group] = _apply(
                 opt, grads[group], state["composer_opt"][group], state["composer"][group])
             metrics[f"{group}_grad_norm"] = optax.global_norm(grads[group])
+        if system.step_cfg.skip_nonfinite:
+            ok = all_finite(*(metrics[f"{g}_grad_norm"] for g in system.cold_start_opt))
+            new.update(keep_if_finite(ok, {k: new[k] for k in ("composer", "composer_opt")},
+                                      {k: state[k] for k in ("composer", "composer_opt")}))
+            metrics["nonfinite"] = 1.0 - ok.astype(jnp.float32)
         new["step"] = state["step"] + 1
         new["rng"] = rng
         return new, metrics
