@@ -144,13 +144,9 @@ class TextArm:
 
     # ----- contexts -----
     def hint(self, task) -> str:
-        """The task's oracle hint (``Environment.oracle_hint``), cached."""
+        """The task's oracle hint (the task source's ``oracle_hint``), cached."""
         if task.task_id not in self._hints:
-            env = self.ctx.source.make_env()
-            try:
-                self._hints[task.task_id] = env.oracle_hint(task)
-            finally:
-                env.close()
+            self._hints[task.task_id] = self.ctx.source.oracle_hint(task)
         return self._hints[task.task_id]
 
     def demonstration(self, task, step: int, row: int) -> str:
