@@ -2,6 +2,7 @@
 OPSD / SDPO / SDFT / Skill-SD, UCB1, and the equal-budget / arm config plumbing."""
 
 import dataclasses
+import functools
 import types
 
 import jax
@@ -125,14 +126,20 @@ def test_text_teacher_hidden_equals_unpadded_forward():
 # ----------------------------------------------------------------------------- per-arm contexts
 
 
-def _arm_ctx(arm):
+@functools.lru_cache(maxsize=1)
+def _source_and_tokenizer():
     from lopd_jax.envs.registry import get_task_source
     from lopd_jax.tokenizers import tiny_tokenizer
-    cfg = apply_overrides(load_config("tiny"), [f"arm={arm}", "arms.context_tokens=400", "env.tasks_per_step=8"])
     source = get_task_source("synthetic", n_train_per_family=2, n_heldout_per_family=1, seed=0,
                              tool_descriptions=False)
-    return types.SimpleNamespace(cfg=cfg, source=source, train_tasks=source.tasks("train"),
-                                 tokenizer=tiny_tokenizer("qwen3", vocab_size=864), seq_buckets=lambda: (128,))
+    return source, tiny_tokenizer("qwen3")
+
+
+def _arm_ctx(arm):
+    cfg = apply_overrides(load_config("tiny"), [f"arm={arm}", "arms.context_tokens=400", "env.tasks_per_step=8"])
+    source, tok = _source_and_tokenizer()
+    return types.SimpleNamespace(cfg=cfg, source=source, train_tasks=source.tasks("train"), tokenizer=tok,
+                                 seq_buckets=lambda: (128,))
 
 
 def _traj(task, reward, tok):
