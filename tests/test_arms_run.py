@@ -15,7 +15,7 @@ SHORT = ["stages.warmup_steps=0", "stages.cold_start_steps=1", "stages.lopd_step
          "stages.eval_every=0", "env.tasks_per_step=8", "env.kwargs.n_train_per_family=1",
          "env.kwargs.n_heldout_per_family=1", "bank.min_reward=0.0", "checkpoint.every_steps=1",
          "checkpoint.async_save=false", "composer.max_experience_tokens=32", "rollout.max_env_steps=1",
-         "rollout.max_turn_tokens=16", "rollout.max_total_tokens=384", "arms.context_tokens=48"]
+         "rollout.max_turn_tokens=16", "rollout.max_total_tokens=384", "arms.context_tokens=96"]
 
 
 @pytest.fixture(scope="module")
