@@ -74,7 +74,8 @@ def collect(spec, root: str) -> dict[str, Any]:
         "bank_rollouts": ledger.get("bank", {}).get("rollouts"),
         "before": _numeric(ledger.get("eval_before", {})), "after": _numeric(ledger.get("eval_after", {})),
         "base_composer": None if bc is None else _numeric(bc),
-        "seconds": secs, "shared_stages": [k for k, v in ledger.items() if isinstance(v, dict) and v.get("shared_from")],
+        "seconds": secs,
+        "shared_stages": [k for k, v in ledger.items() if isinstance(v, dict) and v.get("shared_from")],
         "rollouts_per_minute": 60.0 * rcount / rsec if rsec else None,
         "wall_seconds": sum(float(v or 0) for v in secs.values()),
         "curve": [{"rollouts": c, **{k: r.get(k) for k in ("reward_mean", "success_rate", "delta", "beta",
@@ -129,7 +130,8 @@ def table(records: list[dict], threshold: float | None) -> str:
     groups = _groups(records)
     base = [r["before"] for r in records if r["before"]]
     if base:
-        lines.append("| " + " | ".join(["Base (theta0, before training)", str(len(base)), _ms([b["reward_mean"] for b in base]),
+        lines.append("| " + " | ".join(["Base (theta0, before training)", str(len(base)),
+                                         _ms([b["reward_mean"] for b in base]),
                                          "", _ms([b.get("success_rate") for b in base]), "", "", "",
                                          *[_ms([b.get(k) for b in base], "{:.2f}") for k, _ in TABLE3], "", ""]) + " |")
     for name, g in groups.items():
@@ -250,7 +252,8 @@ def fig_curves(records: list[dict], path: str) -> str:
     return path
 
 
-GRID_FIGURES = {"steps.margin": ("fig3_margin.png", "margin m"), "composer.num_latents": ("fig5_K.png", "K (latents per experience)"),
+GRID_FIGURES = {"steps.margin": ("fig3_margin.png", "margin m"),
+                "composer.num_latents": ("fig5_K.png", "K (latents per experience)"),
                 "composer.n_ret": ("fig5_n_ret.png", "n_ret (retrieved experiences)")}
 
 

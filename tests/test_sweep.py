@@ -22,7 +22,8 @@ def _fake_run(wd, before, after, rewards, with_bank=True):
     if with_bank:
         os.makedirs(os.path.join(wd, "bank"), exist_ok=True)
         open(os.path.join(wd, "bank", "entries.json"), "w").write("[]")
-    ev = lambda r: {"reward_mean": r, "success_rate": r / 2, "tool_calls_per_step": 1.0, "mean_env_steps": 2.0}  # noqa: E731
+    def ev(r):
+        return {"reward_mean": r, "success_rate": r / 2, "tool_calls_per_step": 1.0, "mean_env_steps": 2.0}
     stages = {"warmup": {"done": True, "seconds": 1.0}, "eval_before": {"done": True, **ev(before)},
               "bank": {"done": True, "path": os.path.join(wd, "bank"), "rollouts": 16},
               "lopd": {"done": True, "seconds": 10.0}, "eval_after": {"done": True, **ev(after)},

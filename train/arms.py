@@ -269,7 +269,9 @@ class UCB1:
             if self.counts[k] == 0:
                 return k
         total = sum(self.counts[k] for k in candidates)
-        score = lambda k: self.sums[k] / self.counts[k] + self.c * math.sqrt(2 * math.log(total) / self.counts[k])  # noqa: E731
+
+        def score(k):
+            return self.sums[k] / self.counts[k] + self.c * math.sqrt(2 * math.log(total) / self.counts[k])
         return max(candidates, key=score)
 
     def update(self, k: int, reward: float) -> None:
