@@ -274,6 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point (exit codes in the module docstring)."""
     from lopd_jax.config import ConfigError
     args = build_parser().parse_args(argv)
+    args.workdir = os.path.abspath(args.workdir)  # checkpoints need absolute paths; runs start elsewhere
     try:
         specs = plan(args)
     except ConfigError as e:
