@@ -1,7 +1,10 @@
 """Run arms x seeds (x a grid) of one config side by side, resumably, and report them.
 
-    python -m lopd_jax.sweep --config=NAME --arms=lopd,grpo,lopd_frozen_composer \\
+    python -m lopd_jax.sweep --config=NAME --arms=lopd,grpo,lopd_frozen_composer,lopd@steps.margin=0 \\
         --seeds=0,1,2 --workdir=W [--grid steps.margin=0,0.01,0.05] [dotted.key=value ...]
+
+An arm variant ``ARM@key=value`` is that arm with its own overrides (named
+``ARM__key=value``); ``--grid`` applies to every arm.
 
 Every combination (arm, grid point, seed) is one ordinary training run,
 ``python -m lopd_jax.train --config=NAME --workdir=W/runs/<name>/seed<k> arm=... seed=k
@@ -77,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The command-line options."""
     p = argparse.ArgumentParser(prog="python -m lopd_jax.sweep", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="tiny", help="a configs/NAME.py config (default tiny)")
-    p.add_argument("--arms", default="lopd", help="comma-separated arms (lopd_jax.arm_config.ARMS)")
+    p.add_argument("--arms", default="lopd", help="comma-separated arms (lopd_jax.arm_config.ARMS); an arm "
+                   "variant is ARM@key=value[@key=value], e.g. lopd@steps.margin=0")
     p.add_argument("--seeds", default="0", help="comma-separated seeds")
     p.add_argument("--workdir", required=True, help="sweep directory (runs, results, figures)")
     p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
@@ -101,8 +105,13 @@ def plan(args) -> list[RunSpec]:
     validated by loading each run's config (ConfigError on a bad arm / key / value)."""
     from lopd_jax.arm_config import ARMS
     from lopd_jax.config import ConfigError
-    arms = _split(args.arms)
-    bad = [a for a in arms if a not in ARMS]
+    arms = []  # (arm, its own overrides): "lopd@steps.margin=0" is lopd with m = 0
+    for entry in _split(args.arms):
+        arm, *own = entry.split("@")
+        if any("=" not in o for o in own):
+            raise ConfigError(f"--arms entry {entry!r}: write an arm variant as ARM@key=value[@key=value]")
+        arms.append((arm, tuple(tuple(o.split("=", 1)) for o in own)))
+    bad = [a for a, _ in arms if a not in ARMS]
     if not arms or bad:
         raise ConfigError(f"--arms={args.arms!r}: unknown arm(s) {bad}; choose from {list(ARMS)}")
     try:
@@ -118,7 +127,7 @@ def plan(args) -> list[RunSpec]:
         key, vals = g.split("=", 1)
         axes.append([(key.strip(), v) for v in _split(vals)])
     points = [tuple(p) for p in itertools.product(*axes)] if axes else [()]
-    specs = [RunSpec(a, s, p, tuple(args.overrides)) for s in seeds for a in arms for p in points]
+    specs = [RunSpec(a, s, own + p, tuple(args.overrides)) for s in seeds for a, own in arms for p in points]
     for spec in specs:
         run_config(args.config, spec, args.workdir)  # fail fast, before any run starts
     return specs

@@ -281,6 +281,8 @@ def write_report(root: str, specs, threshold: float | None = None) -> list[str]:
         if any(r["curve"] for r in finished):
             out.append(fig_curves(finished, os.path.join(root, "fig4_curves.png")))
         for key in dict.fromkeys(k for r in finished for k in r["grid"]):
+            if len({r["grid"][key] for r in finished if key in r["grid"]}) < 2:
+                continue  # an arm variant (one value), not a sweep of the field
             name, label = GRID_FIGURES.get(key, (f"fig_grid_{key.replace('.', '_')}.png", key))
             out.append(fig_grid(finished, key, os.path.join(root, name), label))
     return out

@@ -42,7 +42,12 @@ def test_plan_names_runs_and_rejects_bad_input(tmp_path):
     assert [(s.name, s.seed) for s in specs][:4] == [("lopd__steps.margin=0", 0), ("lopd__steps.margin=0.1", 0),
                                                       ("grpo__steps.margin=0", 0), ("grpo__steps.margin=0.1", 0)]
     assert len(specs) == 8 and specs[0].workdir(str(tmp_path)).endswith("runs/lopd__steps.margin=0/seed0")
-    for bad in (["--arms=lopd,ppo"], ["--seeds=a"], ["--grid", "steps.margin"], ["--grid", "steps.nope=1"]):
+    specs = sweep.plan(_args(tmp_path, "--arms=grpo,lopd@steps.margin=0@composer.n_ret=1", "--seeds=3"))
+    assert [s.name for s in specs] == ["grpo", "lopd__steps.margin=0__composer.n_ret=1"]
+    cfg = sweep.run_config("tiny", specs[1], str(tmp_path))
+    assert cfg.steps.margin == 0 and cfg.composer.n_ret == 1 and cfg.seed == 3 and cfg.arm == "lopd"
+    for bad in (["--arms=lopd,ppo"], ["--seeds=a"], ["--grid", "steps.margin"], ["--grid", "steps.nope=1"],
+                ["--arms=lopd@steps.margin"]):
         with pytest.raises(ConfigError):
             sweep.plan(_args(tmp_path, *bad))
 
