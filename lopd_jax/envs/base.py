@@ -414,6 +414,17 @@ class TaskSource(abc.ABC):
     def make_env(self) -> Environment:
         """A fresh environment for one episode."""
 
+    def oracle_hint(self, task: Task) -> str:
+        """The task's reference solution or oracle hint as plain text.
+
+        This is the privileged context of fixed-context self-distillation (OPSD's teacher
+        sees it in the slot the latents use) and of the premise check
+        (:mod:`lopd_jax.premise`). Families that know no solution raise
+        ``NotImplementedError`` naming themselves.
+        """
+        raise NotImplementedError(f"{type(self).__name__} ({self.env_id!r}) has no oracle hint "
+                                  f"for task {task.task_id!r}; implement oracle_hint(task)")
+
 
 class ToolUseEnvironment(Environment):
     """Environment whose tools are calls into some state; implements ``step``.

@@ -549,3 +549,8 @@ class BFCLTaskSource(TaskSource):
     def make_env(self) -> BFCLEnvironment:
         """A fresh BFCL environment."""
         return BFCLEnvironment(self.reward_mode, self.strict_types)
+
+    def oracle_hint(self, task: Task) -> str:
+        """The ground-truth calls of every user turn, as BFCL writes them (``f(a=1)``)."""
+        return "\n".join(f"Turn {i + 1}: " + ("; ".join(calls) if calls else "(no call)")
+                         for i, calls in enumerate(task.payload["ground_truth"]))

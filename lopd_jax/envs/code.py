@@ -189,6 +189,13 @@ class _CodeTaskSource(TaskSource):
         """A fresh code environment."""
         return CodeEnvironment(self.env_id, self.sandbox, self.max_attempts, self.per_test_s)
 
+    def oracle_hint(self, task: Task) -> str:
+        """The reference solution (:func:`reference_answer`); ValueError when the task has none."""
+        answer = reference_answer(task)
+        if answer is None:
+            raise ValueError(f"task {task.task_id!r} has no reference solution to use as a hint")
+        return answer
+
 
 def humaneval_instruction(prompt: str) -> str:
     """The user-facing text of a HumanEval problem."""

@@ -187,6 +187,12 @@ class EnvScalerTaskSource(TaskSource):
         """A fresh environment (its worker starts at ``reset``)."""
         return EnvScalerEnvironment(**self.settings)
 
+    def oracle_hint(self, task: Task) -> str:
+        """EnvScaler scenarios ship no reference trajectory; the hint is the scenario's
+        checklist (what the final state must satisfy), one ``check_item`` a line."""
+        items = [str(c.get("check_item", "")).strip() for c in task.payload["scenario"]["checklist_with_func"]]
+        return "The finished task satisfies:\n" + "\n".join(f"- {i}" for i in items if i)
+
 
 class EnvScalerEnvironment(ToolUseEnvironment):
     """One episode of an EnvScaler scenario; the scenario's code runs in a worker process.

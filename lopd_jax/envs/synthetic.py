@@ -123,6 +123,10 @@ class SyntheticTaskSource(TaskSource):
         """A fresh synthetic environment."""
         return SyntheticEnvironment(tool_descriptions=self.tool_descriptions)
 
+    def oracle_hint(self, task: Task) -> str:
+        """The oracle's turns as text (see :func:`oracle_hint`)."""
+        return oracle_hint(task)
+
 
 def _without_descriptions(schema: Any) -> Any:
     """A copy of a JSON schema without its ``description`` fields."""
@@ -197,3 +201,10 @@ def oracle_turns(task: Task) -> list[AssistantTurn]:
     calls, answer = oracle_calls(task)
     turns = [AssistantTurn(raw=render_tool_call(c), content="", tool_calls=[c]) for c in calls]
     return turns + [AssistantTurn(raw=answer, content=answer)]
+
+
+def oracle_hint(task: Task) -> str:
+    """The exact correct assistant turns as one text: each tool call in the ``<tool_call>``
+    form the policy writes, one per line block, then the final answer."""
+    calls, answer = oracle_calls(task)
+    return "\n".join([render_tool_call(c) for c in calls] + [answer])
