@@ -227,3 +227,25 @@ def test_resume_on_another_process_count(one_host, two_hosts, base, cache, saved
     for key in [k for k in rr if k[1] >= 2]:
         assert (r[key]["tokens"], r[key]["reward"]) == (rr[key]["tokens"], rr[key]["reward"]), key
     assert_params_close(export(ref), export(w))
+
+
+def test_kill9_one_process_then_rerun_resumes(two_hosts, base, cache):
+    w = str(base / "killed")
+    procs = launch(w, 2, cache)
+    step1 = os.path.join(w, "checkpoints", "lopd", "1", "meta")
+    deadline = time.monotonic() + TIMEOUT
+    while not os.path.isdir(step1):
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), _tail(w)
+        time.sleep(0.5)
+    procs[1].send_signal(signal.SIGKILL)  # mid-LOPD: step 1 is saved, steps 2-3 are not
+    t0 = time.monotonic()
+    code = procs[0].wait(timeout=120)
+    waited = time.monotonic() - t0
+    procs[1].wait()
+    assert code != 0 and waited < 60, (code, waited, _tail(w))
+    print(f"\nsurvivor exited with {code} {waited:.1f}s after the kill")
+    run(w, 2, cache)  # the same command again: resumes from the newest checkpoint and finishes
+    assert "lopd: resumed from step" in _tail(w)
+    assert_params_close(export(two_hosts[0]), export(w), atol=1e-6)
+    m, ref = metrics(w), metrics(two_hosts[0])
+    assert_metrics_close(ref, m, keys=[("lopd", 3), ("eval_after", 3)], rtol=1e-5)
