@@ -341,7 +341,8 @@ def run(cfg) -> str | dict:
             writer.write(0, "eval_before", ev)
             ledger.mark("eval_before", seconds=time.perf_counter() - t0, **ev)
         before = ledger.result("eval_before")["reward_mean"]
-        print(f"held-out reward before: {before:.4f}", flush=True)
+        if jax.process_index() == 0:
+            print(f"held-out reward before: {before:.4f}", flush=True)
 
         # 3. experience bank
         if not ledger.done("bank"):
@@ -390,7 +391,8 @@ def run(cfg) -> str | dict:
         if jax.process_index() == 0:
             plot_run(os.path.join(workdir, "metrics.jsonl"), os.path.join(workdir, PLOT_FILE),
                      margin=cfg.steps.margin)
-        print(f"held-out reward after: {after:.4f} (before {before:.4f})", flush=True)
+        if jax.process_index() == 0:
+            print(f"held-out reward after: {after:.4f} (before {before:.4f})", flush=True)
         summary = {"before": before, "after": after,
                    "seconds": {s: ledger.result(s).get("seconds") for s in ledger.data}}
         log(f"done: {summary}")
