@@ -224,7 +224,7 @@ def cold_start_stage(ctx: RunContext, bank, writer):
 
 def lopd_stage(ctx: RunContext, bank, bank_path: str, composer0, writer):
     """The LOPD steps (SPEC 2): rollout with the current student, retrieve, step; ``(state, preempted)``."""
-    from train import mesh as mesh_lib
+    from train import distributed, mesh as mesh_lib
     from train.bank_build import lopd_batch
     from train.data import TaskPipeline
     from train.steps import make_lopd_step
@@ -233,7 +233,6 @@ def lopd_stage(ctx: RunContext, bank, bank_path: str, composer0, writer):
     state, frozen = system.init_state(composer=composer0, seed=cfg.seed)
     shardings = system.state_shardings(state)
     state = mesh_lib.put(state, shardings)
-    from train import distributed
     # the global task list of a step on every process (one iterator state for all hosts);
     # each process rolls out and trains on the rows it owns
     pipe = TaskPipeline(ctx.train_tasks, cfg.env.tasks_per_step, seed=cfg.seed, process_index=0, process_count=1)
