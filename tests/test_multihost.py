@@ -41,7 +41,7 @@ TIMEOUT = 2400  # generous: a shared 2-core box; on an idle one a run takes a fe
 
 def _env(devices: int, cache: str) -> dict:
     env = dict(os.environ, JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false", JAX_COMPILATION_CACHE_DIR=cache,
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", LOPD_HEARTBEAT_SECONDS="10")
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", LOPD_HEARTBEAT_SECONDS="30")
     flags = [f for f in env.get("XLA_FLAGS", "").split() if "force_host_platform_device_count" not in f]
     env["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={devices}"])
     return env

@@ -25,7 +25,7 @@ import numpy as np
 
 ENV_ADDRESS, ENV_NUM, ENV_ID = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
 HEARTBEAT_ENV = "LOPD_HEARTBEAT_SECONDS"
-DEFAULT_HEARTBEAT_SECONDS = 15
+DEFAULT_HEARTBEAT_SECONDS = 30
 
 
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
@@ -37,7 +37,7 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     ``TPU_WORKER_HOSTNAMES`` lists more than one host initializes with automatic
     detection; anything else is a single-process run (no-op).
 
-    ``heartbeat_seconds`` (default ``$LOPD_HEARTBEAT_SECONDS`` or 15) bounds how long
+    ``heartbeat_seconds`` (default ``$LOPD_HEARTBEAT_SECONDS`` or 30) bounds how long
     the survivors wait for a process that died: the coordination service then reports
     it missing and every other process exits with an error instead of hanging.
     """
