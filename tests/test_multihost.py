@@ -281,3 +281,20 @@ def test_host_dependent_environment_rows_come_from_their_owner(tmp_path):
     for r in rows:  # the reward offset 10 * (host + 1) says which host's environment scored the row
         assert 0.0 <= r["reward"] - 10.0 * (r["owner"] + 1) <= 1.0, r
         assert r["markers"] == [r["owner"]], r  # that host's observations, no other host's
+
+
+def test_incomplete_launch_flags_are_refused(monkeypatch):
+    from lopd_jax.train import main
+    from train.distributed import initialize
+    for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "TPU_WORKER_HOSTNAMES"):
+        monkeypatch.delenv(name, raising=False)
+    assert initialize() is False  # one process: nothing to start
+    with pytest.raises(ValueError, match="missing: \\['coordinator_address', 'process_id'\\]"):
+        initialize(num_processes=2)
+    with pytest.raises(ValueError, match="outside"):
+        initialize("localhost:1", 2, 2)
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "two")
+    with pytest.raises(ValueError, match="not an integer"):
+        initialize()
+    monkeypatch.delenv("JAX_NUM_PROCESSES")
+    assert main(["--config=tiny", "--num_processes=2"]) == 2
