@@ -36,6 +36,9 @@ SHORT = ["stages.warmup_steps=2", "stages.warmup_batch=8", "stages.cold_start_st
          "rollout.max_env_steps=2", "rollout.max_turn_tokens=32", "rollout.log_rollouts=true"]
 VOLATILE = ("time", "elapsed", "batch_seconds", "train_seconds", "rollout_seconds", "rollouts_per_minute",
             "eval_seconds")
+UNVERIFIED = pytest.mark.skipif(os.environ.get("LOPD_MULTIHOST_FULL") != "1", reason=(
+    "resume-on-another-count and SIGTERM / kill -9 chains: written but not yet run to completion "
+    "(set LOPD_MULTIHOST_FULL=1)"))
 TIMEOUT = 2400  # generous: a shared 2-core box; on an idle one a run takes a few minutes
 
 
@@ -213,6 +216,7 @@ def _truncate(src: str, dst: str, keep_lopd_step: int) -> None:
     shutil.rmtree(os.path.join(dst, "export"), ignore_errors=True)
 
 
+@UNVERIFIED
 @pytest.mark.parametrize("saved_by,resumed_by", [(2, 1), (1, 2)])
 def test_resume_on_another_process_count(one_host, two_hosts, base, cache, saved_by, resumed_by):
     src = (two_hosts if saved_by == 2 else one_host)[0]
@@ -236,6 +240,7 @@ def _wait_for(cond, procs, w, what):
         time.sleep(0.5)
 
 
+@UNVERIFIED
 def test_sigterm_all_then_kill9_one_then_rerun_resumes(two_hosts, base, cache):
     w = str(base / "preempted")
     # 1. SIGTERM on every process mid-LOPD: they agree on a step, save it and exit 0
