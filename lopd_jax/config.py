@@ -217,6 +217,7 @@ class RolloutSection:
     max_total_tokens: int = 40_960
     enable_thinking: bool = False
     env_workers: int = 0
+    log_rollouts: bool = False  # every rollout's ids, mask, reward and host to <workdir>/rollouts.jsonl
 
     def __post_init__(self):
         if self.temperature < 0:

@@ -6,7 +6,10 @@ same command resumes. Overrides are dotted config keys (``stages.lopd_steps=8``,
 ``bank.min_reward=0.5``, ``env.kwargs.n_train_per_family=4``); ``--workdir`` is the
 ``workdir`` key. On a multi-host TPU slice run the same command on every host
 (``tpu_scripts/run.sh``); ``jax.distributed.initialize()`` is called when the slice has
-more than one host.
+more than one host. Elsewhere N cooperating processes are started with
+``--coordinator_address=HOST:PORT --num_processes=N --process_id=I`` (or the environment
+variables ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``); see
+``docs/pods.md``.
 
 Exit status: 0 done (or preempted with a checkpoint saved: rerun to resume); 2 a bad
 config, unknown key, bad value or missing path (nothing compiled or written); 3 the run
@@ -27,6 +30,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lopd_jax.train", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="tiny", help="a configs/NAME.py config (default tiny)")
     p.add_argument("--workdir", default=None, help="run directory (local or gs://); default: the config's")
+    p.add_argument("--coordinator_address", default=None,
+                   help="multi-process run: HOST:PORT of process 0 (or $JAX_COORDINATOR_ADDRESS)")
+    p.add_argument("--num_processes", type=int, default=None, help="multi-process run: N (or $JAX_NUM_PROCESSES)")
+    p.add_argument("--process_id", type=int, default=None, help="multi-process run: this process, 0..N-1 "
+                   "(or $JAX_PROCESS_ID); automatic on TPU VMs")
     p.add_argument("overrides", nargs="*", help="dotted overrides key=value")
     return p
 
@@ -69,7 +77,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     from train.stages import maybe_initialize_distributed
-    maybe_initialize_distributed()
+    args = build_parser().parse_args(argv)
+    try:
+        maybe_initialize_distributed(args.coordinator_address, args.num_processes, args.process_id)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     from lopd_jax.bank import EmptyBankError
     from train import loop
     from train.nonfinite import NonFiniteError

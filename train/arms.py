@@ -299,6 +299,11 @@ def policy_stage(ctx, impl, composer0, bank_path: str, writer):
     from train.loop import evaluate_policy, log, run_steps
 
     cfg, system = ctx.cfg, ctx.system
+    if jax.process_count() > 1:
+        # the batch builders below read every row's trajectory; only the LOPD stage
+        # (lopd, lopd_frozen_composer) splits rollouts and batches across hosts so far
+        raise ValueError(f"arm={cfg.arm} runs as one process; multi-process runs support arm=lopd and "
+                         "arm=lopd_frozen_composer (docs/pods.md). Rerun without --num_processes.")
     state, frozen = system.init_state(composer=composer0, seed=cfg.seed)
     state = impl.init_state(state)
     shardings = impl.shardings(state)

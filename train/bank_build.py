@@ -9,7 +9,11 @@
   (:func:`lopd_jax.bank.encoder_input_text`) of the retrieved experiences to
   ``exp_tokens`` / ``exp_mask`` ``[B, n_ret, L_e]`` (L_e: the cap, or a length bucket).
 * :func:`lopd_batch` / :func:`cold_start_batch` assemble the step batches documented in
-  :mod:`train.steps`.
+  :mod:`train.steps`, each process only the rows it owns (:func:`local_share`).
+
+Multi-host: every process rolls out its own rows of each bank batch; the admitted
+experiences of all hosts are gathered (in row order) so every host builds the same bank
+and retrieves the same experiences; process 0 saves it.
 """
 
 from __future__ import annotations
@@ -81,14 +85,18 @@ def build_bank(ctx, params, workdir: str) -> tuple[ExperienceBank, dict]:
     if cfg.bank.path:
         bank = ExperienceBank.load(cfg.bank.path, embedder)
         return bank, {"path": cfg.bank.path, "entries": len(bank), "loaded": True}
+    from train import distributed
     bank = ExperienceBank(embedder, cfg.bank_config())
     key = jax.random.key(cfg.seed)
     B = cfg.env.tasks_per_step
     rewards = []
     for i in range(0, len(ctx.train_tasks), B):
-        trajs = ctx.rollout(params, ctx.train_tasks[i:i + B], jax.random.fold_in(key, BANK_RNG_OFFSET + i))
-        rewards += [t.reward for t in trajs]
-        bank.add_many([to_experience(t) for t in trajs])
+        trajs, _ = ctx.rollout_split(params, ctx.train_tasks[i:i + B], jax.random.fold_in(key, BANK_RNG_OFFSET + i))
+        admitted = [to_experience(t) for t in trajs if float(t.reward) >= cfg.bank.min_reward]
+        # every host's rewards and admitted experiences, in row order: the same bank everywhere
+        rewards += distributed.allgather_list([t.reward for t in trajs])
+        bank.add_many(distributed.allgather_list(admitted))
+    bank.num_offered = len(rewards)
     info = {"rollouts": len(rewards), "reward_mean": float(np.mean(rewards)), "entries": len(bank),
             "min_reward": cfg.bank.min_reward}
     if not len(bank):
@@ -102,6 +110,7 @@ def build_bank(ctx, params, workdir: str) -> tuple[ExperienceBank, dict]:
     path = os.path.join(workdir, BANK_DIR)
     if jax.process_index() == 0:
         bank.save(path)
+    distributed.sync("bank_saved")  # the other processes read it back next
     info["path"] = path
     return bank, info
 
@@ -154,16 +163,28 @@ def retrieved_experience_arrays(ctx, bank: ExperienceBank, tasks, n_ret: int | N
                              n_ret)
 
 
-def _step_arrays(ctx, trajs: Sequence[Trajectory], bank: ExperienceBank, rows: int) -> dict[str, np.ndarray]:
+def local_share(ctx, items: Sequence, rows: int) -> tuple[list, int]:
+    """This process's rows of a ``rows``-row batch of ``items`` (the same list on every
+    process) padded by repeating the last item: ``(its items, how many are real)``.
+
+    Rows are owned as the batch sharding places them (:meth:`train.sampler.Sampler.local_rows`);
+    on one process this is ``(items + padding, len(items))``.
+    """
+    if not items:
+        raise ValueError("a batch needs at least one item")
+    lo, hi = ctx.sampler.local_rows(rows)
+    padded = list(items) + [items[-1]] * (rows - len(items))
+    return padded[lo:hi], max(0, min(hi, len(items)) - lo)
+
+
+def _step_arrays(ctx, trajs: Sequence[Trajectory], bank: ExperienceBank, rows: int | None) -> dict[str, np.ndarray]:
+    """Step arrays of this process's rows; ``rows=None``: ``trajs`` are already exactly them."""
+    trajs, real = (list(trajs), len(trajs)) if rows is None else local_share(ctx, trajs, rows)
     arr = training_arrays(trajs, buckets=ctx.seq_buckets(), minimum=128, pad_id=ctx.tokenizer.pad_token_id or 0)
     et, em = retrieved_experience_arrays(ctx, bank, [t.task for t in trajs])
-    batch = {"tokens": arr["tokens"], "attention_mask": arr["attention_mask"], "loss_mask": arr["mask"],
-             "insert_at": arr["insert_at"], "exp_tokens": et, "exp_mask": em, "rewards": arr["rewards"]}
-    pad = rows - len(trajs)
-    if pad > 0:  # rows without supervision (mask 0) fill the batch up to the mesh's batch shards
-        batch = {k: np.concatenate([v, np.repeat(v[-1:], pad, 0) * (0 if k == "loss_mask" else 1)])
-                 for k, v in batch.items()}
-    return batch
+    arr["mask"][real:] = 0  # padding rows (repeats of the last row) carry no supervision
+    return {"tokens": arr["tokens"], "attention_mask": arr["attention_mask"], "loss_mask": arr["mask"],
+            "insert_at": arr["insert_at"], "exp_tokens": et, "exp_mask": em, "rewards": arr["rewards"]}
 
 
 def batch_rows(ctx, n: int) -> int:
@@ -172,15 +193,18 @@ def batch_rows(ctx, n: int) -> int:
 
 
 def lopd_batch(ctx, trajs: Sequence[Trajectory], bank: ExperienceBank) -> dict[str, np.ndarray]:
-    """The LOPD step batch of one step's rollouts (with n_ret retrieved experiences each)."""
-    if len(trajs) % ctx.sampler.batch_shards:
-        raise ValueError(f"{len(trajs)} rollouts per step do not split over {ctx.sampler.batch_shards} batch "
+    """The LOPD step batch of one step's rollouts (with n_ret retrieved experiences each);
+    multi-host: ``trajs`` are this process's rollouts, i.e. its rows of the batch."""
+    total = len(trajs) * jax.process_count()
+    if total % ctx.sampler.batch_shards:
+        raise ValueError(f"{total} rollouts per step do not split over {ctx.sampler.batch_shards} batch "
                          "shards; make env.tasks_per_step * env.group_size a multiple of mesh.data * mesh.fsdp.")
-    return _step_arrays(ctx, trajs, bank, len(trajs))
+    return _step_arrays(ctx, trajs, bank, None)
 
 
 def cold_start_batch(ctx, trajs: Sequence[Trajectory], bank: ExperienceBank) -> dict[str, np.ndarray]:
-    """The cold-start batch of successful trajectories (rewards unused)."""
+    """The cold-start batch of successful trajectories (rewards unused): this process's
+    rows of it (``trajs`` is the whole batch, the same on every process)."""
     batch = _step_arrays(ctx, trajs, bank, batch_rows(ctx, len(trajs)))
     batch.pop("rewards")
     return batch

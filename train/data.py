@@ -10,10 +10,12 @@
     it = iter(pipe); it.set_state(meta["data"])   # resume: the same continuation
 
 Order: grain's global shuffle (``MapDataset.shuffle``) over the whole list, reseeded
-per epoch as ``seed + epoch``, repeated forever. Multi-host: element ``g`` of the global
-stream goes to process ``g % process_count`` (a strided slice), so the processes' local
-batches of step ``s`` together are exactly the global batch ``s``, and a local batch
-is ``global_batch / process_count`` tasks. The iterator state counts global steps, so
+per epoch as ``seed + epoch``, repeated forever. Multi-host: each global batch is cut
+into ``process_count`` contiguous blocks and process ``p`` takes block ``p``, so the
+processes' local batches of step ``s``, concatenated in process order, are exactly the
+global batch ``s`` in order (the rows a process owns in the sampler and the train steps,
+see :mod:`train.distributed`), and a local batch is ``global_batch / process_count``
+tasks. The iterator state counts global steps, so
 it is the same on every host and stays valid when a run resumes on another number of
 hosts.
 """
@@ -72,8 +74,9 @@ class TaskPipeline(Generic[T]):
         self.local_batch = global_batch // self.process_count
         self.seed = seed
         stream = task_stream(items, seed=seed, shuffle=shuffle, repeat=repeat)
-        local = stream[self.process_index::self.process_count]
-        self.dataset: grain.MapDataset = local.batch(self.local_batch, drop_remainder=drop_remainder, batch_fn=list)
+        lo, hi = self.process_index * self.local_batch, (self.process_index + 1) * self.local_batch
+        self.dataset: grain.MapDataset = stream.batch(global_batch, drop_remainder=drop_remainder,
+                                                      batch_fn=lambda xs: list(xs)[lo:hi])
 
     def steps_per_epoch(self) -> float:
         """Global steps per pass over the task list."""

@@ -12,10 +12,16 @@ grain pipeline whose iterator state is checkpointed, LOPD rollouts sample with
 lives in the checkpointed state -- so a resumed run reproduces an uninterrupted one
 bit for bit.
 
-Multi-host: every process runs the same program on the same global batch (task
-pipelines are not split per host): rollouts are SPMD over the whole mesh with identical
-inputs everywhere, environments step identically on every host, batches enter the steps
-through :func:`put_batch`; only process 0 writes metrics, the bank and the export.
+Multi-host (:mod:`train.distributed`): every process runs the same program; the task
+pipelines give every process the same global task list, and each process owns a
+contiguous block of every batch's rows (where the batch sharding puts them). It rolls out
+only those rows (its own environments; the sampler is one global SPMD program fed with
+process-local rows), builds only those rows of the step batches, and :func:`put_batch`
+assembles the global arrays with ``jax.make_array_from_process_local_data``. No host
+needs another host's environment to be deterministic. What must agree is gathered:
+the bank's admitted experiences (so every host builds and retrieves from the same bank),
+the rollout statistics of the metrics, the held-out trajectories. Only process 0 writes
+metrics, the ledger, the bank and the export; all processes take part in checkpoints.
 
 SIGTERM (preemption) sets a flag that the step loops poll; the current state is then
 saved and :func:`run` returns :data:`PREEMPTED` (exit status 0).
@@ -59,8 +65,9 @@ def evaluate_policy(ctx: RunContext, params) -> dict[str, Any]:
     key = jax.random.fold_in(jax.random.key(ctx.cfg.seed), EVAL_RNG_OFFSET)
     B = ctx.cfg.env.tasks_per_step
     trajs, t0 = [], time.perf_counter()
-    for i in range(0, len(ctx.eval_tasks), B):
-        trajs += ctx.rollout(params, ctx.eval_tasks[i:i + B], jax.random.fold_in(key, i), greedy)
+    for i in range(0, len(ctx.eval_tasks), B):  # split across hosts, every trajectory gathered everywhere
+        trajs += ctx.rollout_split(params, ctx.eval_tasks[i:i + B], jax.random.fold_in(key, i), greedy,
+                                   gather=True)[0]
     stats = behaviour_stats(trajs)
     out = {k: v for k, v in stats.items() if isinstance(v, (int, float))}
     out["reward_mean"] = float(np.mean([t.reward for t in trajs]))
@@ -73,16 +80,16 @@ def evaluate_policy(ctx: RunContext, params) -> dict[str, Any]:
 
 
 def put_batch(system, batch: dict) -> dict:
-    """Host numpy batch -> global arrays on the system's batch shardings.
+    """This process's rows of a batch (numpy) -> global arrays on the system's batch shardings.
 
-    Every process holds the same global batch (see the module docstring), so each device's
-    shard is cut from it with ``make_array_from_callback`` -- valid on one host and on a pod.
+    ``jax.make_array_from_process_local_data``: on one process the rows are the whole
+    batch; on a pod each process passes the rows it owns (see the module docstring).
     """
+    from train.distributed import global_array
     shardings = system.batch_shardings(batch)
     if shardings is None:
         return batch
-    return {k: jax.make_array_from_callback(np.shape(v), shardings[k], lambda idx, v=np.asarray(v): v[idx])
-            for k, v in batch.items()}
+    return {k: global_array(v, shardings[k]) for k, v in batch.items()}
 
 
 def run_steps(ctx: RunContext, stage: str, state, num_steps: int, step_fn: Callable, batch_fn: Callable,
@@ -142,33 +149,48 @@ def run_steps(ctx: RunContext, stage: str, state, num_steps: int, step_fn: Calla
     return state, preempted
 
 
+_ROLLOUT_LOG: dict[str, str] = {}  # "path": where log_rollouts appends (set by run when rollout.log_rollouts)
+
+
+def log_rollouts(stage: str, step: int, trajs, first_row: int) -> None:
+    """Append this step's rollouts (every host's, gathered to all, written by process 0) to
+    ``<workdir>/rollouts.jsonl``: row, producing process, task, ids, mask, reward."""
+    import json
+
+    from train import distributed
+    mine = [{"stage": stage, "step": int(step), "row": first_row + j, "process": jax.process_index(),
+             "task_id": t.task.task_id, "tokens": t.tokens.tolist(), "mask": t.mask.tolist(),
+             "reward": float(t.reward)} for j, t in enumerate(trajs)]
+    rows = distributed.allgather_list(mine)
+    if jax.process_index() == 0 and "path" in _ROLLOUT_LOG:
+        with open(_ROLLOUT_LOG["path"], "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+
+
 # ----------------------------------------------------------------------------- stages
 
 
 def warmup_stage(ctx: RunContext, writer):
     """Supervised warm-up on oracle demonstrations; returns ``(theta, preempted)``."""
     from train import warmup
-    from train.bank_build import batch_rows
+    from train.bank_build import batch_rows, local_share
     from train.data import TaskPipeline
     from train.rollout import training_arrays
 
     cfg, system = ctx.cfg, ctx.system
     theta0, lora0, _ = system.initial_params()
     demos = warmup.demonstrations(ctx, ctx.train_tasks)
+    # the global batch's indices on every process; each builds only the rows it owns
     pipe = TaskPipeline(list(range(len(demos))), cfg.stages.warmup_batch, seed=cfg.seed, process_index=0,
                         process_count=1)
     rows = batch_rows(ctx, cfg.stages.warmup_batch)
     pad_id = ctx.tokenizer.pad_token_id or 0
 
     def batch_fn(s):
-        trajs = [demos[i] for i in pipe[s]]
+        trajs, real = local_share(ctx, [demos[i] for i in pipe[s]], rows)
         arr = training_arrays(trajs, buckets=ctx.seq_buckets(), minimum=128, pad_id=pad_id)
-        batch = {"tokens": arr["tokens"], "attention_mask": arr["attention_mask"], "loss_mask": arr["mask"]}
-        pad = rows - len(trajs)
-        if pad:
-            batch = {k: np.concatenate([v, np.repeat(v[-1:], pad, 0) * (0 if k == "loss_mask" else 1)])
-                     for k, v in batch.items()}
-        return batch
+        arr["mask"][real:] = 0  # padding rows carry no supervision
+        return {"tokens": arr["tokens"], "attention_mask": arr["attention_mask"], "loss_mask": arr["mask"]}
 
     opt, step = warmup.make_sft_step(system, cfg.stages.warmup_lr)
     state = {"step": jnp.zeros((), jnp.int32), "params": jax.tree.map(jnp.copy, theta0)}
@@ -206,7 +228,7 @@ def cold_start_stage(ctx: RunContext, bank, writer):
 
 def lopd_stage(ctx: RunContext, bank, bank_path: str, composer0, writer):
     """The LOPD steps (SPEC 2): rollout with the current student, retrieve, step; ``(state, preempted)``."""
-    from train import mesh as mesh_lib
+    from train import distributed, mesh as mesh_lib
     from train.bank_build import lopd_batch
     from train.data import TaskPipeline
     from train.steps import make_lopd_step
@@ -215,6 +237,8 @@ def lopd_stage(ctx: RunContext, bank, bank_path: str, composer0, writer):
     state, frozen = system.init_state(composer=composer0, seed=cfg.seed)
     shardings = system.state_shardings(state)
     state = mesh_lib.put(state, shardings)
+    # the global task list of a step on every process (one iterator state for all hosts);
+    # each process rolls out and trains on the rows it owns
     pipe = TaskPipeline(ctx.train_tasks, cfg.env.tasks_per_step, seed=cfg.seed, process_index=0, process_count=1)
     key = jax.random.key(cfg.seed)
     holder: dict[str, Any] = {"state": state}
@@ -228,11 +252,19 @@ def lopd_stage(ctx: RunContext, bank, bank_path: str, composer0, writer):
         tasks = [t for t in next(it) for _ in range(cfg.env.group_size)]
         params = ctx.policy_params(holder["state"]["student"], frozen)
         t0 = time.perf_counter()
-        trajs = ctx.rollout(params, tasks, jax.random.fold_in(key, s))
-        info[s] = {"rollouts": len(trajs), "rollout_seconds": time.perf_counter() - t0,
-                   "reward_mean": float(np.mean([t.reward for t in trajs])),
-                   "success_rate": float(np.mean([t.reward >= 1.0 for t in trajs])),
-                   "mean_length": float(np.mean([len(t) for t in trajs]))}
+        trajs, first_row = ctx.rollout_split(params, tasks, jax.random.fold_in(key, s))
+        if len(trajs) * jax.process_count() != len(tasks):
+            raise ValueError(f"{len(tasks)} rollouts per step do not split evenly over {jax.process_count()} "
+                             "processes' batch rows; make env.tasks_per_step * env.group_size a multiple of "
+                             "mesh.data * mesh.fsdp.")
+        seconds = time.perf_counter() - t0
+        stats = distributed.allgather_list([(t.reward, len(t)) for t in trajs])  # every host's rows, in order
+        info[s] = {"rollouts": len(stats), "rollout_seconds": seconds,
+                   "reward_mean": float(np.mean([r for r, _ in stats])),
+                   "success_rate": float(np.mean([r >= 1.0 for r, _ in stats])),
+                   "mean_length": float(np.mean([n for _, n in stats]))}
+        if cfg.rollout.log_rollouts:
+            log_rollouts("lopd", s + 1, trajs, first_row)
         return lopd_batch(ctx, trajs, bank)
 
     compiled: dict[str, Any] = {}
@@ -277,9 +309,12 @@ def run(cfg) -> str | dict:
     from train.arms import resolve_arm, training_stage, uses_composer
     from train.metrics import MetricsWriter, plot_run
 
+    from train import distributed
+
     cfg = resolve_arm(cfg)
     workdir = cfg.workdir
-    resumed = save_run_config(cfg, workdir)
+    resumed = save_run_config(cfg, workdir) if jax.process_index() == 0 else True
+    distributed.sync("run_config")  # process 0 checked and wrote <workdir>/config.json
     install_preemption_handler()
     ledger = StageLedger(workdir)
     log(f"{'resuming' if resumed else 'starting'} run in {workdir}; done: "
@@ -288,6 +323,8 @@ def run(cfg) -> str | dict:
     ctx = RunContext(cfg)
     log(f"built the model and system in {time.perf_counter() - t_build:.1f}s on {jax.device_count()} device(s)")
     writer = MetricsWriter(workdir, console=False)
+    if cfg.rollout.log_rollouts:
+        _ROLLOUT_LOG["path"] = os.path.join(workdir, "rollouts.jsonl")
     times: dict[str, float] = {}
     try:
         # 1. warm-up (tiny random-init models)
@@ -310,7 +347,8 @@ def run(cfg) -> str | dict:
             writer.write(0, "eval_before", ev)
             ledger.mark("eval_before", seconds=time.perf_counter() - t0, **ev)
         before = ledger.result("eval_before")["reward_mean"]
-        print(f"held-out reward before: {before:.4f}", flush=True)
+        if jax.process_index() == 0:
+            print(f"held-out reward before: {before:.4f}", flush=True)
 
         # 3. experience bank
         if not ledger.done("bank"):
@@ -359,7 +397,8 @@ def run(cfg) -> str | dict:
         if jax.process_index() == 0:
             plot_run(os.path.join(workdir, "metrics.jsonl"), os.path.join(workdir, PLOT_FILE),
                      margin=cfg.steps.margin)
-        print(f"held-out reward after: {after:.4f} (before {before:.4f})", flush=True)
+        if jax.process_index() == 0:
+            print(f"held-out reward after: {after:.4f} (before {before:.4f})", flush=True)
         summary = {"before": before, "after": after,
                    "seconds": {s: ledger.result(s).get("seconds") for s in ledger.data}}
         log(f"done: {summary}")

@@ -26,6 +26,12 @@ Caps: at most ``max_env_steps`` environment steps; at most ``max_turn_tokens`` g
 per turn; at most ``max_total_tokens`` in the whole trajectory (prompt and observations
 included). When a cap ends an episode, ``env.finish()`` scores the state. A turn cut off by
 the total cap is not passed to the environment (it cannot be followed by an observation).
+
+Multi-host (a :attr:`Sampler.multihost` sampler): ``tasks`` are this process's rows only
+and ``global_rows`` the size of the whole batch; this process runs only its own
+environments, in the cache rows it owns (:meth:`Sampler.local_rows`), and may have no
+tasks at all. Every process makes the same number of sampler calls: a turn runs while
+any row on any host is live (one small cross-host reduction per turn).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from lopd_jax.chat_base import ChatFormat, TokenTrajectory
 from lopd_jax.envs.base import Environment
 from lopd_jax.splice import SpliceLayout, splice_latents
 from lopd_jax.types import Message, Task, ToolSchema
+from train import distributed
 from train.sampler import Sampler, SamplingParams, bucket
 
 FINISH_DONE = "done"
@@ -199,7 +206,8 @@ def _advance(ep: _Episode, ids: np.ndarray, lps: np.ndarray, raws: np.ndarray, f
 
 def rollout(sampler: Sampler, params, fmt: ChatFormat, make_env: Callable[[], Environment],
             tasks: Sequence[Task], rng: jax.Array, config: RolloutConfig = RolloutConfig(),
-            sampling: SamplingParams | None = None, latents: LatentContext | None = None) -> list[Trajectory]:
+            sampling: SamplingParams | None = None, latents: LatentContext | None = None,
+            global_rows: int | None = None) -> list[Trajectory]:
     """Run one episode per task (repeat a task for a group) with all of them batched.
 
     Args:
@@ -213,11 +221,16 @@ def rollout(sampler: Sampler, params, fmt: ChatFormat, make_env: Callable[[], En
       sampling: overrides the sampler's default :class:`SamplingParams`.
       latents: optional :class:`LatentContext` (one latent row per task): condition the
         policy on composer latents (see the module docstring).
+      global_rows: multi-host only: the rows of the whole batch over all processes
+        (``tasks`` are this process's share; see the module docstring).
 
     Returns:
-      One :class:`Trajectory` per task, in order.
+      One :class:`Trajectory` per task (this process's), in order.
     """
-    if not tasks:
+    multihost = sampler.multihost
+    if multihost and global_rows is None:
+        raise ValueError("a multi-host rollout needs global_rows (the batch size over all processes)")
+    if not tasks and not multihost:
         raise ValueError("rollout needs at least one task")
     missing = set(fmt.stop_ids) - set(sampler.stop_ids)
     if missing:
@@ -248,16 +261,27 @@ def rollout(sampler: Sampler, params, fmt: ChatFormat, make_env: Callable[[], En
                     raise ValueError(f"task {ep.task.task_id!r}: the prompt with the latent block has {len(first)} "
                                      f"tokens, not below max_total_tokens={config.max_total_tokens}; raise the cap")
         rows: list[int | None] = list(range(len(episodes)))
-        cache = sampler.new_cache(len(rows))
+        cache = sampler.new_cache(global_rows if multihost else len(rows))
+        if multihost:
+            lo, hi = sampler.local_rows(cache.batch)
+            if len(rows) > hi - lo:
+                raise ValueError(f"{len(rows)} tasks on this process but it owns {hi - lo} of the "
+                                 f"{cache.batch} rows")
+            rows += [None] * (hi - lo - len(rows))
         turn = 0
-        while any(r is not None for r in rows):
+        while (distributed.global_any(any(r is not None for r in rows)) if multihost
+               else any(r is not None for r in rows)):
             chunks = [None if i is None else episodes[i].pending for i in rows]
             caps = [0 if i is None else min(config.max_turn_tokens,
                                             config.max_total_tokens - len(episodes[i].traj) - episodes[i].extra)
                     for i in rows]
             embeds = None
             if latents is not None and turn == 0:
-                embeds = latents.embeds(chunks, rows, [ep.insert_at for ep in episodes])
+                if any(c is not None for c in chunks):
+                    embeds = latents.embeds(chunks, rows, [ep.insert_at for ep in episodes])
+                else:  # a process without tasks still feeds (empty) embeddings: the same program everywhere
+                    lat = jnp.asarray(latents.latents)
+                    embeds = np.zeros((len(chunks), 1, lat.shape[-1]), lat.dtype)
             gen, cache = sampler.extend(params, cache, chunks, caps, jax.random.fold_in(rng, turn), sampling=sampling,
                                         inputs_embeds=embeds)
             turn += 1
@@ -270,7 +294,7 @@ def rollout(sampler: Sampler, params, fmt: ChatFormat, make_env: Callable[[], En
                 list(pool.map(lambda a: _advance(*a), args))
             rows = [None if i is None or episodes[i].finish_reason is not None else i for i in rows]
             live = [r for r, i in enumerate(rows) if i is not None]
-            if live and sampler.batch_bucket(len(live)) < cache.batch:
+            if live and not multihost and sampler.batch_bucket(len(live)) < cache.batch:
                 cache = sampler.compact(cache, live)
                 rows = [rows[r] for r in live] + [None] * (cache.batch - len(live))
         return [ep.result() for ep in episodes]

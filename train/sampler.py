@@ -29,6 +29,16 @@ ids the cache has not seen (:mod:`train.rollout` does). Rows are caller-managed:
 finished rows (shrinking to a smaller batch bucket) and the cache grows by length buckets
 when a turn needs more room.
 
+Multi-host (:attr:`Sampler.multihost`: a mesh and more than one JAX process): the cache
+and every compiled call stay global SPMD programs, but all per-row host data is
+process-local. ``new_cache(n)`` allocates the global batch bucket of ``n`` rows; this
+process owns rows :meth:`Sampler.local_rows` of it; ``extend``'s ``chunks`` / caps are
+those rows only (built into global arrays with ``jax.make_array_from_process_local_data``),
+the returned :class:`Generation` and ``DecodeCache.lengths`` hold them only (read back from
+the addressable shards). The shapes of a call (chunk bucket, new-token bucket, cache
+capacity) are agreed with one small cross-host max, so every process runs the same
+compiled program even when its own rows are all idle. ``compact`` is single-process only.
+
 Stop strings are checked on the host after the loop: a row whose decoded text contains a
 stop string is truncated right after the token that completes its first occurrence
 (finish reason ``"stop_string"``) and its cache length is rewound to match, so the
@@ -58,6 +68,7 @@ from flax import nnx
 
 from models.decoder import Decoder, KVCache
 from models.partitioning import Rules
+from train import distributed
 from train.decode_step import decode_step, from_layers, layer_weights, to_layers
 from train.sampling import SamplingParams, processed_logprobs, sample_logits
 
@@ -309,6 +320,7 @@ class Sampler:
             decode_layers = "unrolled" if cpu and isinstance(model, Decoder) else "scan"
         self.decode_layers = decode_layers
         self._compiled: dict[tuple, Callable] = {}
+        self.multihost = rules is not None and jax.process_count() > 1
 
     @staticmethod
     def params_of(model: nnx.Module) -> dict:
@@ -341,7 +353,16 @@ class Sampler:
         return KVCache(s, s, self._batch_sharding(1))
 
     def _put(self, x, sharding):
-        return jnp.asarray(x) if sharding is None else jax.device_put(x, sharding)
+        if sharding is None:
+            return jnp.asarray(x)
+        if self.multihost and isinstance(x, np.ndarray):  # this process's rows of a batch-major array
+            return distributed.global_array(x, sharding)
+        return jax.device_put(x, sharding)
+
+    def local_rows(self, batch: int) -> tuple[int, int]:
+        """``[start, stop)``: the rows of a ``batch``-row cache this process owns (all rows
+        on one process)."""
+        return distributed.row_range(self._batch_sharding(1), batch) if self.multihost else (0, batch)
 
     # ----- cache management -----
     def batch_bucket(self, n: int) -> int:
@@ -357,10 +378,11 @@ class Sampler:
         zeros = functools.partial(jnp.zeros, shape, spec.dtype)
         if self.rules is not None:  # build each shard in place, never the whole cache on one device
             zeros = jax.jit(zeros, out_shardings=self._kv_sharding(self._cache_spec, shape).k)
-        return self._set_kv(zeros(), zeros(), np.zeros(b, np.int64))
+        lo, hi = self.local_rows(b)
+        return self._set_kv(zeros(), zeros(), np.zeros(hi - lo, np.int64))
 
     def _set_kv(self, k, v, lengths: np.ndarray) -> DecodeCache:
-        kv = KVCache(k, v, jnp.asarray(lengths, jnp.int32))
+        kv = KVCache(k, v, np.asarray(lengths, np.int32) if self.multihost else jnp.asarray(lengths, jnp.int32))
         if self.rules is not None:
             kv = jax.tree.map(self._put, kv, self._kv_sharding(kv))
         return DecodeCache(kv, np.asarray(lengths, np.int64))
@@ -376,6 +398,8 @@ class Sampler:
     def compact(self, cache: DecodeCache, rows: Sequence[int]) -> DecodeCache:
         """Keep ``rows`` (in this order) in a ``batch_bucket(len(rows))``-row cache; the
         remaining new rows are empty."""
+        if self.multihost:
+            raise NotImplementedError("compact moves rows between processes; a multi-host rollout keeps its rows")
         b = self.batch_bucket(len(rows))
         take = np.zeros(b, np.int32)
         take[: len(rows)] = rows
@@ -428,13 +452,14 @@ class Sampler:
         stop_strings = self.stop_strings if stop_strings is None else tuple(stop_strings)
         if stop_strings and self.decode is None:
             raise ValueError("stop_strings need a decode function (ids -> text): Sampler(..., decode=...)")
-        if len(chunks) > cache.batch:
-            raise ValueError(f"{len(chunks)} chunks but the cache has {cache.batch} rows; "
+        lo, hi = self.local_rows(cache.batch)
+        if len(chunks) > hi - lo:
+            raise ValueError(f"{len(chunks)} chunks but the cache has {hi - lo} rows (on this process); "
                              "allocate with new_cache(len(chunks)) or compact first")
         caps = [max_new_tokens] * len(chunks) if np.isscalar(max_new_tokens) else list(max_new_tokens)
         if len(caps) != len(chunks):
             raise ValueError(f"max_new_tokens has {len(caps)} entries for {len(chunks)} chunks")
-        B = cache.batch
+        B = hi - lo  # this process's rows (all rows on one process)
         clen = np.zeros(B, np.int32)
         cap = np.zeros(B, np.int32)
         for i, (c, m) in enumerate(zip(chunks, caps)):
@@ -446,22 +471,25 @@ class Sampler:
             if int(m) < 1:
                 raise ValueError(f"row {i}: max_new_tokens must be >= 1, got {m}")
             clen[i], cap[i] = len(c), int(m)
-        if not clen.any():
+        need = int((cache.lengths + clen + np.where(clen > 0, cap, 0)).max(initial=0))
+        top_clen, top_cap = int(clen.max(initial=0)), int(cap.max(initial=0))
+        if self.multihost:  # every process compiles and runs the same shapes
+            top_clen, top_cap, need = (int(x) for x in distributed.global_max([top_clen, top_cap, need]))
+        if not top_clen:
             raise ValueError("extend needs at least one row with a chunk")
-        C = bucket(clen.max(), self.buckets.chunk, self.buckets.minimum)
+        C = bucket(top_clen, self.buckets.chunk, self.buckets.minimum)
         if C > self.prefill_block:
             C = -(-C // self.prefill_block) * self.prefill_block
-        n_new = bucket(cap.max(), self.buckets.new_tokens, self.buckets.minimum)
+        n_new = bucket(top_cap, self.buckets.new_tokens, self.buckets.minimum)
         ids = np.full((B, C), self.pad_id, np.int32)
         for i, c in enumerate(chunks):
             if c is not None:
                 ids[i, : len(c)] = c
-        need = int((cache.lengths + clen + np.where(clen > 0, cap, 0)).max())
         cache = self.grow(cache, need)
         embeds = None
         if inputs_embeds is not None:
             e = np.asarray(inputs_embeds)
-            if e.ndim != 3 or e.shape[0] != len(chunks) or e.shape[1] < clen.max():
+            if e.ndim != 3 or e.shape[0] != len(chunks) or e.shape[1] < clen.max(initial=0):
                 raise ValueError(f"inputs_embeds {e.shape} must be [len(chunks)={len(chunks)}, "
                                  f">= {clen.max()}, hidden]")
             embeds = np.zeros((B, C, e.shape[2]), e.dtype)
@@ -469,11 +497,11 @@ class Sampler:
             embeds[: len(chunks), :w] = e[:, :w]
             embeds = self._put(embeds, self._batch_sharding(3))
         bs = self._batch_sharding
-        shapes = (B, C, cache.capacity)
+        shapes = (cache.batch, C, cache.capacity)
         fn = self._fn(n_new, sp.top_k, sp.temperature == 0, shapes, embeds is not None, cache.kv)
         out, kv = fn(params, cache.kv, self._put(ids, bs(2)), self._put(clen, bs(1)), self._put(cap, bs(1)),
                      rng, jnp.float32(sp.temperature), jnp.float32(sp.top_p), embeds)
-        out = jax.tree.map(np.asarray, out)
+        out = jax.tree.map(distributed.local_rows, out)
         n_gen = out["n_gen"].astype(np.int64)
         gen = Generation([None] * len(chunks), [None] * len(chunks), [None] * len(chunks), [None] * len(chunks))
         lengths = cache.lengths + clen + np.maximum(n_gen - 1, 0)
@@ -492,9 +520,8 @@ class Sampler:
             gen.logprobs[i] = out["logprobs"][i, :n]
             gen.raw_logprobs[i] = out["raw_logprobs"][i, :n]
             gen.finish_reasons[i] = reason
-        if not np.array_equal(lengths, np.asarray(kv.lengths)):
-            new = jnp.asarray(lengths, jnp.int32)
-            kv = kv._replace(lengths=new if self.rules is None else jax.device_put(new, bs(1)))
+        if self.multihost or not np.array_equal(lengths, np.asarray(kv.lengths)):
+            kv = kv._replace(lengths=self._put(np.asarray(lengths, np.int32), bs(1)))
         return gen, DecodeCache(kv, lengths)
 
     def generate(self, params, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int],

@@ -12,7 +12,7 @@ produce state keep it in their own checkpoint directory ``<checkpoints>/<stage>`
 
 :func:`maybe_initialize_distributed` calls ``jax.distributed.initialize()`` when the
 process runs on a multi-host TPU slice (detected from the TPU VM environment) or when a
-coordinator address is given explicitly; it is a no-op on one host.
+coordinator address is given (flags or ``JAX_COORDINATOR_ADDRESS``); it is a no-op on one host.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import os
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 STAGES_FILE = "stages.json"
@@ -31,19 +32,18 @@ STAGE_ORDER = ("warmup", "eval_before", "bank", "cold_start", "lopd", "eval_afte
 # ----------------------------------------------------------------------------- multi-host
 
 
-def maybe_initialize_distributed() -> bool:
-    """``jax.distributed.initialize()`` on a multi-host slice; returns whether it ran.
+def maybe_initialize_distributed(coordinator_address: str | None = None, num_processes: int | None = None,
+                                 process_id: int | None = None) -> bool:
+    """``jax.distributed.initialize()`` for a multi-process run; returns whether it ran.
 
-    Detection: ``JAX_COORDINATOR_ADDRESS`` set (explicit cluster), or a TPU VM whose
-    ``TPU_WORKER_HOSTNAMES`` lists more than one host (Cloud TPU sets it on every worker
-    of a pod slice; ``jax.distributed.initialize()`` then finds the coordinator itself).
-    Must run before anything touches a JAX device.
+    Detection (see :func:`train.distributed.initialize`): explicit arguments, else
+    ``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``, else a TPU
+    VM whose ``TPU_WORKER_HOSTNAMES`` lists more than one host (Cloud TPU sets it on every
+    worker of a pod slice; the coordinator is then found automatically). Must run before
+    anything touches a JAX device.
     """
-    hosts = [h for h in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h.strip()]
-    if os.environ.get("JAX_COORDINATOR_ADDRESS") or len(hosts) > 1:
-        jax.distributed.initialize()
-        return True
-    return False
+    from train.distributed import initialize
+    return initialize(coordinator_address, num_processes, process_id)
 
 
 # ----------------------------------------------------------------------------- small file IO
@@ -237,13 +237,37 @@ class RunContext:
         _, lora0, _ = self.system.initial_params()
         if self.student_lora:
             return self.system.backbone(frozen, student)
-        return self.system.backbone(student, jax.tree.map(np.zeros_like, lora0))
+        # zeros on the adapters' own devices (the arrays may span hosts: no host round trip)
+        return self.system.backbone(student, jax.jit(lambda t: jax.tree.map(jnp.zeros_like, t))(lora0))
 
-    def rollout(self, params, tasks, rng, sampling=None):
-        """Trajectories of ``tasks`` under ``params`` (batched as given)."""
+    def rollout(self, params, tasks, rng, sampling=None, *, global_rows: int | None = None):
+        """Trajectories of ``tasks`` under ``params`` (batched as given).
+
+        Multi-host: ``tasks`` are this process's share (the rows it owns) of a batch of
+        ``global_rows`` rows (default: ``len(tasks)`` times the process count).
+        """
         from train.rollout import rollout
+        if self.sampler.multihost and global_rows is None:
+            global_rows = len(tasks) * jax.process_count()
         return rollout(self.sampler, params, self.fmt, self.source.make_env, list(tasks), rng,
-                       self.cfg.rollout.rollout_config(), sampling)
+                       self.cfg.rollout.rollout_config(), sampling, global_rows=global_rows)
+
+    def rollout_split(self, params, tasks, rng, sampling=None, *, gather: bool = False):
+        """Roll out a whole batch ``tasks`` (the same list on every process) split across hosts.
+
+        Each process rolls out only the rows it owns (:meth:`train.sampler.Sampler.local_rows`
+        of the batch bucket) and gets their trajectories back; ``gather=True`` returns every
+        row's trajectory, in order, on every process (:func:`train.distributed.allgather_list`).
+        Returns ``(trajectories, first_row)``: the row of the first returned trajectory.
+        """
+        from train import distributed
+        tasks = list(tasks)
+        if not self.sampler.multihost:
+            return self.rollout(params, tasks, rng, sampling), 0
+        rows = self.sampler.batch_bucket(len(tasks))
+        lo, hi = self.sampler.local_rows(rows)
+        mine = self.rollout(params, tasks[lo:min(hi, len(tasks))], rng, sampling, global_rows=rows)
+        return (distributed.allgather_list(mine), 0) if gather else (mine, lo)
 
     def seq_buckets(self) -> tuple[int, ...]:
         """Training sequence length: one bucket, the total-token cap rounded up to 128, so

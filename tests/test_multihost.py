@@ -1,0 +1,305 @@
+"""Pod behaviour on one machine: ``python -m lopd_jax.train`` as 2 processes x 4 CPU devices.
+
+JAX's multi-controller runtime runs on CPUs (a local coordinator, gloo collectives), so
+the code paths of a multi-host slice run here. One shortened tiny pipeline (warm-up,
+held-out eval, bank, cold start, 3 LOPD steps, eval, export) runs once as 1 process x 8
+devices and once as 2 processes x 4 devices, with the same seed (module fixtures shared
+by the tests). The two must give the same rollouts (ids, masks, rewards, row by row),
+the same bank, the same per-step metrics and final students equal within float
+tolerance (the gloo all-reduce sums in another order than the in-process one).
+
+Then: a run saved by 2 processes resumes on 1 (and the reverse) and finishes like the
+uninterrupted run; kill -9 of one process makes the other exit non-zero within 60 s
+and the rerun resumes; a deliberately host-dependent environment shows each row's
+data comes from the host that owns it. A persistent compilation cache shared by the
+runs keeps the later runs short.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import portpicker
+import pytest
+from safetensors.numpy import load_file
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHORT = ["stages.warmup_steps=2", "stages.warmup_batch=8", "stages.cold_start_steps=2", "stages.cold_start_batch=4",
+         "stages.lopd_steps=3", "stages.eval_tasks=4", "stages.eval_every=0", "env.tasks_per_step=8",
+         "env.kwargs.n_train_per_family=1", "env.kwargs.n_heldout_per_family=1", "bank.min_reward=0.0",
+         "checkpoint.every_steps=1", "checkpoint.keep=3", "composer.max_experience_tokens=64",
+         "rollout.max_env_steps=2", "rollout.max_turn_tokens=32", "rollout.log_rollouts=true"]
+VOLATILE = ("time", "elapsed", "batch_seconds", "train_seconds", "rollout_seconds", "rollouts_per_minute",
+            "eval_seconds")
+UNVERIFIED = pytest.mark.skipif(os.environ.get("LOPD_MULTIHOST_FULL") != "1", reason=(
+    "resume-on-another-count and SIGTERM / kill -9 chains: written but not yet run to completion "
+    "(set LOPD_MULTIHOST_FULL=1)"))
+TIMEOUT = 2400  # generous: a shared 2-core box; on an idle one a run takes a few minutes
+
+
+def _env(devices: int, cache: str) -> dict:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false", JAX_COMPILATION_CACHE_DIR=cache,
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", LOPD_HEARTBEAT_SECONDS="30")
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if "force_host_platform_device_count" not in f]
+    env["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={devices}"])
+    return env
+
+
+def launch(workdir: str, processes: int, cache: str, *extra: str, entry=("-m", "lopd_jax.train")):
+    """Start the run as ``processes`` processes sharing 8 CPU devices; returns the Popens."""
+    port = portpicker.pick_unused_port()
+    procs = []
+    for i in range(processes):
+        dist = ([f"--coordinator_address=localhost:{port}", f"--num_processes={processes}", f"--process_id={i}"]
+                if processes > 1 else [])
+        log = open(f"{workdir}.p{i}.log", "ab")
+        cmd = [sys.executable, *entry, "--config=tiny", f"--workdir={workdir}", *dist, *SHORT, *extra]
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=_env(8 // processes, cache), stdout=log,
+                                      stderr=subprocess.STDOUT))
+    return procs
+
+
+def wait_all(procs, workdir: str, timeout: float = TIMEOUT) -> list[int]:
+    """Exit codes of ``procs`` (killing them all after ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    codes = []
+    try:
+        for p in procs:
+            codes.append(p.wait(timeout=max(1.0, deadline - time.monotonic())))
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        raise AssertionError(f"timed out; log tail:\n{_tail(workdir)}") from None
+    return codes
+
+
+def _tail(workdir: str, n: int = 3000) -> str:
+    out = []
+    for name in sorted(os.listdir(os.path.dirname(workdir))):
+        if name.startswith(os.path.basename(workdir) + ".p") and name.endswith(".log"):
+            text = open(os.path.join(os.path.dirname(workdir), name), errors="replace").read()
+            text = "\n".join(line for line in text.splitlines() if not line.startswith("[Gloo]"))
+            out.append(f"--- {name}\n{text[-n:]}")
+    return "\n".join(out)
+
+
+def run(workdir: str, processes: int, cache: str, *extra: str) -> float:
+    t0 = time.perf_counter()
+    codes = wait_all(launch(workdir, processes, cache, *extra), workdir)
+    assert codes == [0] * processes, _tail(workdir)
+    return time.perf_counter() - t0
+
+
+def records(workdir: str, name: str = "metrics.jsonl") -> list[dict]:
+    with open(os.path.join(workdir, name)) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def metrics(workdir: str) -> dict:
+    """{(stage, step): record without wall-clock fields}; the last record of a key wins."""
+    return {(r["stage"], r["step"]): {k: v for k, v in r.items() if k not in VOLATILE} for r in records(workdir)}
+
+
+def rollouts(workdir: str) -> dict:
+    return {(r["stage"], r["step"], r["row"]): r for r in records(workdir, "rollouts.jsonl")}
+
+
+def export(workdir: str) -> dict:
+    out = {}
+    d = os.path.join(workdir, "export")
+    for f in sorted(os.listdir(d)):
+        if f.endswith(".safetensors"):
+            out.update(load_file(os.path.join(d, f)))
+    return out
+
+
+def assert_metrics_close(a: dict, b: dict, keys=None, rtol=1e-3, atol=1e-5, loose=("anchor", "composer_grad_norm",
+                                                                                    "loss")):
+    """Equal per-step metrics; composer-side values within 5% (Adam's normalised update of
+    near-zero composer gradients amplifies the all-reduce's last-bit differences)."""
+    keys = sorted(a) if keys is None else keys
+    for k in keys:
+        assert k in b, k
+        for name, v in a[k].items():
+            w = b[k].get(name)
+            if isinstance(v, float):
+                tol = 5e-2 if name in loose else rtol
+                assert w == pytest.approx(v, rel=tol, abs=atol), (k, name, v, w)
+            else:
+                assert w == v, (k, name, v, w)
+
+
+def assert_params_close(a: dict, b: dict, atol=2e-4):
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_allclose(a[k].astype(np.float32), b[k].astype(np.float32), atol=atol, rtol=1e-3,
+                                   err_msg=k)
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    return tmp_path_factory.mktemp("multihost")
+
+
+@pytest.fixture(scope="module")
+def cache(base):
+    return str(base / "compile_cache")
+
+
+@pytest.fixture(scope="module")
+def one_host(base, cache):
+    w = str(base / "one_x8")
+    return w, run(w, 1, cache)
+
+
+@pytest.fixture(scope="module")
+def two_hosts(base, cache):
+    w = str(base / "two_x4")
+    return w, run(w, 2, cache)
+
+
+def test_two_processes_match_one(one_host, two_hosts):
+    (w1, t1), (w2, t2) = one_host, two_hosts
+    print(f"\ntiny run wall time: 1 x 8 devices {t1:.1f}s, 2 x 4 devices {t2:.1f}s (ratio {t2 / t1:.2f})")
+    # the same rollouts, row by row; in the 2-process run each row came from its owner
+    r1, r2 = rollouts(w1), rollouts(w2)
+    assert r1.keys() == r2.keys() and len(r1) == 3 * 8
+    for key, a in r1.items():
+        b = r2[key]
+        assert (a["task_id"], a["tokens"], a["mask"], a["reward"]) == (b["task_id"], b["tokens"], b["mask"],
+                                                                       b["reward"]), key
+        assert a["process"] == 0 and b["process"] == key[2] // 4
+    # the same bank (every host's admitted rollouts, in row order)
+    e1 = [json.loads(x) for x in open(os.path.join(w1, "bank", "entries.jsonl"))]
+    e2 = [json.loads(x) for x in open(os.path.join(w2, "bank", "entries.jsonl"))]
+    assert [(e["task_id"], e["token_ids"], e["reward"]) for e in e1] == \
+           [(e["task_id"], e["token_ids"], e["reward"]) for e in e2]
+    # the same per-step metrics (held-out evaluations included), written once
+    m1, m2 = metrics(w1), metrics(w2)
+    assert m1.keys() == m2.keys()
+    assert len(records(w2)) == len(records(w1))
+    assert_metrics_close(m1, m2)
+    assert m1[("lopd", 3)]["rollouts"] == 8
+    # final students equal within float tolerance
+    assert_params_close(export(w1), export(w2))
+
+
+def test_exports_give_same_logits_in_transformers(one_host, two_hosts):
+    import torch
+    import transformers
+    ids = torch.tensor([[1, 5, 9, 200, 17, 3, 42, 7]])
+    logits = []
+    for w, _ in (one_host, two_hosts):
+        model = transformers.AutoModelForCausalLM.from_pretrained(os.path.join(w, "export"),
+                                                                  torch_dtype=torch.float32)
+        with torch.no_grad():
+            logits.append(model(ids).logits.numpy())
+    np.testing.assert_allclose(logits[0], logits[1], atol=2e-3, rtol=1e-3)
+
+
+def _truncate(src: str, dst: str, keep_lopd_step: int) -> None:
+    """A copy of run ``src`` as if it had stopped after LOPD step ``keep_lopd_step``."""
+    shutil.copytree(src, dst)
+    ck = os.path.join(dst, "checkpoints", "lopd")
+    for name in os.listdir(ck):
+        if name.isdigit() and int(name) > keep_lopd_step:
+            shutil.rmtree(os.path.join(ck, name))
+    ledger = json.load(open(os.path.join(dst, "stages.json")))
+    for stage in ("lopd", "eval_after", "export", "plot"):
+        ledger.pop(stage, None)
+    json.dump(ledger, open(os.path.join(dst, "stages.json"), "w"))
+    shutil.rmtree(os.path.join(dst, "export"), ignore_errors=True)
+
+
+@UNVERIFIED
+@pytest.mark.parametrize("saved_by,resumed_by", [(2, 1), (1, 2)])
+def test_resume_on_another_process_count(one_host, two_hosts, base, cache, saved_by, resumed_by):
+    src = (two_hosts if saved_by == 2 else one_host)[0]
+    w = str(base / f"saved{saved_by}_resumed{resumed_by}")
+    _truncate(src, w, keep_lopd_step=1)
+    run(w, resumed_by, cache)
+    assert "lopd: resumed from step 1" in _tail(w)
+    ref = one_host[0] if resumed_by == 1 else two_hosts[0]
+    m, mr = metrics(w), metrics(ref)
+    assert_metrics_close(mr, m, keys=[("lopd", 2), ("lopd", 3), ("eval_after", 3)])
+    r, rr = rollouts(w), rollouts(ref)
+    for key in [k for k in rr if k[1] >= 2]:
+        assert (r[key]["tokens"], r[key]["reward"]) == (rr[key]["tokens"], rr[key]["reward"]), key
+    assert_params_close(export(ref), export(w))
+
+
+def _wait_for(cond, procs, w, what):
+    deadline = time.monotonic() + TIMEOUT
+    while not cond():
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), (what, _tail(w))
+        time.sleep(0.5)
+
+
+@UNVERIFIED
+def test_sigterm_all_then_kill9_one_then_rerun_resumes(two_hosts, base, cache):
+    w = str(base / "preempted")
+    # 1. SIGTERM on every process mid-LOPD: they agree on a step, save it and exit 0
+    procs = launch(w, 2, cache)
+    _wait_for(lambda: os.path.isdir(os.path.join(w, "checkpoints", "lopd", "1", "meta")), procs, w, "lopd step 1")
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    assert wait_all(procs, w) == [0, 0], _tail(w)
+    assert "preempted at step 2" in _tail(w)
+    # 2. the same command resumes; kill -9 of one process mid-LOPD: the other exits non-zero within 60 s
+    procs = launch(w, 2, cache)
+    log0 = w + ".p0.log"
+    _wait_for(lambda: "lopd: resumed from step 2" in open(log0, errors="replace").read(), procs, w, "resume")
+    procs[1].send_signal(signal.SIGKILL)
+    t0 = time.monotonic()
+    code = procs[0].wait(timeout=120)
+    waited = time.monotonic() - t0
+    procs[1].wait()
+    print(f"\nsurvivor exited with {code} {waited:.1f}s after the kill")
+    assert code != 0 and waited < 60, (code, waited, _tail(w))
+    # 3. and again: resumes from the newest checkpoint and finishes like the uninterrupted run
+    run(w, 2, cache)
+    assert_params_close(export(two_hosts[0]), export(w), atol=1e-6)
+    m, ref = metrics(w), metrics(two_hosts[0])
+    assert_metrics_close(ref, m, keys=[("lopd", 2), ("lopd", 3), ("eval_after", 3)], rtol=1e-5)
+    r, rr = rollouts(w), rollouts(two_hosts[0])
+    assert all(r[k]["tokens"] == rr[k]["tokens"] for k in rr), "resumed rollouts differ"
+
+
+def test_host_dependent_environment_rows_come_from_their_owner(tmp_path):
+    """A reward / observation that depends on the host cannot corrupt a batch: each row of
+    the global step batch carries exactly the data of the one process that owns it."""
+    port = portpicker.pick_unused_port()
+    out = str(tmp_path / "rows.json")
+    worker = os.path.join(ROOT, "tests", "multihost_rollout_worker.py")
+    procs = [subprocess.Popen([sys.executable, worker, f"localhost:{port}", "2", str(i), out], cwd=ROOT,
+                              env=_env(4, str(tmp_path / "cc")), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for i in range(2)]
+    logs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(x[-3000:] for x in logs)
+    rows = json.load(open(out))["rows"]
+    assert [r["owner"] for r in rows] == [0, 0, 0, 0, 1, 1, 1, 1]
+    for r in rows:  # the reward offset 10 * (host + 1) says which host's environment scored the row
+        assert 0.0 <= r["reward"] - 10.0 * (r["owner"] + 1) <= 1.0, r
+        assert r["markers"] == [r["owner"]], r  # that host's observations, no other host's
+
+
+def test_incomplete_launch_flags_are_refused(monkeypatch):
+    from lopd_jax.train import main
+    from train.distributed import initialize
+    for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "TPU_WORKER_HOSTNAMES"):
+        monkeypatch.delenv(name, raising=False)
+    assert initialize() is False  # one process: nothing to start
+    with pytest.raises(ValueError, match="missing: \\['coordinator_address', 'process_id'\\]"):
+        initialize(num_processes=2)
+    with pytest.raises(ValueError, match="outside"):
+        initialize("localhost:1", 2, 2)
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "two")
+    with pytest.raises(ValueError, match="not an integer"):
+        initialize()
+    monkeypatch.delenv("JAX_NUM_PROCESSES")
+    assert main(["--config=tiny", "--num_processes=2"]) == 2
