@@ -13,7 +13,10 @@ import json
 import os
 from typing import Any, Sequence
 
-from lopd_jax.config import CONFIG_FILE, ConfigError, TrainConfig, from_dict, to_dict
+from lopd_jax.config import ConfigError, TrainConfig
+from lopd_jax.overrides import from_dict, to_dict
+
+CONFIG_FILE = "config.json"
 
 # Keys a resumed run may change: lengths, schedules, I/O and memory layout (restore
 # reshards onto any mesh; remat / attention blocking / logits chunking / micro-batching

@@ -52,7 +52,8 @@ def resolve_paths(cfg):
 
 def resolve_config(argv: Sequence[str] | None = None):
     """The validated :class:`lopd_jax.config.TrainConfig` for ``argv``; ConfigError on problems."""
-    from lopd_jax.config import ConfigError, apply_overrides, load_config
+    from lopd_jax.config import ConfigError
+    from lopd_jax.overrides import apply_overrides, load_config
 
     args = build_parser().parse_args(argv)
     cfg = load_config(args.config)

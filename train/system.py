@@ -27,6 +27,7 @@ import optax
 from flax import nnx
 
 from lopd_jax.composer import ComposerConfig, compose, make_compressor
+from lopd_jax.defaults import MARGIN, TOP_M
 from lopd_jax.splice import SpliceLayout
 from models.decoder import Decoder
 from models.lora import LoRAParam
@@ -45,10 +46,10 @@ class StepConfig:
     :func:`train.steps.make_lopd_step`); 0 = every local trajectory in one pass.
     """
 
-    margin: float = 0.05
+    margin: float = MARGIN
     anchor_weight: float = 0.2
     eta_beta: float = 0.5
-    top_m: int = 20
+    top_m: int = TOP_M
     composer_kl_weighting: str = "rollout_mean"
     freeze_composer: bool = False
     student_mode: str = "full"
