@@ -5,7 +5,7 @@
 # Extras: make tpu (libtpu: TPU VMs and AOT compile checks), make bfcl (BFCL data).
 # Installs use constraints.txt, the tested lock of every package version.
 
-PYTHON ?= python3.11
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip -q --disable-pip-version-check
