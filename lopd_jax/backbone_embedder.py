@@ -21,7 +21,7 @@ import numpy as np
 from flax import nnx
 
 from lopd_jax.embedders import Embedder
-from train.sampler import bucket
+from lopd_jax.shapes import bucket
 
 
 def last_token_pool(hidden: jax.Array, attention_mask: jax.Array) -> jax.Array:
