@@ -2,8 +2,8 @@
 
 What is compared, and how:
 
-* the same random-weight Qwen3 model (hidden 512, 8 layers, vocab 32,000, untied, fp32 by
-  default) -- built by ``transformers``, saved, and loaded by ``models.from_pretrained``,
+* the same random-weight Qwen3 model (57.9M parameters by default: hidden 512, 8 layers,
+  vocab 32,000, untied embeddings, fp32) -- built by ``transformers``, saved, and loaded by ``models.from_pretrained``,
   so both sides hold identical weights -- and the same token batch (4 x 512 by default);
 * one training step's work on each side: the token-mean next-token cross-entropy and its
   gradient with respect to every parameter (no optimizer update);
