@@ -11,6 +11,11 @@ anything imports JAX:
 * a GPU is visible: left unset (JAX picks its GPU plugin if one is installed).
 * otherwise: ``JAX_PLATFORMS=cpu``, so libtpu is never asked to look for chips.
 
+It also sets ``TRANSFORMERS_NO_ADVISORY_WARNINGS=1`` (unless set): the programs use
+``transformers`` for tokenizers and checkpoint I/O only, and without PyTorch installed
+(the runtime needs none) it would otherwise print "PyTorch was not found. Models won't be
+available" on every start.
+
 A TPU counts as visible when the host has TPU device files -- ``/dev/accel*`` (v2-v5p
 TPU VMs) or ``/dev/vfio/<n>`` (v5e / v6e TPU VMs) -- or a PCI device of Google's vendor
 id 0x1ae0 in ``/sys/bus/pci/devices`` (the check JAX's own ``hardware_utils`` uses).
@@ -56,6 +61,7 @@ def configure_platform(environ: MutableMapping[str, str] | None = None, root: st
     environment alone.
     """
     env = os.environ if environ is None else environ
+    env.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     if "JAX_PLATFORMS" in env or tpu_visible(root) or gpu_visible(root):
         return None
     env["JAX_PLATFORMS"] = "cpu"

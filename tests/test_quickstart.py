@@ -26,8 +26,8 @@ SHORT = ["stages.warmup_steps=3", "stages.warmup_batch=4", "stages.cold_start_st
          "checkpoint.every_steps=1", "composer.max_experience_tokens=64", "rollout.max_env_steps=2",
          "rollout.max_turn_tokens=32"]
 # what libtpu prints when it looks for a TPU on a host without one
-TPU_NOISE = re.compile(r"libtpu|TPU accelerator type|host bounds|worker hostname|TPU_WORKER_HOSTNAMES|^E0000",
-                       re.M | re.I)
+TPU_NOISE = re.compile(r"libtpu|TPU accelerator type|host bounds|worker hostname|TPU_WORKER_HOSTNAMES|^E0000"
+                       r"|PyTorch was not found", re.M | re.I)
 
 
 def quickstart_commands(path: str = README) -> list[str]:

@@ -34,7 +34,8 @@ def test_tpu_detection(tmp_path, files, vendor, tpu):
 
 def test_cpu_host_defaults_to_cpu(tmp_path):
     env = {}
-    assert configure_platform(env, root=_host(tmp_path)) == "cpu" and env == {"JAX_PLATFORMS": "cpu"}
+    assert configure_platform(env, root=_host(tmp_path)) == "cpu"
+    assert env == {"JAX_PLATFORMS": "cpu", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
 
 
 @pytest.mark.parametrize("files,env", [
@@ -45,7 +46,7 @@ def test_cpu_host_defaults_to_cpu(tmp_path):
 ])
 def test_platform_left_alone(tmp_path, files, env):
     root = _host(tmp_path, *files)
-    before = dict(env)
+    before = dict(env, TRANSFORMERS_NO_ADVISORY_WARNINGS="1")
     assert configure_platform(env, root=root) is None and env == before
     assert gpu_visible(root) is ("dev/nvidia0" in files)
 
