@@ -85,7 +85,7 @@ def test_readme_quickstart_runs_verbatim(tmp_path):
             assert (cwd / out / "config.json").is_file() and list((cwd / out).glob("*.safetensors"))
         else:  # evaluate prints its metrics as JSON
             metrics = json.loads(stdout[stdout.index("{"):])
-            assert 0.0 <= metrics["reward_mean"] <= 1.0
+            assert 0.0 <= metrics["mean_reward"] <= 1.0
 
 
 def test_quickstart_block_is_found(tmp_path):
