@@ -3,7 +3,7 @@
 The commands are read from the README's block between ``<!-- quickstart -->`` and
 ``<!-- /quickstart -->``, so the README cannot drift from what works. Each runs as
 written, relative workdir included, with the tiny run shortened by dotted overrides
-appended to the train command (and ``--num_tasks`` to the evaluations). JAX_PLATFORMS is
+appended to the train command (and fewer, shorter tasks to the evaluations). JAX_PLATFORMS is
 left unset, as a new user's shell has it: the output must carry no libtpu TPU-detection
 noise and must start by saying which devices and processes the run uses.
 """
@@ -25,6 +25,7 @@ SHORT = ["stages.warmup_steps=3", "stages.warmup_batch=4", "stages.cold_start_st
          "env.kwargs.n_train_per_family=1", "env.kwargs.n_heldout_per_family=1", "bank.min_reward=0.0",
          "checkpoint.every_steps=1", "composer.max_experience_tokens=64", "rollout.max_env_steps=2",
          "rollout.max_turn_tokens=32"]
+EVAL_SHORT = ["--num_tasks=2", "--max_turn_tokens=32", "--max_steps=2"]
 # what libtpu prints when it looks for a TPU on a host without one
 TPU_NOISE = re.compile(r"libtpu|TPU accelerator type|host bounds|worker hostname|TPU_WORKER_HOSTNAMES|^E0000"
                        r"|PyTorch was not found", re.M | re.I)
@@ -58,7 +59,7 @@ def test_readme_quickstart_runs_verbatim(tmp_path):
     for command in commands:
         argv = shlex.split(command)
         assert argv[:2] == ["python", "-m"], f"quickstart commands are python -m programs: {command}"
-        extra = SHORT if argv[2] == "lopd_jax.train" else (["--num_tasks=2"] if argv[2] == "lopd_jax.evaluate" else [])
+        extra = {"lopd_jax.train": SHORT, "lopd_jax.evaluate": EVAL_SHORT}.get(argv[2], [])
         proc = subprocess.run([sys.executable, *argv[1:], *extra], cwd=cwd, env=_env(), capture_output=True,
                               text=True, timeout=900)
         out = proc.stdout + proc.stderr
