@@ -75,6 +75,17 @@ def resolve_config(argv: Sequence[str] | None = None):
     return cfg
 
 
+def run_training(cfg):
+    """Save (or check, on resume) ``<workdir>/config.json``, then run every stage of ``cfg``
+    with :func:`train.loop.run`; returns its result. Programs that train (this one, sweeps)
+    call this rather than ``train.loop.run`` so every run directory holds its config."""
+    from lopd_jax.run_config import save_run_config
+    from train import loop
+
+    resumed = save_run_config(cfg)  # refuses a workdir that holds a run of another config
+    return loop.run(cfg, resumed=resumed)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point (see the module docstring for exit codes)."""
     from lopd_jax.startup import configure_platform
@@ -91,11 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from lopd_jax.startup import describe_devices
     print(f"[lopd] {describe_devices()}", file=sys.stderr, flush=True)
     from lopd_jax.bank import EmptyBankError
-    from lopd_jax.run_config import save_run_config
     from train import loop
     try:
-        resumed = save_run_config(cfg)  # refuses a workdir that holds a run of another config
-        result = loop.run(cfg, resumed=resumed)
+        result = run_training(cfg)
     except ConfigError as e:  # e.g. a resumed workdir holding another config
         print(f"error: {e}", file=sys.stderr)
         return 2
