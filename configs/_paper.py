@@ -11,6 +11,7 @@ Where the paper and the authors' release differ, these configs follow the releas
 from lopd_jax.composer import ComposerConfig
 from lopd_jax.config import (BankSection, CheckpointSection, EnvSection, ModelSection, RolloutSection,
                              StagesSection, TrainConfig)
+from lopd_jax.defaults import MARGIN, TOP_M
 from models.config import LoraConfig
 from train.mesh import MeshConfig
 from train.system import StepConfig
@@ -33,7 +34,7 @@ def paper_config(name: str, *, source: str = "envscaler", workdir: str,
         composer=ComposerConfig(num_latents=32, depth=8, n_ret=3, ff_mult=4,
                                 lora=LoraConfig(rank=8, alpha=16.0, dropout=0.0), max_experience_tokens=None,
                                 ff_bias=False),
-        steps=StepConfig(margin=0.05, anchor_weight=0.2, eta_beta=0.5, top_m=20, logits_chunk=1024, micro_batch=1,
+        steps=StepConfig(margin=MARGIN, anchor_weight=0.2, eta_beta=0.5, top_m=TOP_M, logits_chunk=1024, micro_batch=1,
                          student_lr=1e-5, composer_lr=1e-5, student_clip=1.0, composer_clip=1.0,
                          cold_start_lr=1e-5, cold_start_encoder_clip=3.0, cold_start_compressor_clip=30.0,
                          composer_kl_weighting="rollout_mean", composer_margin_weighting="rollout_mean",

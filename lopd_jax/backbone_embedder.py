@@ -22,7 +22,7 @@ import numpy as np
 from flax import nnx
 
 from lopd_jax.embedders import Embedder
-from train.sampler import bucket
+from lopd_jax.shapes import bucket
 
 POOL_TOKEN = "<|endoftext|>"
 """The token Qwen3-Embedding appends before last-token pooling (id 151643 for Qwen3)."""

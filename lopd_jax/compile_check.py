@@ -1,13 +1,23 @@
-"""Ahead-of-time compile of the real-size LOPD step for a TPU topology, on a CPU host.
+"""Ahead-of-time compile of a run config's LOPD step for a TPU topology, on a CPU host.
 
-    python -m lopd_jax.compile_check --model=qwen3_8b --topology=v5p-32 \
-        --batch=32 --seq=40960 [--mesh.fsdp=-1 --remat=full --attention=blockwise ...]
+    python -m lopd_jax.compile_check --config=qwen3_8b --topology=v5p-32 [dotted.key=value ...]
+
+Compiles exactly the step ``python -m lopd_jax.train --config=NAME`` runs: the attention
+kernel, micro-batching, mesh and sharding rules, dtypes, remat and lengths all come from
+``configs/NAME.py`` through :func:`train.step_spec.step_spec` (the function the trainer
+builds its system from); batch = ``env.tasks_per_step * env.group_size``, sequence =
+``rollout.max_total_tokens`` (rounded up to 128), experiences =
+``composer.n_ret x composer.max_experience_tokens``. Change any of them with the trainer's
+dotted overrides (``env.tasks_per_step=16 rollout.max_total_tokens=8192
+steps.micro_batch=0 mesh.fsdp=8 model.attention_impl=blockwise``); ``--rule=LOGICAL=AXIS``
+remaps one logical sharding axis on top of the config's rules.
 
 Uses JAX's AOT path with ``libtpu`` installed and no chips (``jax.experimental.topologies``),
 abstract shapes and no weights. Prints per-chip memory (arguments, outputs, temporaries,
-total vs HBM), compiled FLOPs per step, analytic model FLOPs and their ratio; exits 1 when
-the step does not fit in HBM. ``--topology=cpu:8`` does the same on simulated CPU devices.
+total vs HBM) and analytic model FLOPs per step; exits 1 when the step does not fit in
+HBM, 2 on a bad config. ``--topology=cpu:8`` does the same on simulated CPU devices.
 
+``--flops`` also counts the compiled FLOPs (minutes more at real sizes):
 ``compiled.cost_analysis()`` counts a scan / while body once, so the FLOP count compiles
 two extra *unrolled* variants (1 and 2 layers; layer, logits-chunk and micro-batch loops
 unrolled) and extrapolates linearly in depth; remat recomputation is included, as it is in
@@ -102,36 +112,24 @@ def model_flops(mcfg, ccfg, batch: int, seq: int, exp_len: int, l_ins: int) -> d
     return {"student": student, "teacher": teacher, "encoder": encoder, "total": student + teacher + encoder}
 
 
-def build_step(mcfg, ccfg, step_cfg, devices, mesh_cfg, batch, seq, exp_len):
-    """(compiled, system) for the LOPD step lowered on ``devices`` with abstract inputs."""
-    import jax
-    import jax.numpy as jnp
+def build_step(spec, layout, devices):
+    """(compiled, system) for the LOPD step of ``spec`` lowered on ``devices`` with abstract inputs."""
     from flax import nnx
 
     from lopd_jax.composer import make_compressor
-    from lopd_jax.splice import SpliceLayout
     from models.decoder import Decoder
     from train import mesh as mesh_lib
+    from train.step_spec import abstract_lopd_batch
     from train.steps import make_lopd_step
     from train.system import LOPDSystem
 
-    mesh = mesh_lib.make_mesh(mesh_cfg, devices)
-    rules = mesh_lib.rules_for(mesh, mesh_cfg)
-    backbone = nnx.eval_shape(lambda: Decoder(mcfg, rngs=nnx.Rngs(0), rules=rules))
-    compressor = nnx.eval_shape(lambda: make_compressor(mcfg, ccfg, nnx.Rngs(0)))
-    layout = SpliceLayout(before_ids=tuple(range(1, 17)), after_ids=tuple(range(17, 33)),
-                          num_slots=ccfg.num_slots, slot_id=0)
-    system = LOPDSystem(backbone, compressor, ccfg, layout, step_cfg, rules)
+    mesh = mesh_lib.make_mesh(spec.mesh, devices)
+    rules = mesh_lib.rules_for(mesh, spec.mesh)
+    backbone = nnx.eval_shape(lambda: Decoder(spec.model, rngs=nnx.Rngs(0), rules=rules))
+    compressor = nnx.eval_shape(lambda: make_compressor(spec.model, spec.composer, nnx.Rngs(0)))
+    system = LOPDSystem(backbone, compressor, spec.composer, layout, spec.steps, rules)
     state, frozen = system.abstract_state()
-    b = {
-        "tokens": jax.ShapeDtypeStruct((batch, seq), jnp.int32),
-        "attention_mask": jax.ShapeDtypeStruct((batch, seq), jnp.bool_),
-        "loss_mask": jax.ShapeDtypeStruct((batch, seq), jnp.float32),
-        "insert_at": jax.ShapeDtypeStruct((batch,), jnp.int32),
-        "exp_tokens": jax.ShapeDtypeStruct((batch, ccfg.n_ret, exp_len), jnp.int32),
-        "exp_mask": jax.ShapeDtypeStruct((batch, ccfg.n_ret, exp_len), jnp.bool_),
-        "rewards": jax.ShapeDtypeStruct((batch,), jnp.float32),
-    }
+    b = abstract_lopd_batch(spec)
     step = make_lopd_step(system, state, b)
     compiled = step.lower(state, frozen, b).compile()
     return compiled, system
@@ -167,11 +165,9 @@ def splash_kernel_flops(hlo_text: str, block: int, q_per_kv: int) -> float:
     return total
 
 
-def rules_with(overrides) -> tuple:
-    """The default logical-axis rules with ``name=axis[+axis]`` overrides (``none`` = replicated)."""
-    from models.partitioning import DEFAULT_RULES
-
-    table = dict(DEFAULT_RULES)
+def rules_with(rules, overrides) -> tuple:
+    """``rules`` (logical axis -> mesh axes) with ``name=axis[+axis]`` overrides (``none`` = replicated)."""
+    table = dict(rules)
     for item in overrides or ():
         name, _, axes = item.partition("=")
         if name not in table or not axes:
@@ -181,74 +177,92 @@ def rules_with(overrides) -> tuple:
     return tuple(table.items())
 
 
+def run_config(args):
+    """The :class:`lopd_jax.config.TrainConfig` the check compiles: ``configs/<args.config>.py``
+    with the dotted overrides and ``--rule`` remaps applied; ConfigError on problems."""
+    import dataclasses
+
+    from lopd_jax.overrides import apply_overrides, load_config
+
+    cfg = apply_overrides(load_config(args.config), args.overrides)
+    if args.rule:
+        cfg = dataclasses.replace(cfg, mesh=dataclasses.replace(cfg.mesh, rules=rules_with(cfg.mesh.rules, args.rule)))
+    return cfg
+
+
+def step_inputs(cfg):
+    """``(StepSpec, SpliceLayout)`` of ``cfg``: what the trainer's
+    :class:`train.stages.RunContext` builds its LOPD step from (same functions, same tokenizer)."""
+    from train.stages import run_tokenizer
+    from train.step_spec import splice_layout, step_spec
+
+    spec = step_spec(cfg)
+
+    def source():
+        from lopd_jax.envs.registry import get_task_source
+        return get_task_source(cfg.env.source, **cfg.env.kwargs)
+
+    tokenizer = run_tokenizer(cfg, spec.model.family, source)
+    return spec, splice_layout(cfg, spec.model.family, tokenizer)[2]
+
+
 def _gib(x):
     return x / 2**30
 
 
 def run(args) -> dict:
-    """Compile, measure and return the report dict."""
-    import jax
-
-    from lopd_jax.composer import ComposerConfig
-    from models.config import named_config
-    from train.mesh import MeshConfig
-    from train.system import StepConfig
-
+    """Compile, measure and return the report dict (see :func:`parse_args` for ``args``)."""
+    cfg = run_config(args)
+    spec, layout = step_inputs(cfg)
     devices, gen, hbm = topology_devices(args.topology)
-    mcfg = named_config(args.model, dtype=args.dtype, param_dtype=args.param_dtype, remat_policy=args.remat,
-                        attention_impl=args.attention, attention_block_q=args.block, attention_block_kv=args.block)
-    ccfg = ComposerConfig(num_latents=args.latents, n_ret=args.n_ret, depth=args.depth)
-    mcfg = mcfg.replace(lora=ccfg.lora)
-    if args.layers:
-        mcfg = mcfg.replace(num_layers=args.layers, layer_types=mcfg.layer_types[:args.layers])
-    step_cfg = StepConfig(logits_chunk=args.logits_chunk, top_m=args.top_m, micro_batch=args.micro_batch)
-    mesh_cfg = MeshConfig(data=args.data, fsdp=args.fsdp, tensor=args.tensor, rules=rules_with(args.rule))
+    mcfg, ccfg = spec.model, spec.composer
+    from models.partitioning import DEFAULT_RULES
+    head = {"config": args.config, "model": cfg.model.name or cfg.model.hf_path, "topology": args.topology,
+            "chips": len(devices), "batch": spec.batch, "seq": spec.seq, "exp_len": spec.exp_len,
+            "mesh": dict(zip(("data", "fsdp", "tensor"), spec.mesh.shape(len(devices)))),
+            "rules": [list(r) for r in spec.mesh.rules if r not in DEFAULT_RULES], "remat": mcfg.remat_policy, "attention": mcfg.attention_impl,
+            "dtype": mcfg.dtype, "param_dtype": mcfg.param_dtype, "logits_chunk": spec.steps.logits_chunk,
+            "micro_batch": spec.steps.micro_batch, "hbm_gib": hbm}
     t0 = time.time()
     try:
-        compiled, system = build_step(mcfg, ccfg, step_cfg, devices, mesh_cfg, args.batch, args.seq, args.exp_len)
+        compiled, system = build_step(spec, layout, devices)
     except Exception as e:  # XLA:TPU refuses to compile a program that cannot fit in HBM
         match = re.search(r"HLO temporaries \(([\d.]+)G\) exceeds available HBM \(([\d.]+)G\)", str(e))
         if not match:
             raise
-        return {"model": args.model, "topology": args.topology, "chips": len(devices), "batch": args.batch,
-                "seq": args.seq, "remat": args.remat, "attention": args.attention, "fits": False,
-                "compile_s": round(time.time() - t0, 1), "hbm_gib": hbm,
-                "per_chip_gib": {"temporaries": float(match.group(1))},  # XLA prints GiB as "G"
-                "error": str(e).splitlines()[0][:300]}
+        return head | {"fits": False, "compile_s": round(time.time() - t0, 1),
+                       "per_chip_gib": {"temporaries": float(match.group(1))},  # XLA prints GiB as "G"
+                       "error": str(e).splitlines()[0][:300]}
     compile_s = time.time() - t0
     mem = compiled.memory_analysis()
     total = mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes + mem.temp_size_in_bytes
-    report = {
-        "model": args.model, "topology": args.topology, "chips": len(devices), "batch": args.batch,
-        "seq": args.seq, "exp_len": args.exp_len, "mesh": dataclasses.asdict(mesh_cfg) | {"rules": args.rule},
-        "remat": args.remat, "attention": args.attention, "logits_chunk": args.logits_chunk,
-        "micro_batch": args.micro_batch,
+    report = head | {
         "compile_s": round(compile_s, 1),
         "per_chip_gib": {"arguments": _gib(mem.argument_size_in_bytes), "outputs": _gib(mem.output_size_in_bytes),
                          "aliased": _gib(mem.alias_size_in_bytes), "temporaries": _gib(mem.temp_size_in_bytes),
                          "total": _gib(total)},
-        "hbm_gib": hbm,
     }
-    mf = model_flops(mcfg, ccfg, args.batch, args.seq, args.exp_len, system.layout.length)
+    mf = model_flops(mcfg, ccfg, spec.batch, spec.seq, spec.exp_len, system.layout.length)
     report["model_flops"] = mf["total"]
-    if not args.skip_flops:
+    if args.flops:
         from lopd_jax.losses_kl import unroll_scans
 
         per = []
-        splash = args.attention == "splash"
-        batch_l = system.batch_shards(args.batch) if splash else args.batch
+        splash = mcfg.attention_impl == "splash"
+        batch_l = system.batch_shards(spec.batch) if splash else spec.batch
         for layers in (1, 2):
             cfg_l = mcfg.replace(num_layers=layers, layer_types=mcfg.layer_types[:layers], scan_layers=False,
                                  attention_impl="splash" if splash else "plain")
-            s_cfg = (dataclasses.replace(step_cfg, micro_batch=0) if splash
-                     else dataclasses.replace(step_cfg, logits_chunk=args.seq))
+            s_cfg = (dataclasses.replace(spec.steps, micro_batch=0) if splash
+                     else dataclasses.replace(spec.steps, logits_chunk=spec.seq))
+            spec_l = dataclasses.replace(spec, model=cfg_l, steps=s_cfg, batch=batch_l)
             with unroll_scans():
-                c, _ = build_step(cfg_l, ccfg, s_cfg, devices, mesh_cfg, batch_l, args.seq, args.exp_len)
+                c, _ = build_step(spec_l, layout, devices)
             flops = float(c.cost_analysis()["flops"])
             if splash:
-                flops += splash_kernel_flops(c.as_text(), args.block, mcfg.num_heads // mcfg.num_kv_heads)
+                flops += splash_kernel_flops(c.as_text(), mcfg.attention_block_q, mcfg.num_heads // mcfg.num_kv_heads)
             per.append(flops)
-        compiled_flops = (per[0] + (mcfg.num_layers - 1) * (per[1] - per[0])) * len(devices) * args.batch / batch_l
+        compiled_flops = (per[0] + (mcfg.num_layers - 1) * (per[1] - per[0])) * len(devices) * spec.batch / batch_l
         report["compiled_flops"] = compiled_flops
         report["flops_ratio"] = compiled_flops / mf["total"]
     report["fits"] = hbm is None or report["per_chip_gib"]["total"] <= hbm
@@ -257,56 +271,48 @@ def run(args) -> dict:
 
 def parse_args(argv=None):
     """Command-line arguments of the compile check."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", "--config", dest="model", default="qwen3_8b",
-                   help="named model config (models.config.named_config)")
+    p = argparse.ArgumentParser(prog="python -m lopd_jax.compile_check", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="qwen3_8b", help="a configs/NAME.py run config (default qwen3_8b)")
     p.add_argument("--topology", default="v5p-32", help="v5p-32, v5e-64, v6e-8, ... or cpu:N")
-    p.add_argument("--batch", type=int, default=32, help="trajectories per step")
-    p.add_argument("--seq", type=int, default=40960, help="tokens per trajectory")
-    p.add_argument("--exp_len", type=int, default=2048, help="tokens per retrieved experience")
-    p.add_argument("--latents", type=int, default=32)
-    p.add_argument("--n_ret", type=int, default=3)
-    p.add_argument("--depth", type=int, default=8)
-    p.add_argument("--layers", type=int, default=0, help="override the number of layers (0 = as configured)")
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--param_dtype", default="float32")
-    p.add_argument("--remat", default="full")
-    p.add_argument("--attention", default="blockwise")
-    p.add_argument("--block", type=int, default=512, help="attention block size")
-    p.add_argument("--logits_chunk", type=int, default=1024)
-    p.add_argument("--top_m", type=int, default=20)
-    p.add_argument("--micro_batch", type=int, default=0,
-                   help="trajectories per batch shard per forward/backward pass (0 = all at once)")
-    p.add_argument("--data", type=int, default=1)
-    p.add_argument("--fsdp", type=int, default=-1)
-    p.add_argument("--tensor", type=int, default=1)
     p.add_argument("--rule", action="append", default=[],
-                   help="logical-axis rule override, repeatable: e.g. --rule=act_embed=tensor")
-    p.add_argument("--skip_flops", action="store_true", help="skip the unrolled FLOP-count compiles")
+                   help="logical-axis rule remap on top of the config's, repeatable: --rule=act_embed=tensor")
+    p.add_argument("--flops", action="store_true",
+                   help="also count compiled FLOPs (two more compiles of unrolled 1- and 2-layer variants)")
     p.add_argument("--json", default=None, help="also write the report here")
+    p.add_argument("overrides", nargs="*", help="dotted config overrides key=value, as for lopd_jax.train")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     """Entry point: print the table; exit 1 when the step does not fit."""
+    from lopd_jax.startup import configure_platform
+
     args = parse_args(argv)
+    if not args.topology.startswith("cpu:"):
+        os.environ.setdefault("JAX_PLATFORMS", "")  # the TPU plugin compiles for the topology
+    configure_platform()
     try:
         report = run(args)
-    except ValueError as e:
+    except ValueError as e:  # ConfigError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         return 2
     m = report["per_chip_gib"]
     if "error" in report:
-        print(f"LOPD step  model={report['model']}  topology={report['topology']} ({report['chips']} chips)  "
+        print(f"LOPD step  config={report['config']}  topology={report['topology']} ({report['chips']} chips)  "
               f"batch={report['batch']} x {report['seq']} tokens: DOES NOT FIT -- XLA needs "
               f"{m['temporaries']:.1f} GiB of temporaries per chip (HBM {report['hbm_gib']} GiB)")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(report, f, indent=2)
         return 1
-    print(f"LOPD step  model={report['model']}  topology={report['topology']} ({report['chips']} chips)  "
-          f"batch={report['batch']} x {report['seq']} tokens  remat={report['remat']}  "
-          f"attention={report['attention']}  compile {report['compile_s']} s")
+    mesh = report["mesh"]
+    print(f"LOPD step  config={report['config']} ({report['model']})  topology={report['topology']} "
+          f"({report['chips']} chips)  batch={report['batch']} x {report['seq']} tokens, "
+          f"experiences {report['exp_len']}  mesh data={mesh['data']} fsdp={mesh['fsdp']} tensor={mesh['tensor']}"
+          + (f"  rules changed: {report['rules']}" if report["rules"] else ""))
+    print(f"  attention={report['attention']}  micro_batch={report['micro_batch']}  remat={report['remat']}  "
+          f"dtype={report['dtype']} (params {report['param_dtype']})  logits_chunk={report['logits_chunk']}  "
+          f"compile {report['compile_s']} s")
     print(f"  per chip GiB: arguments {m['arguments']:.2f}  outputs {m['outputs']:.2f}  aliased {m['aliased']:.2f}  "
           f"temporaries {m['temporaries']:.2f}  total {m['total']:.2f}"
           + (f"  / HBM {report['hbm_gib']:.0f}" if report["hbm_gib"] else ""))

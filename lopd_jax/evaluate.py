@@ -213,7 +213,14 @@ def _mean_generated(values, mask) -> float:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point."""
+    from lopd_jax.paths import resolve_path
+    from lopd_jax.startup import configure_platform
+
+    configure_platform()  # before JAX is imported: no libtpu detection noise on CPU hosts
     args = parse_args(argv)
+    if args.model not in (None, TINY):
+        args.model = resolve_path(args.model)
+    args.composer_from, args.out = resolve_path(args.composer_from), resolve_path(args.out)
     try:
         result = evaluate(args)
     except (ValueError, FileNotFoundError, ImportError) as e:

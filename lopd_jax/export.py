@@ -35,7 +35,9 @@ def restore_student(workdir: str, step: int | None = None):
     from train.checkpoint import Checkpointer, abstract_tree
     from train.stages import RunContext
 
-    cfg = load_run_config(workdir)
+    import dataclasses
+
+    cfg = dataclasses.replace(load_run_config(workdir), workdir=workdir)  # the run may have moved
     ctx = RunContext(cfg)
     system = ctx.system
     if cfg.stages.warmup_steps > 0:  # theta0 is the warm-up result
@@ -55,7 +57,12 @@ def restore_student(workdir: str, step: int | None = None):
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point."""
+    from lopd_jax.paths import resolve_path
+    from lopd_jax.startup import configure_platform
+
+    configure_platform()  # before JAX is imported: no libtpu detection noise on CPU hosts
     args = build_parser().parse_args(argv)
+    args.workdir, args.out = resolve_path(args.workdir), resolve_path(args.out)
     from lopd_jax.config import ConfigError
     from train.checkpoint import CheckpointError
     try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from lopd_jax.defaults import MARGIN, TOP_M
 from lopd_jax.losses_kl import (
     TAIL_LOG_CLAMP,
     chunked_distill_stats,
@@ -216,7 +217,7 @@ def lopd_loss_from_stats(
     latents: jax.Array | None = None,
     latents0: jax.Array | None = None,
     *,
-    margin: float = 0.05,
+    margin: float = MARGIN,
     anchor_weight: float = 0.2,
     composer_kl_weighting: str = "rollout_mean",
     totals: dict[str, jax.Array] | None = None,
@@ -302,10 +303,10 @@ def lopd_objective(
     latents: jax.Array | None = None,
     latents0: jax.Array | None = None,
     *,
-    margin: float = 0.05,
+    margin: float = MARGIN,
     anchor_weight: float = 0.2,
     composer_kl_weighting: str = "rollout_mean",
-    top_m: int = 20,
+    top_m: int = TOP_M,
     chunk_size: int = 512,
     compute_dtype=jnp.float32,
     totals: dict[str, jax.Array] | None = None,

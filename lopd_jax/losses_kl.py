@@ -22,6 +22,8 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
+from lopd_jax.defaults import TOP_M
+
 # Upper clamp on log(sum of top-M probs): keeps the tail bucket >= ~1e-7 (SPEC 2.7).
 TAIL_LOG_CLAMP = -1e-7
 
@@ -111,7 +113,7 @@ def _check_top_m(top_m: int, vocab: int) -> None:
 
 
 def topm_tail_reverse_kl(
-    student_logits: jax.Array, teacher_logits: jax.Array, top_m: int = 20
+    student_logits: jax.Array, teacher_logits: jax.Array, top_m: int = TOP_M
 ) -> jax.Array:
     """Reverse KL over the teacher's top-M tokens plus one tail bucket (SPEC 2.7).
 
@@ -232,7 +234,7 @@ def chunked_distill_stats(
     teacher_head: jax.Array,
     targets: jax.Array,
     *,
-    top_m: int = 20,
+    top_m: int = TOP_M,
     chunk_size: int = 512,
     compute_dtype=jnp.float32,
     teacher_kl_grad_scale: jax.Array | None = None,

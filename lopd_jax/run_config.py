@@ -13,7 +13,10 @@ import json
 import os
 from typing import Any, Sequence
 
-from lopd_jax.config import CONFIG_FILE, ConfigError, TrainConfig, from_dict, to_dict
+from lopd_jax.config import ConfigError, TrainConfig
+from lopd_jax.overrides import from_dict, to_dict
+
+CONFIG_FILE = "config.json"
 
 # Keys a resumed run may change: lengths, schedules, I/O and memory layout (restore
 # reshards onto any mesh; remat / attention blocking / logits chunking / micro-batching
@@ -60,34 +63,36 @@ def check_resume(saved: TrainConfig, current: TrainConfig, allowed: Sequence[str
 
 
 def save_run_config(cfg: TrainConfig, workdir: str | None = None) -> bool:
-    """Write ``<workdir>/config.json``; if one exists, check the resume first.
+    """Write ``<workdir>/config.json`` (local or ``gs://``); if one exists, check the resume first.
 
     Returns True when a saved config was found (a resumed run); the file is then
-    rewritten with the allowed changes.
+    rewritten with the allowed changes. Only process 0 writes.
     """
+    from train.stages import write_json
+
     workdir = workdir or cfg.workdir
-    path = os.path.join(workdir, CONFIG_FILE)
-    resumed = os.path.exists(path)
+    resumed = _read(workdir) is not None
     if resumed:
         check_resume(load_run_config(workdir), cfg)
-    os.makedirs(workdir, exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(to_dict(cfg), f, indent=2, sort_keys=True)
-    os.replace(tmp, path)
+    write_json(workdir, CONFIG_FILE, to_dict(cfg))
     return resumed
 
 
-def load_run_config(workdir: str) -> TrainConfig:
-    """The config saved in ``<workdir>/config.json``."""
-    path = os.path.join(workdir, CONFIG_FILE)
+def _read(workdir: str) -> Any | None:
+    from train.stages import read_json
+
     try:
-        with open(path) as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"no {CONFIG_FILE} in {workdir}; is this a run directory?") from None
+        return read_json(workdir, CONFIG_FILE)
     except json.JSONDecodeError as e:
-        raise ConfigError(f"{path} is not valid JSON ({e}); delete it to start over.") from None
+        raise ConfigError(f"{os.path.join(workdir, CONFIG_FILE)} is not valid JSON ({e}); "
+                          "delete it to start over.") from None
+
+
+def load_run_config(workdir: str) -> TrainConfig:
+    """The config saved in ``<workdir>/config.json`` (local or ``gs://``)."""
+    data = _read(workdir)
+    if data is None:
+        raise ConfigError(f"no {CONFIG_FILE} in {workdir}; is this a run directory?")
     return from_dict(data)
 
 

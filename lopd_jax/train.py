@@ -43,14 +43,31 @@ def _exists(path: str) -> bool:
     return path.startswith("gs://") or os.path.exists(path)
 
 
+def resolve_paths(cfg):
+    """``cfg`` with its local paths absolute (``workdir``, ``checkpoint.directory``,
+    ``model.hf_path``, ``bank.path``, ``bank.embedder_path``; see :mod:`lopd_jax.paths`),
+    so the run works from any directory and its config.json names where things are."""
+    import dataclasses
+
+    from lopd_jax.paths import resolve_path
+
+    r = resolve_path
+    return dataclasses.replace(
+        cfg, workdir=r(cfg.workdir),
+        checkpoint=dataclasses.replace(cfg.checkpoint, directory=r(cfg.checkpoint.directory)),
+        model=dataclasses.replace(cfg.model, hf_path=r(cfg.model.hf_path)),
+        bank=dataclasses.replace(cfg.bank, path=r(cfg.bank.path), embedder_path=r(cfg.bank.embedder_path)))
+
+
 def resolve_config(argv: Sequence[str] | None = None):
     """The validated :class:`lopd_jax.config.TrainConfig` for ``argv``; ConfigError on problems."""
-    from lopd_jax.config import ConfigError, apply_overrides, load_config
+    from lopd_jax.config import ConfigError
+    from lopd_jax.overrides import apply_overrides, load_config
 
     args = build_parser().parse_args(argv)
     cfg = load_config(args.config)
     overrides = list(args.overrides) + ([f"workdir={args.workdir}"] if args.workdir else [])
-    cfg = apply_overrides(cfg, overrides)
+    cfg = resolve_paths(apply_overrides(cfg, overrides))
     m, b = cfg.model, cfg.bank
     if m.hf_path and not _exists(m.hf_path):
         raise ConfigError(f"model.hf_path={m.hf_path!r}: no such checkpoint directory; point it at a Hugging Face "
@@ -67,8 +84,25 @@ def resolve_config(argv: Sequence[str] | None = None):
     return cfg
 
 
+def run_training(cfg):
+    """Save (or check, on resume) ``<workdir>/config.json``, then run every stage of ``cfg``
+    with :func:`train.loop.run`; returns its result. Programs that train (this one, sweeps)
+    call this rather than ``train.loop.run`` so every run directory holds its config."""
+    import jax
+
+    from lopd_jax.run_config import save_run_config
+    from train import distributed, loop
+
+    # refuses a workdir that holds a run of another config; process 0 checks and writes
+    resumed = save_run_config(cfg) if jax.process_index() == 0 else True
+    distributed.sync("run_config")
+    return loop.run(cfg, resumed=resumed)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point (see the module docstring for exit codes)."""
+    from lopd_jax.startup import configure_platform
+    configure_platform()  # before JAX is imported: no libtpu detection noise on CPU hosts
     from lopd_jax.config import ConfigError
 
     try:
@@ -83,11 +117,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    from lopd_jax.startup import describe_devices
+    print(f"[lopd] {describe_devices()}", file=sys.stderr, flush=True)
     from lopd_jax.bank import EmptyBankError
     from train import loop
     from train.nonfinite import NonFiniteError
     try:
-        result = loop.run(cfg)
+        result = run_training(cfg)
     except ConfigError as e:  # e.g. a resumed workdir holding another config
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -96,6 +132,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 3
     if result == loop.PREEMPTED:
         print("preempted: state saved; rerun the same command to resume.", file=sys.stderr)
+    else:
+        print(f"plot: {os.path.join(cfg.workdir, loop.PLOT_FILE)}\n"
+              f"export (Hugging Face checkpoint of the student): {os.path.join(cfg.workdir, loop.EXPORT_DIR)}",
+              flush=True)
     return 0
 
 

@@ -12,7 +12,6 @@ from typing import Any, Literal
 
 import jax.numpy as jnp
 
-LayerType = Literal["full_attention", "sliding_attention"]
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch", "save_attn_out")
 ATTENTION_IMPLS = ("plain", "blockwise", "splash")
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")

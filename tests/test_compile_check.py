@@ -1,4 +1,4 @@
-"""The AOT compile check runs for the tiny config on a small TPU topology (libtpu, no chips)."""
+"""The AOT compile check: run configs + overrides on a small TPU topology (libtpu, no chips), and the\nsame step inputs as the trainer."""
 
 import json
 import os
@@ -18,23 +18,57 @@ def _has_libtpu():
     return True
 
 
+TINY_TPU = ["model.attention_impl=splash", "steps.micro_batch=1", "env.tasks_per_step=8",
+            "rollout.max_total_tokens=128", "composer.max_experience_tokens=32", "model.attention_block_q=128",
+            "model.attention_block_kv=128", "steps.logits_chunk=64"]
+
+
 @pytest.mark.skipif(not _has_libtpu(), reason="libtpu not installed (pip install -r requirements-tpu.txt)")
 def test_compile_check_tiny_on_v5p_8(tmp_path):
     """The TPU layout of the named configs: splash kernel under shard_map (Mosaic lowering)
-    and 2 micro-batches per step (8 trajectories over 4 chips, 1 per micro-step)."""
+    and 2 micro-batches per step (8 trajectories over 4 chips, 1 per micro-step), all set
+    by dotted overrides of the tiny run config."""
     out = tmp_path / "report.json"
-    env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="")
-    cmd = [sys.executable, "-m", "lopd_jax.compile_check", "--model=tiny_qwen3", "--topology=v5p-8",
-           "--batch=8", "--seq=128", "--exp_len=32", "--latents=4", "--depth=2", "--block=128",
-           "--logits_chunk=64", "--attention=splash", "--micro_batch=1", "--skip_flops", f"--json={out}"]
+    env = dict(os.environ, XLA_FLAGS="")
+    env.pop("JAX_PLATFORMS", None)
+    cmd = [sys.executable, "-m", "lopd_jax.compile_check", "--config=tiny", "--topology=v5p-8", *TINY_TPU,
+           f"--json={out}"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
     assert report["chips"] == 4 and report["fits"] and report["attention"] == "splash"
-    assert report["micro_batch"] == 1
+    assert report["micro_batch"] == 1 and report["batch"] == 8 and report["seq"] == 128
+    assert report["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
     assert 0 < report["per_chip_gib"]["total"] < 1.0
     assert report["model_flops"] > 0
     assert "per chip GiB" in proc.stdout
+
+
+def test_compile_check_and_trainer_build_the_same_step():
+    """From one config name and overrides, the compile check's step inputs are the ones the
+    trainer's RunContext builds its LOPD system from (model, composer, step, mesh, shapes,
+    latent-block layout)."""
+    from lopd_jax.compile_check import parse_args, run_config, step_inputs
+    from lopd_jax.overrides import apply_overrides, load_config
+    from train.stages import RunContext
+
+    overrides = ["env.kwargs.n_train_per_family=1", "env.kwargs.n_heldout_per_family=1", "steps.micro_batch=2",
+                 "rollout.max_total_tokens=300", "model.attention_impl=blockwise", "mesh.fsdp=4", "mesh.data=2"]
+    args = parse_args(["--config=tiny", "--topology=cpu:8", *overrides])
+    spec, layout = step_inputs(run_config(args))
+    ctx = RunContext(apply_overrides(load_config("tiny"), overrides))
+    assert spec == ctx.spec and layout == ctx.layout
+    assert (spec.batch, spec.seq, spec.exp_len) == (8, 384, 256)
+    assert ctx.model_cfg == spec.model and spec.model.attention_impl == "blockwise"
+    assert ctx.system.step_cfg == spec.steps and spec.steps.micro_batch == 2
+    assert ctx.mesh.shape == {"data": 2, "fsdp": 4, "tensor": 1}
+    assert ctx.seq_buckets() == (spec.seq,)
+
+
+def test_compile_check_rejects_unknown_config_key():
+    from lopd_jax.compile_check import main
+
+    assert main(["--config=tiny", "--topology=cpu:8", "steps.top_mm=3"]) == 2
 
 
 def test_compile_check_rejects_unknown_topology():

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from lopd_jax.config import ConfigError, TrainConfig, apply_overrides, from_dict, known_configs, load_config, to_dict
+from lopd_jax.config import ConfigError, TrainConfig
+from lopd_jax.overrides import apply_overrides, from_dict, known_configs, load_config, to_dict
 from lopd_jax.run_config import check_resume, config_diff, load_run_config, save_run_config
 
 pytestmark = pytest.mark.timeout(60)

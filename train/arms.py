@@ -41,8 +41,8 @@ SUCCESS = 1.0  # reward of a solved task (SDPO's "successful sibling")
 def resolve_arm(cfg):
     """``cfg`` with what its arm implies applied and checked: ``lopd_frozen_composer`` sets
     ``steps.freeze_composer``; group arms need ``arms.group_size`` to divide the rollouts
-    per step. Raises :class:`lopd_jax.config.ConfigError`."""
-    from lopd_jax.config import ConfigError
+    per step. Raises :class:`lopd_jax.errors.ConfigError`."""
+    from lopd_jax.errors import ConfigError
     if cfg.arm == "lopd_frozen_composer" and not cfg.steps.freeze_composer:
         cfg = dataclasses.replace(cfg, steps=dataclasses.replace(cfg.steps, freeze_composer=True))
     if cfg.arm in GROUP_ARMS:

@@ -113,7 +113,8 @@ class Checkpointer:
                  async_save: bool = True):
         if every_steps < 1 or keep < 1:
             raise ValueError(f"every_steps={every_steps} and keep={keep} must both be >= 1.")
-        self.directory = str(directory)
+        from lopd_jax.paths import resolve_path
+        self.directory = resolve_path(directory)  # Orbax needs absolute local paths
         self.every_steps = every_steps
         options = ocp.CheckpointManagerOptions(
             save_interval_steps=every_steps, max_to_keep=keep, create=True,

@@ -301,9 +301,12 @@ def lopd_stage(ctx: RunContext, bank, bank_path: str, composer0, writer):
 # ----------------------------------------------------------------------------- the run
 
 
-def run(cfg) -> str | dict:
-    """Run (or resume) every stage of ``cfg``; returns the summary dict or :data:`PREEMPTED`."""
-    from lopd_jax.run_config import save_run_config
+def run(cfg, resumed: bool = False) -> str | dict:
+    """Run (or resume) every stage of ``cfg``; returns the summary dict or :data:`PREEMPTED`.
+
+    The caller saves (and checks) the run's config.json first -- ``lopd_jax.train`` does,
+    with :func:`lopd_jax.run_config.save_run_config` -- and says whether it ``resumed``.
+    """
     from train.bank_build import build_bank, load_bank
     from train.checkpoint import install_preemption_handler
     from train.arms import resolve_arm, training_stage, uses_composer
@@ -313,8 +316,6 @@ def run(cfg) -> str | dict:
 
     cfg = resolve_arm(cfg)
     workdir = cfg.workdir
-    resumed = save_run_config(cfg, workdir) if jax.process_index() == 0 else True
-    distributed.sync("run_config")  # process 0 checked and wrote <workdir>/config.json
     install_preemption_handler()
     ledger = StageLedger(workdir)
     log(f"{'resuming' if resumed else 'starting'} run in {workdir}; done: "

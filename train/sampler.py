@@ -66,6 +66,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from lopd_jax.shapes import bucket
 from models.decoder import Decoder, KVCache
 from models.partitioning import Rules
 from train import distributed
@@ -102,16 +103,6 @@ class BucketConfig:
                 raise ValueError(f"BucketConfig.{name}={b}: use positive sizes in ascending order")
         if self.minimum < 1:
             raise ValueError(f"BucketConfig.minimum must be >= 1, got {self.minimum}")
-
-
-def bucket(n: int, buckets: Sequence[int] = (), minimum: int = 1, multiple_of: int = 1) -> int:
-    """The smallest configured bucket >= ``n``, else the next power of two >= max(n, minimum),
-    rounded up to a multiple of ``multiple_of``."""
-    n = max(int(n), 1)
-    size = next((b for b in buckets if b >= n), None)
-    if size is None:
-        size = 1 << (max(n, minimum) - 1).bit_length()
-    return -(-size // multiple_of) * multiple_of
 
 
 @dataclasses.dataclass

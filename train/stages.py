@@ -113,7 +113,9 @@ def domain_corpus(source, split: str, family: str) -> str:
     return _builtin_corpus() + "\n" + "\n".join(dict.fromkeys(texts))
 
 
-def _tokenizer(cfg, family: str, source):
+def run_tokenizer(cfg, family: str, source_fn):
+    """The run's tokenizer (``model.tokenizer``; ``auto`` resolved as :class:`lopd_jax.config.ModelSection`
+    says). ``source_fn()`` gives the task source, needed only by the tiny tokenizer (its corpus)."""
     m = cfg.model
     kind = m.tokenizer
     if kind == "auto":
@@ -122,7 +124,7 @@ def _tokenizer(cfg, family: str, source):
         from lopd_jax.tokenizers import tiny_tokenizer
         # as many base tokens as the model's vocabulary leaves room for (the corpus may give fewer)
         return tiny_tokenizer(family, vocab_size=max(512, (m.vocab_size or 512) - 32),
-                              corpus=domain_corpus(source, cfg.env.train_split, family))
+                              corpus=domain_corpus(source_fn(), cfg.env.train_split, family))
     if kind == "hf":
         import transformers
         return transformers.AutoTokenizer.from_pretrained(m.hf_path)
@@ -157,29 +159,24 @@ class RunContext:
     def __init__(self, cfg):
         from flax import nnx
 
-        from lopd_jax.chat import make_chat_format
         from lopd_jax.envs.registry import get_task_source
-        from lopd_jax.splice import SpliceLayout
         from models.decoder import Decoder
         from train import mesh as mesh_lib
         from train.sampler import BucketConfig, Sampler
+        from train.step_spec import splice_layout, step_spec
         from train.system import LOPDSystem
 
         self.cfg = cfg
-        self.model_cfg = cfg.model_config()
+        self.spec = step_spec(cfg)  # the LOPD step's shapes and settings (shared with the compile check)
+        self.model_cfg = self.spec.model
         self.source = get_task_source(cfg.env.source, **cfg.env.kwargs)
-        self.tokenizer = _tokenizer(cfg, self.model_cfg.family, self.source)
+        self.tokenizer = run_tokenizer(cfg, self.model_cfg.family, lambda: self.source)
         if len(self.tokenizer) > self.model_cfg.vocab_size:
             raise ValueError(f"the tokenizer has {len(self.tokenizer)} tokens but the model's vocabulary is "
                              f"{self.model_cfg.vocab_size}; raise model.vocab_size.")
-        self.fmt = make_chat_format(self.model_cfg.family, self.tokenizer,
-                                    enable_thinking=cfg.rollout.enable_thinking,
-                                    use_tokenizer_template=cfg.model.uses_checkpoint_template)
-        self.block = self.fmt.framing_ids(cfg.composer.latent_framing())
-        self.layout = SpliceLayout(tuple(self.block.before_ids), tuple(self.block.after_ids),
-                                   self.block.num_slots, self.block.slot_id)
-        self.mesh = mesh_lib.make_mesh(cfg.mesh)
-        self.rules = mesh_lib.rules_for(self.mesh, cfg.mesh)
+        self.fmt, self.block, self.layout = splice_layout(cfg, self.model_cfg.family, self.tokenizer)
+        self.mesh = mesh_lib.make_mesh(self.spec.mesh)
+        self.rules = mesh_lib.rules_for(self.mesh, self.spec.mesh)
         if cfg.model.hf_path:
             from models import from_pretrained
             m = cfg.model
@@ -190,7 +187,8 @@ class RunContext:
                                        attention_block_kv=m.attention_block_kv)
         else:
             backbone = Decoder(self.model_cfg, rngs=nnx.Rngs(cfg.seed), rules=self.rules)
-        self.system = LOPDSystem.create(backbone, cfg.composer, self.layout, cfg.steps, self.rules, seed=cfg.seed)
+        self.system = LOPDSystem.create(backbone, self.spec.composer, self.layout, self.spec.steps, self.rules,
+                                        seed=cfg.seed)
         # place theta0 / LoRA / compressor on the mesh once (random init builds on one device)
         theta, lora, comp = self.system.initial_params()
         self.system._theta0 = mesh_lib.put(theta, self.system.frozen_shardings())
@@ -272,4 +270,4 @@ class RunContext:
     def seq_buckets(self) -> tuple[int, ...]:
         """Training sequence length: one bucket, the total-token cap rounded up to 128, so
         every step of a stage has one shape and compiles once."""
-        return (-(-self.cfg.rollout.max_total_tokens // 128) * 128,)
+        return (self.spec.seq,)

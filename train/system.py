@@ -27,6 +27,7 @@ import optax
 from flax import nnx
 
 from lopd_jax.composer import ComposerConfig, compose, make_compressor
+from lopd_jax.defaults import MARGIN, TOP_M
 from lopd_jax.splice import SpliceLayout
 from models.decoder import Decoder
 from models.lora import LoRAParam
@@ -55,10 +56,10 @@ class StepConfig:
     (the loop stops after that many consecutive skipped steps; 0 = never).
     """
 
-    margin: float = 0.05
+    margin: float = MARGIN
     anchor_weight: float = 0.2
     eta_beta: float = 0.5
-    top_m: int = 20
+    top_m: int = TOP_M
     composer_kl_weighting: str = "rollout_mean"
     composer_margin_weighting: str = "rollout_mean"
     freeze_composer: bool = False

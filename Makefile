@@ -1,0 +1,60 @@
+# Two commands from a fresh clone (Python 3.11; each creates .venv on first use):
+#   make demo   set up and run the tiny LOPD run on the CPU (minutes): held-out reward
+#               before / after, plot and Hugging Face export under workdirs/tiny
+#   make test   set up and run the whole test suite (CPU, 8 simulated devices)
+# Extras: make tpu (libtpu: TPU VMs and AOT compile checks), make bfcl (BFCL data).
+# Installs use constraints.txt, the tested lock of every package version.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip -q --disable-pip-version-check
+INSTALL := $(PIP) install -c constraints.txt
+# bfcl-eval's declared pins clash with ours (see requirements-bfcl.txt): installed --no-deps
+BFCL_EVAL := bfcl-eval==2026.3.23
+# demo run directory and extra dotted overrides: make demo WORKDIR=workdirs/t2 ARGS="stages.lopd_steps=8"
+WORKDIR ?= workdirs/tiny
+ARGS ?=
+
+.PHONY: help demo test install tpu bfcl test-deps clean
+
+help:
+	@sed -n '1,6p' Makefile
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# stamp files: an install reruns when its requirement files change
+$(VENV)/.runtime: pyproject.toml requirements.txt constraints.txt | $(BIN)/python
+	$(INSTALL) -e .
+	@touch $@
+
+$(VENV)/.test: $(VENV)/.runtime requirements-test.txt
+	$(INSTALL) -e ".[test]"
+	@touch $@
+
+$(VENV)/.tpu: $(VENV)/.runtime requirements-tpu.txt
+	$(INSTALL) -e ".[tpu]"
+	@touch $@
+
+$(VENV)/.bfcl: $(VENV)/.runtime requirements-bfcl.txt
+	$(INSTALL) -e ".[bfcl]"
+	$(PIP) install --no-deps $(BFCL_EVAL)
+	@touch $@
+
+install: $(VENV)/.runtime
+tpu: $(VENV)/.tpu
+bfcl: $(VENV)/.bfcl
+# the suite covers the BFCL environment and the TPU compile check, so it installs both
+test-deps: $(VENV)/.test $(VENV)/.tpu $(VENV)/.bfcl
+
+demo: $(VENV)/.runtime
+	$(BIN)/python -m lopd_jax.train --config=tiny --workdir=$(WORKDIR) $(ARGS)
+
+test: test-deps
+	@$(BIN)/python -c "import jax, flax, transformers, torch; print('jax', jax.__version__, 'flax', flax.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__)"
+	@rc=0; $(BIN)/python -m pytest -q tests || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
+
+clean:
+	rm -rf $(VENV) *.egg-info

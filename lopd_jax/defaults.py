@@ -1,0 +1,12 @@
+"""Defaults of the method that several modules share, written once (arXiv 2608.13040).
+
+``TOP_M``: the teacher's top-M tokens the reverse KL is taken over (plus one tail bucket
+for the rest of the vocabulary). ``MARGIN``: the privilege margin m of the composer's
+Lagrangian constraint (the teacher conditioned on latents must beat the unconditioned
+one by m in mean log-likelihood of the student's tokens). docs/method.md explains both.
+"""
+
+TOP_M = 20
+MARGIN = 0.05
+
+__all__ = ["TOP_M", "MARGIN"]

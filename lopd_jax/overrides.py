@@ -1,0 +1,241 @@
+"""Named run configs and dotted command-line overrides (the parser of the config schema).
+
+    cfg = load_config("tiny")                                   # configs/tiny.py
+    cfg = apply_overrides(cfg, ["steps.margin=0.1", "rollout.temperature=1.0"])
+
+:mod:`lopd_jax.config` defines the schema (the :class:`~lopd_jax.config.TrainConfig`
+dataclass tree and its checks); this module finds named configs in the :mod:`configs`
+package, parses ``dotted.key=value`` overrides to each field's type, and converts configs
+to and from JSON dicts (``<workdir>/config.json``, :mod:`lopd_jax.run_config`). Every
+problem raises :class:`~lopd_jax.config.ConfigError` naming the key and the fix.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import importlib
+import json
+import pkgutil
+import re
+import types
+import typing
+from typing import Any, Literal, Sequence
+
+from lopd_jax.config import _DEFER_CROSS_CHECKS, ConfigError, TrainConfig, _matches, _type_name
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def known_configs() -> list[str]:
+    """Names of the config modules of the :mod:`configs` package (importable from any directory)."""
+    import configs
+
+    names = {m.name for m in pkgutil.iter_modules(configs.__path__)}
+    return sorted(n for n in names if not n.startswith("_"))
+
+
+def load_config(name: str) -> TrainConfig:
+    """``configs/<name>.py``'s ``CONFIG`` (or ``config()``), validated."""
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name or "") or name not in known_configs():
+        close = difflib.get_close_matches(name or "", known_configs(), n=3)
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise ConfigError(f"unknown config {name!r}{hint}; known configs: {known_configs()}")
+    module = importlib.import_module(f"configs.{name}")
+    if hasattr(module, "CONFIG"):
+        cfg = module.CONFIG
+    elif callable(getattr(module, "config", None)):
+        cfg = module.config()
+    else:
+        raise ConfigError(f"configs/{name}.py defines neither CONFIG nor config(); add one returning a TrainConfig.")
+    if not isinstance(cfg, TrainConfig):
+        raise ConfigError(f"configs/{name}.py gave a {type(cfg).__name__}, not a TrainConfig.")
+    return cfg
+
+
+# ----------------------------------------------------------------------------- overrides
+
+_NONE = ("none", "null")
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+
+
+def _freeze(v: Any) -> Any:
+    """JSON / literal lists -> tuples, recursively (for tuple-typed fields)."""
+    return tuple(_freeze(x) for x in v) if isinstance(v, (list, tuple)) else v
+
+
+def parse_value(text: str, tp: Any, key: str) -> Any:
+    """``text`` parsed to type hint ``tp``; :class:`ConfigError` naming ``key`` if it does not fit."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    s = text.strip()
+    if origin in (typing.Union, types.UnionType):
+        if type(None) in args and s.lower() in _NONE:
+            return None
+        for a in (a for a in args if a is not type(None)):
+            try:
+                return parse_value(s, a, key)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{key}={text!r}: expected {' or '.join(_type_name(a) for a in args)}.")
+    if origin is Literal:
+        for choice in args:
+            if s == str(choice) or (isinstance(choice, bool) and s.lower() == str(choice).lower()):
+                return choice
+        raise ConfigError(f"{key}={text!r}: choose one of {list(args)}.")
+    if tp is bool:
+        if s.lower() in _TRUE:
+            return True
+        if s.lower() in _FALSE:
+            return False
+        raise ConfigError(f"{key}={text!r}: expected a bool (true/false).")
+    if tp is int:
+        try:
+            f = float(s)  # also accepts 1e3-style spellings of whole numbers
+            if f.is_integer() and abs(f) < 2 ** 53:
+                return int(f)
+        except ValueError:
+            pass
+        raise ConfigError(f"{key}={text!r}: expected an int.")
+    if tp is float:
+        try:
+            return float(s)
+        except ValueError:
+            raise ConfigError(f"{key}={text!r}: expected a float.") from None
+    if tp is str:
+        return text
+    if origin is tuple or tp is tuple:
+        if s.startswith(("(", "[")):
+            items = _loose(s)
+            if not isinstance(items, (list, tuple)):
+                raise ConfigError(f"{key}={text!r}: expected a tuple.")
+        else:
+            items = [p.strip() for p in s.split(",") if p.strip()]
+        if len(args) == 2 and args[1] is ... and args[0] in (int, float, bool, str):
+            return tuple(_coerce(x, args[0], f"{key}[{i}]") for i, x in enumerate(items))
+        return _freeze(items)
+    if origin is dict or tp is dict:
+        v = _loose(s)
+        if not isinstance(v, dict):
+            raise ConfigError(f"{key}={text!r}: expected a JSON object.")
+        return v
+    return _loose(s)
+
+
+def _coerce(x: Any, tp: type, key: str) -> Any:
+    """One tuple element (a string to parse, or an already-parsed literal) as ``tp``."""
+    if isinstance(x, str) and tp is not str:
+        return parse_value(x, tp, key)
+    if not _matches(x, tp):
+        raise ConfigError(f"{key}={x!r}: expected {_type_name(tp)}.")
+    return float(x) if tp is float else x
+
+
+def _loose(s: str) -> Any:
+    """A literal if ``s`` reads as one (numbers, bools, lists, None), else the string."""
+    if s.lower() in _TRUE[:1] + _FALSE[:1]:
+        return s.lower() == "true"
+    if s.lower() in _NONE:
+        return None
+    try:
+        return json.loads(s)
+    except json.JSONDecodeError:
+        try:
+            return ast.literal_eval(s)
+        except (ValueError, SyntaxError):
+            return s
+
+
+def _set(obj: Any, parts: list[str], text: str, key: str) -> Any:
+    """A copy of dataclass ``obj`` with the dotted field ``parts`` set from ``text``."""
+    names = [f.name for f in dataclasses.fields(obj)]
+    head = parts[0]
+    if head not in names:
+        close = difflib.get_close_matches(head, names, n=3)
+        where = key[: len(key) - len(".".join(parts))].rstrip(".") or "the config"
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ConfigError(f"unknown key {key!r}: {where} has no field {head!r}{hint} (fields: {names})")
+    cur, tp = getattr(obj, head), typing.get_type_hints(type(obj))[head]
+    if len(parts) == 1:
+        if dataclasses.is_dataclass(cur):
+            sub = [f.name for f in dataclasses.fields(cur)]
+            raise ConfigError(f"{key} is a section; set one of its fields, e.g. {key}.{sub[0]}=... (fields: {sub})")
+        new = parse_value(text, tp, key)
+    elif dataclasses.is_dataclass(cur):
+        new = _set(cur, parts[1:], text, key)
+    elif isinstance(cur, dict) and len(parts) == 2:
+        new = {**cur, parts[1]: _loose(text.strip())}
+    else:
+        raise ConfigError(f"unknown key {key!r}: {head!r} is a {_type_name(tp)}, not a section.")
+    try:
+        return dataclasses.replace(obj, **{head: new})
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{key}={text!r}: {e}") from None
+
+
+def apply_overrides(cfg: TrainConfig, overrides: Sequence[str]) -> TrainConfig:
+    """``cfg`` with each ``"dotted.key=value"`` applied in order (a leading ``--`` is allowed).
+
+    Values are parsed to the field's type: int, float, bool (true/false), str, None
+    (``none``/``null`` for optional fields), tuples (``a,b,c`` or a Python/JSON literal),
+    JSON objects for dict fields (``env.kwargs={"n": 4}``; or ``env.kwargs.n=4``), and
+    Literal choices are checked.
+    """
+    token = _DEFER_CROSS_CHECKS.set(True)
+    try:
+        for item in overrides:
+            body = item[2:] if item.startswith("--") else item
+            if "=" not in body:
+                raise ConfigError(f"override {item!r} must look like dotted.key=value (e.g. steps.margin=0.1).")
+            key, text = body.split("=", 1)
+            key = key.strip()
+            if not key or any(not p for p in key.split(".")):
+                raise ConfigError(f"override {item!r} has an empty key part.")
+            cfg = _set(cfg, key.split("."), text, key)
+    finally:
+        _DEFER_CROSS_CHECKS.reset(token)
+    return from_dict(to_dict(cfg))  # rebuilt with every check, cross-field ones included
+
+
+# ----------------------------------------------------------------------------- (de)serialization
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """A JSON-serializable nested dict of a dataclass tree (tuples become lists)."""
+    return json.loads(json.dumps(dataclasses.asdict(cfg)))
+
+
+def _build(cls: type, data: Any, prefix: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected an object, got {type(data).__name__}.")
+    hints, names = typing.get_type_hints(cls), {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"unknown keys {[prefix + k for k in unknown]} in saved config (fields: {sorted(names)}).")
+    kwargs = {}
+    for name, value in data.items():
+        tp = hints[name]
+        sub = [a for a in (typing.get_args(tp) or (tp,)) if dataclasses.is_dataclass(a)]
+        if sub and isinstance(value, dict):
+            kwargs[name] = _build(sub[0], value, f"{prefix}{name}.")
+        elif isinstance(value, list):
+            kwargs[name] = _freeze(value)
+        else:
+            kwargs[name] = value
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{prefix or 'config'}: {e}") from None
+
+
+def from_dict(data: dict[str, Any]) -> TrainConfig:
+    """Inverse of :func:`to_dict` (missing keys take defaults; unknown keys are errors)."""
+    return _build(TrainConfig, data, "")
+
+
+__all__ = ["known_configs", "load_config", "parse_value", "apply_overrides", "to_dict", "from_dict"]

@@ -1,0 +1,77 @@
+"""Start-up of the programs: the JAX platform default and path resolution (no JAX needed)."""
+
+import os
+
+import pytest
+
+from lopd_jax.paths import resolve_path
+from lopd_jax.startup import configure_platform, gpu_visible, tpu_visible
+
+
+def _host(tmp_path, *files, vendor=None):
+    for f in files:
+        p = tmp_path / f
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text("")
+    if vendor:
+        d = tmp_path / "sys/bus/pci/devices/0000:00:04.0"
+        d.mkdir(parents=True)
+        (d / "vendor").write_text(vendor + "\n")
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("files,vendor,tpu", [
+    ((), None, False),
+    (("dev/accel0",), None, True),                 # v4 / v5p TPU VM
+    (("dev/vfio/0", "dev/vfio/vfio"), None, True),  # v5e / v6e TPU VM
+    (("dev/vfio/vfio",), None, False),              # the vfio control file alone is not a TPU
+    ((), "0x1ae0", True),                           # Google PCI device
+    ((), "0x8086", False),
+])
+def test_tpu_detection(tmp_path, files, vendor, tpu):
+    assert tpu_visible(_host(tmp_path, *files, vendor=vendor)) is tpu
+
+
+def test_cpu_host_defaults_to_cpu(tmp_path):
+    env = {}
+    assert configure_platform(env, root=_host(tmp_path)) == "cpu"
+    assert env == {"JAX_PLATFORMS": "cpu", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
+
+
+@pytest.mark.parametrize("files,env", [
+    (("dev/accel0",), {}),                  # TPU VM: JAX must find the TPU
+    (("dev/nvidia0",), {}),                 # GPU host: JAX picks its GPU plugin
+    ((), {"JAX_PLATFORMS": ""}),            # the user's choice, even empty, wins
+    ((), {"JAX_PLATFORMS": "tpu"}),
+])
+def test_platform_left_alone(tmp_path, files, env):
+    root = _host(tmp_path, *files)
+    before = dict(env, TRANSFORMERS_NO_ADVISORY_WARNINGS="1")
+    assert configure_platform(env, root=root) is None and env == before
+    assert gpu_visible(root) is ("dev/nvidia0" in files)
+
+
+def test_resolve_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert resolve_path("workdirs/x") == str(tmp_path / "workdirs" / "x")
+    assert resolve_path("./x") == str(tmp_path / "x")
+    assert resolve_path("~/x") == str(tmp_path / "home" / "x")
+    assert resolve_path("/abs/x") == "/abs/x"
+    assert resolve_path("gs://bucket/run") == "gs://bucket/run"
+    assert resolve_path(None) is None
+
+
+def test_train_config_paths_made_absolute(tmp_path, monkeypatch):
+    """``--workdir`` and path overrides of ``lopd_jax.train`` resolve against the current
+    directory (Orbax refuses relative checkpoint paths); gs:// stays as written."""
+    from lopd_jax.train import resolve_config
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bank").mkdir()
+    cfg = resolve_config(["--config=tiny", "--workdir=runs/a", "checkpoint.directory=./ck", "bank.path=bank"])
+    assert cfg.workdir == str(tmp_path / "runs" / "a") and cfg.checkpoint_dir == str(tmp_path / "ck")
+    assert cfg.bank.path == str(tmp_path / "bank")
+    cfg = resolve_config(["--config=tiny", "--workdir=gs://bucket/runs/a"])
+    assert cfg.workdir == "gs://bucket/runs/a" and cfg.checkpoint_dir == "gs://bucket/runs/a/checkpoints"
+    assert os.path.isabs(resolve_config(["--config=tiny"]).workdir)
