@@ -51,7 +51,7 @@ def log(msg: str) -> None:
 
 def evaluate_policy(ctx: RunContext, params) -> dict[str, Any]:
     """Greedy rollouts of the held-out tasks: mean reward, success rate and Table-3 stats."""
-    from lopd_jax.eval_stats import behaviour_stats
+    from lopd_jax.eval_stats import behaviour_stats, no_tool_baseline
     from train.sampler import SamplingParams
 
     r = ctx.cfg.rollout
@@ -65,8 +65,19 @@ def evaluate_policy(ctx: RunContext, params) -> dict[str, Any]:
     out = {k: v for k, v in stats.items() if isinstance(v, (int, float))}
     out["reward_mean"] = float(np.mean([t.reward for t in trajs]))
     out["eval_tasks"] = len(trajs)
+    if getattr(ctx, "no_tool_baseline", None) is None:  # the same for every evaluation of a run
+        ctx.no_tool_baseline = no_tool_baseline(ctx.source.make_env, ctx.eval_tasks)
+    out["no_tool_baseline"] = ctx.no_tool_baseline
     out["eval_seconds"] = time.perf_counter() - t0
     return out
+
+
+def _eval_note(ev: dict) -> str:
+    """``", success 8.3%, no-tool baseline 0.0000"`` for a held-out evaluation record."""
+    note = f", success {ev['success_rate']:.1%}" if "success_rate" in ev else ""
+    if ev.get("no_tool_baseline") is not None:
+        note += f", no-tool baseline {ev['no_tool_baseline']:.4f}"
+    return note
 
 
 # ----------------------------------------------------------------------------- step loops
@@ -304,7 +315,7 @@ def run(cfg) -> str | dict:
             writer.write(0, "eval_before", ev)
             ledger.mark("eval_before", seconds=time.perf_counter() - t0, **ev)
         before = ledger.result("eval_before")["reward_mean"]
-        print(f"held-out reward before: {before:.4f}", flush=True)
+        print(f"held-out reward before: {before:.4f}{_eval_note(ledger.result('eval_before'))}", flush=True)
 
         # 3. experience bank
         if not ledger.done("bank"):
@@ -353,8 +364,12 @@ def run(cfg) -> str | dict:
         if jax.process_index() == 0:
             plot_run(os.path.join(workdir, "metrics.jsonl"), os.path.join(workdir, PLOT_FILE),
                      margin=cfg.steps.margin)
-        print(f"held-out reward after: {after:.4f} (before {before:.4f})", flush=True)
+        print(f"held-out reward after: {after:.4f} (before {before:.4f}){_eval_note(ledger.result('eval_after'))}",
+              flush=True)
         summary = {"before": before, "after": after,
+                   "success_before": ledger.result("eval_before").get("success_rate"),
+                   "success_after": ledger.result("eval_after").get("success_rate"),
+                   "no_tool_baseline": ledger.result("eval_before").get("no_tool_baseline"),
                    "seconds": {s: ledger.result(s).get("seconds") for s in ledger.data}}
         log(f"done: {summary}")
         return summary
