@@ -161,7 +161,7 @@ def warmup_stage(ctx: RunContext, writer):
 
     cfg, system = ctx.cfg, ctx.system
     theta0, lora0, _ = system.initial_params()
-    demos = warmup.demonstrations(ctx, ctx.train_tasks)
+    demos = warmup.warmup_pool(ctx)
     pipe = TaskPipeline(list(range(len(demos))), cfg.stages.warmup_batch, seed=cfg.seed, process_index=0,
                         process_count=1)
     rows = batch_rows(ctx, cfg.stages.warmup_batch)
