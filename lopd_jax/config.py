@@ -31,6 +31,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
+from lopd_jax.arm_config import ARMS, ArmSection
 from lopd_jax.composer import ComposerConfig
 from models.config import ATTENTION_IMPLS, REMAT_POLICIES
 from train.mesh import MeshConfig
@@ -277,6 +278,8 @@ class TrainConfig:
     rollout: RolloutSection = RolloutSection()
     stages: StagesSection = StagesSection()
     checkpoint: CheckpointSection = CheckpointSection()
+    arm: Literal[ARMS] = "lopd"  # the training stage's algorithm (lopd_jax.arm_config)
+    arms: ArmSection = ArmSection()
     seed: int = 0
     workdir: str = "workdirs/run"
 
@@ -542,5 +545,5 @@ def from_dict(data: dict[str, Any]) -> TrainConfig:
 
 
 __all__ = ["ConfigError", "TrainConfig", "ModelSection", "BankSection", "EnvSection", "RolloutSection",
-           "StagesSection", "CheckpointSection", "ComposerConfig", "StepConfig", "MeshConfig",
+           "StagesSection", "CheckpointSection", "ArmSection", "ComposerConfig", "StepConfig", "MeshConfig",
            "load_config", "known_configs", "apply_overrides", "parse_value", "to_dict", "from_dict"]

@@ -281,8 +281,10 @@ def run(cfg) -> str | dict:
     from lopd_jax.run_config import save_run_config
     from train.bank_build import build_bank, load_bank
     from train.checkpoint import install_preemption_handler
+    from train.arms import resolve_arm, training_stage, uses_composer
     from train.metrics import MetricsWriter, plot_run
 
+    cfg = resolve_arm(cfg)
     workdir = cfg.workdir
     resumed = save_run_config(cfg, workdir)
     install_preemption_handler()
@@ -328,7 +330,7 @@ def run(cfg) -> str | dict:
 
         # 4. cold start of the composer
         t0 = time.perf_counter()
-        if cfg.stages.cold_start_steps > 0:
+        if cfg.stages.cold_start_steps > 0 and uses_composer(cfg):
             composer0, preempted = cold_start_stage(ctx, bank, writer)
             if preempted:
                 return PREEMPTED
@@ -338,9 +340,9 @@ def run(cfg) -> str | dict:
             _, lora0, comp0 = ctx.system.initial_params()
             composer0 = {"lora": lora0, "compressor": comp0}
 
-        # 5. LOPD
+        # 5. LOPD (or the arm's training stage: train.arms)
         t0 = time.perf_counter()
-        state, preempted = lopd_stage(ctx, bank, bank_path, composer0, writer)
+        state, preempted = training_stage(ctx, bank, bank_path, composer0, writer)
         if preempted:
             return PREEMPTED
         if not ledger.done("lopd"):

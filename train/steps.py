@@ -232,7 +232,10 @@ def grpo_loss(system: LOPDSystem, student_p, state, frozen, batch, group_size: i
     old = batch["old_logp"][:, 1:]
     eps = system.step_cfg.grpo_clip_eps
     loss = losses.ppo_clip_loss(logp, old, adv, mask, clip_eps=eps)
+    ratio = jnp.exp(jnp.where(mask > 0, sg(logp) - old, 0.0))  # pi / pi_old per token (1 at the first update)
     return loss, {"loss": loss, "clip_fraction": losses.ppo_clip_fraction(logp, old, adv, mask, clip_eps=eps),
+                  "ratio_mean": losses.masked_token_mean(ratio, mask),
+                  "ratio_max_dev": jnp.max(jnp.where(mask > 0, jnp.abs(ratio - 1.0), 0.0)),
                   "tokens": jnp.sum(mask)}
 
 

@@ -1,0 +1,353 @@
+"""The training stage of each arm (``TrainConfig.arm``; :mod:`lopd_jax.arm_config`).
+
+:func:`training_stage` runs the arm's training stage in place of the LOPD stage of
+:func:`train.loop.run`; every other stage is shared. ``lopd`` and
+``lopd_frozen_composer`` are :func:`train.loop.lopd_stage` (the frozen arm with
+``steps.freeze_composer``, set by :func:`resolve_arm`); the others run
+:func:`policy_stage`, the same resumable loop (rollouts of the current student with the
+run's sampler, a batch, one jitted step, held-out evaluations every
+``stages.eval_every``) around an arm object:
+
+* :class:`GRPOArm` -- G rollouts per task, group-normalized advantages, PPO-clip, token
+  mean, no reference KL; ``old_logp`` is the sampler's temperature-1 unprocessed
+  log-probs (``raw_logprobs``), so the first update's ratio is 1;
+  ``arms.grpo_epochs`` updates per batch.
+* :class:`TextArm` -- OPSD / SDPO / SDFT / Skill-SD: top-M + tail reverse KL to a teacher
+  with a text context at the latent slot (:mod:`train.text_steps`).
+
+Budgets: every arm samples ``env.tasks_per_step * env.group_size`` rollouts per step;
+group arms (``grpo``, ``sdpo``) draw that number divided by ``arms.group_size`` tasks.
+The state of every arm has the LOPD state's layout (:meth:`train.system.LOPDSystem.init_state`;
+the composer entries stay untouched), plus ``ema`` for SDFT, so export and the resume
+machinery read all arms' checkpoints alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import time
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from lopd_jax.arm_config import COMPOSER_ARMS, GROUP_ARMS, TEXT_ARMS
+
+SUCCESS = 1.0  # reward of a solved task (SDPO's "successful sibling")
+
+
+def resolve_arm(cfg):
+    """``cfg`` with what its arm implies applied and checked: ``lopd_frozen_composer`` sets
+    ``steps.freeze_composer``; group arms need ``arms.group_size`` to divide the rollouts
+    per step. Raises :class:`lopd_jax.config.ConfigError`."""
+    from lopd_jax.config import ConfigError
+    if cfg.arm == "lopd_frozen_composer" and not cfg.steps.freeze_composer:
+        cfg = dataclasses.replace(cfg, steps=dataclasses.replace(cfg.steps, freeze_composer=True))
+    if cfg.arm in GROUP_ARMS:
+        n = cfg.env.tasks_per_step * cfg.env.group_size
+        if n % cfg.arms.group_size:
+            raise ConfigError(f"arm={cfg.arm}: arms.group_size={cfg.arms.group_size} must divide the "
+                              f"{n} rollouts per step (env.tasks_per_step * env.group_size).")
+    return cfg
+
+
+def uses_composer(cfg) -> bool:
+    """Whether the arm needs the composer (and so the cold start)."""
+    return cfg.arm in COMPOSER_ARMS
+
+
+def group_size(cfg) -> int:
+    """G, rollouts per drawn task, of the arm."""
+    return cfg.arms.group_size if cfg.arm in GROUP_ARMS else cfg.env.group_size
+
+
+def rollouts_per_step(cfg) -> int:
+    """Rollouts every arm samples per training step (the equal-budget unit)."""
+    return cfg.env.tasks_per_step * cfg.env.group_size
+
+
+def training_stage(ctx, bank, bank_path: str, composer0, writer):
+    """The arm's training stage; returns ``(state, preempted)`` like ``lopd_stage``."""
+    from train.loop import lopd_stage
+    arm = ctx.cfg.arm
+    if arm in COMPOSER_ARMS:
+        return lopd_stage(ctx, bank, bank_path, composer0, writer)
+    impl = GRPOArm(ctx) if arm == "grpo" else TextArm(ctx, bank)
+    return policy_stage(ctx, impl, composer0, bank_path, writer)
+
+
+# ----------------------------------------------------------------------------- arms
+
+
+class GRPOArm:
+    """GRPO (SPEC 7) on the run's rollouts: see the module docstring."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.group_size = ctx.cfg.arms.group_size
+        self.epochs = ctx.cfg.arms.grpo_epochs
+
+    def init_state(self, state):
+        return state
+
+    def shardings(self, state):
+        return self.ctx.system.state_shardings(state)
+
+    def batch(self, step: int, trajs) -> dict[str, np.ndarray]:
+        from train.rollout import training_arrays
+        ctx = self.ctx
+        arr = training_arrays(trajs, buckets=ctx.seq_buckets(), minimum=128, pad_id=ctx.tokenizer.pad_token_id or 0)
+        return {"tokens": arr["tokens"], "attention_mask": arr["attention_mask"], "loss_mask": arr["mask"],
+                "old_logp": arr["raw_logprobs"], "rewards": arr["rewards"]}
+
+    def make_step(self, state, batch):
+        from train.steps import make_grpo_step
+        step = make_grpo_step(self.ctx.system, state, batch, group_size=self.group_size)
+
+        def run(st, frozen, b):
+            first = None
+            for _ in range(self.epochs):  # epoch 1's metrics: its ratio is exactly pi / pi_sampler
+                st, m = step(st, frozen, b)
+                first = m if first is None else first
+            return st, first
+        return run
+
+    def after_step(self, metrics: dict) -> None:
+        pass
+
+    def meta(self) -> dict:
+        return {}
+
+    def restore(self, meta: dict) -> None:
+        pass
+
+
+class TextArm:
+    """OPSD / SDPO / SDFT / Skill-SD: chooses each row's text context (see the module and
+    :mod:`lopd_jax.text_context` docstrings, and docs/baselines.md for the choices)."""
+
+    def __init__(self, ctx, bank):
+        cfg = ctx.cfg
+        self.ctx, self.arm = ctx, cfg.arm
+        self.group_size = group_size(cfg)
+        self.width = cfg.arms.context_tokens
+        self.ema_decay = cfg.arms.ema_decay if self.arm == "sdft" else None
+        self._hints: dict[str, str] = {}
+        self.by_family: dict[str, list] = {}
+        for t in ctx.train_tasks:
+            self.by_family.setdefault(t.family, []).append(t)
+        self.skills: list[dict] = build_skills(bank.entries) if self.arm == "skill_sd" else []
+        self.ucb = UCB1(len(self.skills), cfg.arms.ucb_c)
+        self._picked: list[int | None] = []
+
+    # ----- contexts -----
+    def hint(self, task) -> str:
+        """The task's oracle hint (``Environment.oracle_hint``), cached."""
+        if task.task_id not in self._hints:
+            env = self.ctx.source.make_env()
+            try:
+                self._hints[task.task_id] = env.oracle_hint(task)
+            finally:
+                env.close()
+        return self._hints[task.task_id]
+
+    def demonstration(self, task, step: int, row: int) -> str:
+        """SDFT's demonstration: another training task of ``task``'s family (drawn from
+        (seed, step, row)) with its reference solution."""
+        pool = [t for t in self.by_family.get(task.family, []) if t.task_id != task.task_id]
+        if not pool:
+            pool = [t for t in self.ctx.train_tasks if t.task_id != task.task_id] or [task]
+        other = random.Random(f"{self.ctx.cfg.seed}/{step}/{row}").choice(pool)
+        return f"Task: {other.instruction}\nSolution:\n{self.hint(other)}"
+
+    def contexts(self, step: int, trajs: Sequence) -> tuple[list[str | None], list[int | None]]:
+        """Per row: the context text (None: no distillation) and the skill index picked."""
+        from lopd_jax.text_context import trajectory_text
+        from train.bank_build import to_experience
+        texts: list[str | None] = []
+        picked: list[int | None] = [None] * len(trajs)
+        if self.arm == "opsd":
+            texts = [self.hint(t.task) for t in trajs]
+        elif self.arm == "sdft":
+            texts = [self.demonstration(t.task, step, i) for i, t in enumerate(trajs)]
+        elif self.arm == "sdpo":
+            G = self.group_size
+            for i, t in enumerate(trajs):
+                g0 = i - i % G
+                sibs = [j for j in range(g0, g0 + G) if j != i and trajs[j].reward >= SUCCESS]
+                # the first successful sibling after this row in the group (cyclically)
+                sibs.sort(key=lambda j: (j - i) % G)
+                texts.append(trajectory_text(to_experience(trajs[sibs[0]]), self.ctx.cfg.bank.max_obs_chars)
+                             if sibs else None)
+        elif self.arm == "skill_sd":
+            for i, t in enumerate(trajs):
+                cands = [k for k, s in enumerate(self.skills) if s["family"] == t.task.family] or \
+                    list(range(len(self.skills)))
+                k = self.ucb.select(cands) if cands else None
+                picked[i] = k
+                texts.append(None if k is None else self.skills[k]["text"])
+        else:
+            raise ValueError(f"TextArm does not run arm {self.arm!r}")
+        return texts, picked
+
+    # ----- arm protocol -----
+    def init_state(self, state):
+        if self.ema_decay is not None:
+            import jax.numpy as jnp
+            state = {**state, "ema": jax.tree.map(jnp.copy, state["student"])}
+        return state
+
+    def shardings(self, state):
+        from train.text_steps import text_state_shardings
+        return text_state_shardings(self.ctx.system, state)
+
+    def batch(self, step: int, trajs) -> dict[str, np.ndarray]:
+        from lopd_jax.text_context import context_block_ids, pack_blocks
+        from train.rollout import training_arrays
+        ctx = self.ctx
+        pad = ctx.tokenizer.pad_token_id or 0
+        texts, self._picked = self.contexts(step, trajs)
+        blocks = [None if x is None else context_block_ids(ctx.tokenizer, self.arm, x, self.width) for x in texts]
+        ctx_ids, ctx_len = pack_blocks(blocks, self.width, pad)
+        arr = training_arrays(trajs, buckets=ctx.seq_buckets(), minimum=128, pad_id=pad)
+        return {"tokens": arr["tokens"], "attention_mask": arr["attention_mask"], "loss_mask": arr["mask"],
+                "insert_at": arr["insert_at"], "ctx_ids": ctx_ids, "ctx_len": ctx_len,
+                "row_weight": np.asarray([x is not None for x in texts], np.float32), "rewards": arr["rewards"]}
+
+    def make_step(self, state, batch):
+        from train.text_steps import make_text_distill_step
+        return make_text_distill_step(self.ctx.system, state, batch, self.ema_decay)
+
+    def after_step(self, metrics: dict) -> None:
+        if self.arm == "skill_sd":
+            per_row = np.asarray(metrics["delta_per_rollout"], np.float64)
+            for k, r in zip(self._picked, per_row):
+                if k is not None:
+                    self.ucb.update(k, float(r))
+
+    def meta(self) -> dict:
+        return {"ucb": self.ucb.state()} if self.arm == "skill_sd" else {}
+
+    def restore(self, meta: dict) -> None:
+        if self.arm == "skill_sd" and "ucb" in meta:
+            self.ucb.set_state(meta["ucb"])
+
+
+def build_skills(entries) -> list[dict]:
+    """Skill-SD's library: one :func:`lopd_jax.text_context.skill_summary` per distinct
+    procedure among the bank's (successful) trajectories, with its family."""
+    from lopd_jax.text_context import skill_summary
+    out, seen = [], set()
+    for e in entries:
+        text = skill_summary(e)
+        if text not in seen:
+            seen.add(text)
+            out.append({"text": text, "family": (e.info or {}).get("family") or e.env_id})
+    return out
+
+
+class UCB1:
+    """UCB1 over ``n`` arms: untried arms first (lowest index), then the largest
+    ``mean + c * sqrt(2 ln N / n_k)`` with N the pulls among the candidates."""
+
+    def __init__(self, n: int, c: float = 1.0):
+        self.c = c
+        self.counts = [0] * n
+        self.sums = [0.0] * n
+
+    def select(self, candidates: Sequence[int]) -> int:
+        """The arm to pull among ``candidates``."""
+        for k in candidates:
+            if self.counts[k] == 0:
+                return k
+        total = sum(self.counts[k] for k in candidates)
+        score = lambda k: self.sums[k] / self.counts[k] + self.c * math.sqrt(2 * math.log(total) / self.counts[k])  # noqa: E731
+        return max(candidates, key=score)
+
+    def update(self, k: int, reward: float) -> None:
+        """Record one pull of arm ``k`` with ``reward``."""
+        self.counts[k] += 1
+        self.sums[k] += reward
+
+    def state(self) -> dict:
+        """JSON state (checkpoint metadata)."""
+        return {"counts": list(self.counts), "sums": list(self.sums)}
+
+    def set_state(self, s: dict) -> None:
+        """Inverse of :meth:`state`."""
+        self.counts, self.sums = [int(x) for x in s["counts"]], [float(x) for x in s["sums"]]
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+def policy_stage(ctx, impl, composer0, bank_path: str, writer):
+    """The resumable training loop of a non-LOPD arm (stage name ``lopd``, so metrics,
+    plots, checkpoints and export are shared); returns ``(state, preempted)``."""
+    from train import mesh as mesh_lib
+    from train.data import TaskPipeline
+    from train.loop import evaluate_policy, log, run_steps
+
+    cfg, system = ctx.cfg, ctx.system
+    state, frozen = system.init_state(composer=composer0, seed=cfg.seed)
+    state = impl.init_state(state)
+    shardings = impl.shardings(state)
+    state = mesh_lib.put(state, shardings)
+    G = impl.group_size
+    n_roll = rollouts_per_step(cfg)
+    if n_roll % ctx.sampler.batch_shards:
+        raise ValueError(f"{n_roll} rollouts per step do not split over {ctx.sampler.batch_shards} batch shards; "
+                         "make env.tasks_per_step * env.group_size a multiple of mesh.data * mesh.fsdp.")
+    pipe = TaskPipeline(ctx.train_tasks, n_roll // G, seed=cfg.seed, process_index=0, process_count=1)
+    key = jax.random.key(cfg.seed)
+    holder: dict[str, Any] = {"state": state}
+    info: dict[int, dict] = {}
+    it = iter(pipe)
+
+    def batch_fn(s):
+        if it.step != s:
+            raise RuntimeError(f"the task iterator is at step {it.step}, the loop at {s}")
+        tasks = [t for t in next(it) for _ in range(G)]
+        params = ctx.policy_params(holder["state"]["student"], frozen)
+        t0 = time.perf_counter()
+        trajs = ctx.rollout(params, tasks, jax.random.fold_in(key, s))
+        info[s] = {"rollouts": len(trajs), "rollout_seconds": time.perf_counter() - t0,
+                   "reward_mean": float(np.mean([t.reward for t in trajs])),
+                   "success_rate": float(np.mean([t.reward >= SUCCESS for t in trajs])),
+                   "mean_length": float(np.mean([len(t) for t in trajs]))}
+        return impl.batch(s, trajs)
+
+    compiled: dict[str, Any] = {}
+
+    def step_fn(st, batch):
+        if "step" not in compiled:
+            compiled["step"] = impl.make_step(st, batch)
+        st, metrics = compiled["step"](st, frozen, batch)
+        holder["state"] = st
+        metrics = jax.device_get(metrics)
+        impl.after_step(metrics)
+        return st, metrics
+
+    def on_metrics(s, m):
+        extra = dict(info.pop(s))
+        extra["rollouts_per_minute"] = 60.0 * extra["rollouts"] / max(extra["rollout_seconds"], 1e-9)
+        m.pop("mean_reward", None)
+        done = s + 1
+        if cfg.stages.eval_every and done % cfg.stages.eval_every == 0 and done < cfg.stages.lopd_steps:
+            ev = evaluate_policy(ctx, ctx.policy_params(holder["state"]["student"], frozen))
+            writer.write(done, "eval", ev)
+            log(f"{cfg.arm} step {done}: held-out reward {ev['reward_mean']:.3f}")
+        return extra
+
+    def extra_meta(s):
+        return {"data": it.get_state(), "bank": bank_path, "arm": cfg.arm, **impl.meta()}
+
+    def on_restore(st, meta):
+        holder["state"] = st
+        it.set_state(meta["data"])
+        impl.restore(meta)
+
+    return run_steps(ctx, "lopd", state, cfg.stages.lopd_steps, step_fn, batch_fn, shardings=shardings,
+                     extra_meta=extra_meta, writer=writer, on_metrics=on_metrics, on_restore=on_restore)

@@ -1,0 +1,100 @@
+"""The jitted step of the text-context self-distillation arms (OPSD, SDPO, SDFT, Skill-SD).
+
+The same student objective as LOPD -- the global token mean of the top-M + tail reverse
+KL from the student to a teacher on the student's own sampled tokens -- with the teacher
+conditioned on text tokens at the latent slot (:mod:`lopd_jax.text_context`) instead of
+latents, and no composer, margin or anchor. The teacher is theta0 (OPSD, SDPO, Skill-SD)
+or an EMA of the student (SDFT, ``state["ema"]``), always stop-gradient.
+
+Batch keys: tokens, attention_mask, loss_mask [B, S], insert_at [B], ctx_ids [B, C],
+ctx_len [B], row_weight [B] (0 leaves a row out of the distillation, e.g. an SDPO group
+without a success), rewards [B].
+
+Metrics: ``distill_kl``, ``delta`` (the privilege margin of SPEC 2.8 with A = 2r - 1,
+for Figure 4's Delta panel; nothing is trained on it), ``teacher_student_logp_gap``,
+``supervised_rollouts``, ``delta_per_rollout`` [B] (Skill-SD's UCB1 reward), student
+gradient norm, ``mean_reward``, ``tokens``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from lopd_jax import losses
+from lopd_jax.text_context import align_teacher_hidden, text_teacher_inputs
+from train.system import LOPDSystem
+
+sg = jax.lax.stop_gradient
+
+
+def teacher_modules(system: LOPDSystem, state, frozen, use_ema: bool):
+    """``(teacher module, lora_on)``: theta0, or the EMA of the student (full params over
+    theta0's architecture, or theta0 plus the EMA of a LoRA student)."""
+    lora0 = state["composer0"]["lora"]
+    if not use_ema:
+        return system.backbone(sg(frozen), sg(lora0)), False
+    if system.step_cfg.student_mode == "full":
+        return system.backbone(sg(state["ema"]), sg(lora0)), False
+    return system.backbone(sg(frozen), sg(state["ema"])), True
+
+
+def text_distill_loss(system: LOPDSystem, student_p, state, frozen, batch, use_ema: bool):
+    """(loss, metrics) of one batch (see the module docstring)."""
+    cfg = system.step_cfg
+    tokens, amask = batch["tokens"], batch["attention_mask"].astype(bool)
+    teacher, lora_on = teacher_modules(system, state, frozen, use_ema)
+    t_ids, t_mask = text_teacher_inputs(tokens, amask, batch["insert_at"], batch["ctx_ids"], batch["ctx_len"])
+    t_full = teacher(t_ids, attention_mask=t_mask, lora=lora_on, return_hidden=True)
+    t_hidden = sg(align_teacher_hidden(t_full, batch["insert_at"], batch["ctx_len"], tokens.shape[1]))
+    student, use_lora = system.student(student_p, sg(frozen), sg(state["composer"]["lora"]))
+    s_hidden = student(tokens, attention_mask=amask, lora=use_lora, return_hidden=True)
+    mask = batch["loss_mask"][:, 1:].astype(jnp.float32) * batch["row_weight"][:, None].astype(jnp.float32)
+    stats = losses.chunked_distill_stats(
+        s_hidden[:, :-1], student.lm_head_kernel(), t_hidden[:, :-1], sg(teacher.lm_head_kernel()), tokens[:, 1:],
+        top_m=cfg.top_m, chunk_size=cfg.logits_chunk, compute_dtype=system.model_cfg.jnp_dtype)
+    distill = losses.masked_token_mean(stats["kl"], mask)
+    adv = losses.advantages_from_rewards(batch["rewards"].astype(jnp.float32))
+    delta, delta_i, n = losses.privilege_delta(sg(stats["teacher_logp"]), stats["student_logp"], mask, adv)
+    gap = losses.masked_token_mean(sg(stats["teacher_logp"] - stats["student_logp"]), mask)
+    return distill, {"loss": sg(distill), "distill_kl": sg(distill), "delta": sg(delta),
+                     "teacher_student_logp_gap": gap, "supervised_tokens": jnp.sum(n),
+                     "supervised_rollouts": jnp.sum((n > 0).astype(jnp.float32)), "delta_per_rollout": sg(delta_i)}
+
+
+def text_state_shardings(system: LOPDSystem, state):
+    """Shardings of a text-arm state: the LOPD state's, plus ``ema`` like the student."""
+    sh = system.state_shardings(state)
+    if sh is not None and "ema" in state:
+        sh = {**sh, "ema": sh["student"]}
+    return sh
+
+
+def make_text_distill_step(system: LOPDSystem, example_state, example_batch, ema_decay: float | None = None):
+    """``(state, frozen, batch) -> (state, metrics)``: one AdamW step of the student on the
+    text-context distillation loss; with ``ema_decay`` the teacher is ``state["ema"]``,
+    updated after the step as ``decay * ema + (1 - decay) * student``."""
+    use_ema = ema_decay is not None
+
+    def step(state, frozen, batch):
+        (loss, metrics), grads = jax.value_and_grad(
+            lambda sp: text_distill_loss(system, sp, state, frozen, batch, use_ema), has_aux=True)(state["student"])
+        updates, opt_state = system.student_opt.update(grads, state["student_opt"], state["student"])
+        new = dict(state)
+        new["student"], new["student_opt"] = optax.apply_updates(state["student"], updates), opt_state
+        if use_ema:
+            new["ema"] = jax.tree.map(lambda e, s: (ema_decay * e + (1.0 - ema_decay) * s).astype(e.dtype),
+                                      state["ema"], new["student"])
+        new["step"] = state["step"] + 1
+        metrics["student_grad_norm"] = optax.global_norm(grads)
+        metrics["mean_reward"] = jnp.mean(batch["rewards"].astype(jnp.float32))
+        metrics["tokens"] = jnp.sum(batch["attention_mask"].astype(jnp.float32))
+        return new, metrics
+
+    state_sh = text_state_shardings(system, example_state)
+    if system.rules is None:
+        return jax.jit(step, donate_argnums=(0,))
+    rep = system.rules.replicated()
+    return jax.jit(step, in_shardings=(state_sh, system.frozen_shardings(), system.batch_shardings(example_batch)),
+                   out_shardings=(state_sh, rep), donate_argnums=(0,))
