@@ -13,8 +13,9 @@ oracle demonstrations teach a random-init tiny model to read such a context duri
 warm-up (``stages.warmup_hint_fraction``), the CPU stand-in for the in-context learning a
 pre-trained model brings.
 
-The framing sentences are OPSD's (:data:`FRAMING_BEFORE`, :data:`FRAMING_AFTER`). The text
-is part of the rendered prompt, so the chat template tokenizes it with the instruction.
+The framing sentences are OPSD's (:data:`lopd_jax.text_context.FRAMING`). The text is part
+of the rendered prompt, so the tokenizer sees it together with the instruction; OPSD's
+training step tokenizes the block on its own, so the ids can differ at the two seams.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from typing import Any
 from lopd_jax.envs.base import Environment, TaskSource
 from lopd_jax.types import AssistantTurn, Message, StepResult, Task, ToolSchema
 
-FRAMING_BEFORE = "Privileged information: a correct solution of this task:"
-FRAMING_AFTER = "End of privileged information. Now solve the task."
+from lopd_jax.text_context import FRAMING
+
+FRAMING_BEFORE, FRAMING_AFTER = FRAMING["opsd"]
 
 
 def hint_block(hint: str, before: str = FRAMING_BEFORE, after: str = FRAMING_AFTER) -> str:
