@@ -10,7 +10,7 @@ Differences from the tiny default (configs/tiny.py), and why (docs/miniature.md)
   demonstration with the task's oracle hint as text in the latent slot's place
   (``stages.warmup_hint_fraction=1.0``, :mod:`lopd_jax.privileged`): the tiny default's
   theta0 never saw a context block, so a privileged context could not help its teacher;
-* 240 warm-up steps over the doubled pool; 24 training steps of 8 rollouts (192 rollouts
+* 240 warm-up steps over the doubled pool; 16 training steps of 8 rollouts (128 rollouts
   per arm); held-out evaluation only before and after (36 tasks).
 """
 
@@ -22,6 +22,7 @@ CONFIG = dataclasses.replace(
     TINY,
     env=dataclasses.replace(TINY.env, kwargs={"n_train_per_family": 48, "n_heldout_per_family": 12, "seed": 0,
                                               "tool_descriptions": False, "families": ["hotel"]}),
-    stages=dataclasses.replace(TINY.stages, warmup_steps=240, warmup_hint_fraction=1.0, eval_every=0),
+    stages=dataclasses.replace(TINY.stages, warmup_steps=240, warmup_hint_fraction=1.0, lopd_steps=16,
+                                 eval_every=0),
     workdir="workdirs/miniature",
 )
