@@ -46,9 +46,10 @@ def restore_student(workdir: str, step: int | None = None):
         with Checkpointer(ctx.ckpt_dir("warmup")) as ck:
             warm, _ = ck.restore(None, abstract_tree(target))
         ctx.set_theta0(warm["params"])
-    abstract, _ = system.abstract_state(cfg.seed)
+    from train.arms import abstract_train_state
+    abstract, shardings = abstract_train_state(system, cfg)  # the arm's training-stage state
     with Checkpointer(ctx.ckpt_dir("lopd")) as ck:
-        state, _ = ck.restore(step, abstract_tree(abstract, system.state_shardings(abstract)))
+        state, _ = ck.restore(step, abstract_tree(abstract, shardings))
     return ctx, state["student"], system.initial_params()[0]
 
 

@@ -68,6 +68,16 @@ def rollouts_per_step(cfg) -> int:
     return cfg.env.tasks_per_step * cfg.env.group_size
 
 
+def abstract_train_state(system, cfg):
+    """``(abstract state, shardings)`` of the arm's training-stage checkpoint (the LOPD
+    state's layout; SDFT adds ``ema``), for restoring it outside the loop (export)."""
+    from train.text_steps import text_state_shardings
+    abstract, _ = system.abstract_state(cfg.seed)
+    if cfg.arm == "sdft":
+        abstract = {**abstract, "ema": abstract["student"]}
+    return abstract, text_state_shardings(system, abstract)
+
+
 def training_stage(ctx, bank, bank_path: str, composer0, writer):
     """The arm's training stage; returns ``(state, preempted)`` like ``lopd_stage``."""
     from train.loop import lopd_stage
@@ -144,13 +154,9 @@ class TextArm:
 
     # ----- contexts -----
     def hint(self, task) -> str:
-        """The task's oracle hint (``Environment.oracle_hint``), cached."""
+        """The task's oracle hint (the task source's ``oracle_hint``), cached."""
         if task.task_id not in self._hints:
-            env = self.ctx.source.make_env()
-            try:
-                self._hints[task.task_id] = env.oracle_hint(task)
-            finally:
-                env.close()
+            self._hints[task.task_id] = self.ctx.source.oracle_hint(task)
         return self._hints[task.task_id]
 
     def demonstration(self, task, step: int, row: int) -> str:
