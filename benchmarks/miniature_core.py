@@ -63,6 +63,7 @@ def fork(prefix: str, run_dir: str, config: str, overrides: list[str]) -> None:
     sys.path.insert(0, ROOT)
     from lopd_jax.run_config import save_run_config
     from lopd_jax.train import resolve_config
+    from train.arms import resolve_arm
 
     tmp = run_dir + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -73,7 +74,7 @@ def fork(prefix: str, run_dir: str, config: str, overrides: list[str]) -> None:
     with open(os.path.join(prefix, "metrics.jsonl")) as src, open(os.path.join(tmp, "metrics.jsonl"), "w") as dst:
         dst.writelines(line for line in src if json.loads(line).get("stage") not in TRAINING_STAGES)
     os.remove(os.path.join(tmp, "config.json"))
-    save_run_config(resolve_config([f"--config={config}", f"--workdir={run_dir}", *overrides]), tmp)
+    save_run_config(resolve_arm(resolve_config([f"--config={config}", f"--workdir={run_dir}", *overrides])), tmp)
     os.replace(tmp, run_dir)
 
 

@@ -363,7 +363,7 @@ def run(cfg) -> str | dict:
             export_student(ctx, state["student"], frozen, os.path.join(workdir, EXPORT_DIR))
             ledger.mark("export", seconds=time.perf_counter() - t0, path=os.path.join(workdir, EXPORT_DIR))
         writer.flush()
-        if jax.process_index() == 0:
+        if jax.process_index() == 0 and cfg.stages.lopd_steps > 0:  # nothing to plot without training steps
             plot_run(os.path.join(workdir, "metrics.jsonl"), os.path.join(workdir, PLOT_FILE),
                      margin=cfg.steps.margin)
         print(f"held-out reward after: {after:.4f} (before {before:.4f}){_eval_note(ledger.result('eval_after'))}",
