@@ -111,6 +111,29 @@ def table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def sweep_report(W: str, arms: list[str], seeds: list[int]) -> list[str]:
+    """The finished runs in :mod:`lopd_jax.sweep`'s layout (``W/report/runs/<name>/seed<k>``,
+    symlinks; ``m0`` is ``lopd__steps.margin=0``) and its report: ``results.json``,
+    ``results.md`` and the figures, under ``W/report``."""
+    sys.path.insert(0, ROOT)
+    from lopd_jax.sweep import RunSpec
+    from lopd_jax.sweep_report import write_report
+
+    R, specs = os.path.join(W, "report"), []
+    for seed in seeds:
+        for arm in arms:
+            src = os.path.join(W, "runs", f"{arm}_s{seed}")
+            if not _ledger(src).get("eval_after", {}).get("done"):
+                continue
+            spec = RunSpec("lopd", seed, (("steps.margin", "0"),), ()) if arm == "m0" else RunSpec(arm, seed, (), ())
+            dst = spec.workdir(R)
+            if not os.path.exists(dst):
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                os.symlink(src, dst)
+            specs.append(spec)
+    return write_report(R, specs) if specs else []
+
+
 def main(argv=None) -> int:
     """Run or resume the prefix and every arm x seed; write results.json; print the table."""
     p = argparse.ArgumentParser(prog="python benchmarks/miniature_core.py", description=__doc__.split("\n\n")[0])
@@ -119,6 +142,7 @@ def main(argv=None) -> int:
     p.add_argument("--arms", default="lopd,grpo,lopd_frozen_composer,m0")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--parallel", type=int, default=1, help="training runs at once")
+    p.add_argument("--report_only", action="store_true", help="only collect finished runs and write the reports")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args(argv)
     arms, seeds = args.arms.split(","), [int(s) for s in args.seeds.split(",")]
@@ -126,6 +150,16 @@ def main(argv=None) -> int:
     os.makedirs(os.path.join(W, "runs"), exist_ok=True)
     t_sweep = time.perf_counter()
     prefix = os.path.join(W, "prefix")
+    if args.report_only:
+        done = [(a, s) for s in seeds for a in arms
+                if _ledger(os.path.join(W, "runs", f"{a}_s{s}")).get("eval_after", {}).get("done")]
+        records = [record(os.path.join(W, "runs", f"{a}_s{s}"), a, s, [*args.overrides, *arm_overrides(a),
+                                                                       f"seed={s}"], None) for a, s in done]
+        with open(os.path.join(W, "results.json"), "w") as f:
+            json.dump({"config": args.config, "overrides": args.overrides, "records": records}, f, indent=1)
+        print(table(records))
+        print("\n".join(sweep_report(W, arms, seeds)))
+        return 0
     if not _ledger(prefix).get("cold_start", {}).get("done"):
         _train(prefix, args.config, [*args.overrides, "stages.lopd_steps=0"], os.path.join(W, "prefix.log"))
 

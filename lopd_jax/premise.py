@@ -11,8 +11,9 @@ tasks of a run (greedy decoding, the run's caps and chat format), three rows:
 * ``base + composer``: theta0 with the cold-start composer's latents of ``n_ret``
   experiences retrieved from the run's bank (:mod:`lopd_jax.composer_eval`).
 
-Each row: mean reward, success rate (reward 1.0), tool calls and errors per episode, and
-the gap to ``base``; the no-tool baseline (answering at once without a tool call) is
+Each row: mean reward, success rate (reward 1.0), tool calls and errors per episode, the
+gap to ``base`` and, for the first two, theta0's teacher-forced log-prob per token of the
+oracle demonstration (:func:`oracle_logprob`); the no-tool baseline (answering at once without a tool call) is
 printed beside them::
 
     python -m lopd_jax.premise --config=miniature --workdir=W [key=value ...]
@@ -90,14 +91,50 @@ def measure(run, tasks: Sequence) -> dict[str, dict[str, Any]]:
     return out
 
 
+def oracle_logprob(run, tasks: Sequence) -> dict[str, float]:
+    """Teacher-forced: theta0's mean log-prob per token of the oracle demonstrations'
+    assistant tokens, without and with the oracle hint in the prompt -- what distillation
+    from that teacher would pull the student towards, independent of greedy decoding.
+    Synthetic tasks only (the others have no oracle demonstrations): ``{}`` otherwise."""
+    import jax
+    import numpy as np
+
+    from lopd_jax.privileged import HintedTaskSource
+    from train import warmup
+    from train.rollout import training_arrays
+
+    ctx = run.ctx
+    _, lora0, _ = ctx.system.initial_params()
+    score = jax.jit(lambda p, b: warmup.sft_loss(ctx.system, p, lora0, b)[1])
+    B, out = ctx.cfg.env.tasks_per_step, {}
+    for name, source in (("base", None), ("base + oracle text", HintedTaskSource(ctx.source))):
+        try:
+            demos = warmup.demonstrations(ctx, tasks, source)
+        except ValueError:
+            return {}
+        longest = max(len(d) for d in demos)
+        total = count = 0.0
+        for i in range(0, len(demos), B):
+            arr = training_arrays(demos[i:i + B], length=-(-longest // 128) * 128)
+            m = score(run.frozen, {"tokens": arr["tokens"], "attention_mask": arr["attention_mask"],
+                                   "loss_mask": arr["mask"]})
+            total += float(m["nll"]) * float(m["tokens"])
+            count += float(m["tokens"])
+        out[name] = -total / count
+    return out
+
+
 def format_table(rows: dict[str, dict[str, Any]], no_tool: float) -> str:
     """The rows as a Markdown table, the no-tool baseline in the header line."""
     lines = [f"no-tool baseline (answer at once, no tool call): reward {no_tool:.4f}",
-             "| row | reward | success | gap to base (reward / success) | tool calls | errors |",
-             "|---|---|---|---|---|---|"]
+             "oracle-token log-prob: teacher-forced mean log-prob per token of the oracle demonstrations",
+             "| row | reward | success | gap to base (reward / success) | tool calls | errors | oracle-token log-prob |",
+             "|---|---|---|---|---|---|---|"]
     for name, r in rows.items():
+        lp = r.get("oracle_logprob")
         lines.append(f"| {name} | {r['reward']:.4f} | {r['success_rate']:.1%} | {r['reward_gap']:+.4f} / "
-                     f"{r['success_gap']:+.1%} | {r['tool_calls']:.2f} | {r['errors']:.2f} |")
+                     f"{r['success_gap']:+.1%} | {r['tool_calls']:.2f} | {r['errors']:.2f} | "
+                     f"{'-' if lp is None else f'{lp:.4f}'} |")
     return "\n".join(lines)
 
 
@@ -134,6 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         run = load_composer_run(args.workdir, "cold_start")
         tasks = run.ctx.source.tasks(args.split)[: args.num_tasks]
         rows = measure(run, tasks)
+        for name, lp in oracle_logprob(run, tasks).items():
+            rows[name]["oracle_logprob"] = lp
         no_tool = no_tool_baseline(run.ctx.source.make_env, tasks)
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

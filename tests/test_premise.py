@@ -71,7 +71,7 @@ def test_premise_cli_prints_three_rows(tmp_path):
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "no finished cold start" in missing.stderr
     proc = subprocess.run([sys.executable, "-m", "lopd_jax.premise", "--config=tiny", f"--workdir={workdir}", *SHORT],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.load(open(os.path.join(workdir, "premise.json")))
     assert list(out["rows"]) == ["base", "base + oracle text", "base + composer"] and out["tasks"] == 9
