@@ -149,14 +149,24 @@ def _prepare(args) -> None:
         raise SystemExit("preempted before the cold start finished; rerun the same command to resume")
 
 
+def _cold_start_done(workdir: str) -> bool:
+    """Whether the run in ``workdir`` has finished its cold start (local runs: the ledger
+    file is read without importing JAX, so a wrong path fails fast)."""
+    if "://" in workdir:
+        from train.stages import StageLedger
+        return StageLedger(workdir).done("cold_start")
+    path = os.path.join(workdir, "stages.json")
+    if not os.path.exists(path):
+        return False
+    with open(path) as f:
+        return bool(json.load(f).get("cold_start", {}).get("done"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: prepare the run if needed, measure, print, write ``premise.json``."""
     args = build_parser().parse_args(argv)
-    from lopd_jax.config import ConfigError
-    from train.stages import StageLedger
-
     try:
-        if not StageLedger(args.workdir).done("cold_start"):
+        if not _cold_start_done(args.workdir):
             if args.config is None:
                 print(f"{args.workdir!r} has no finished cold start; pass --config=NAME to run it there first",
                       file=sys.stderr)
@@ -174,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, lp in oracle_logprob(run, tasks).items():
             rows[name]["oracle_logprob"] = lp
         no_tool = no_tool_baseline(run.ctx.source.make_env, tasks)
-    except (ConfigError, ValueError) as e:
+    except ValueError as e:  # ConfigError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(format_table(rows, no_tool), flush=True)

@@ -68,7 +68,7 @@ def test_premise_cli_prints_three_rows(tmp_path):
     env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split() if "force_host_platform" not in f)
     workdir = str(tmp_path / "run")
     missing = subprocess.run([sys.executable, "-m", "lopd_jax.premise", f"--workdir={workdir}"], cwd=ROOT, env=env,
-                             capture_output=True, text=True, timeout=120)
+                             capture_output=True, text=True, timeout=600)
     assert missing.returncode == 2 and "no finished cold start" in missing.stderr
     proc = subprocess.run([sys.executable, "-m", "lopd_jax.premise", "--config=tiny", f"--workdir={workdir}", *SHORT],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
