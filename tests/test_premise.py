@@ -80,3 +80,13 @@ def test_premise_cli_prints_three_rows(tmp_path):
         assert f"| {name} | {row['reward']:.4f} |" in proc.stdout and row["episodes"] == 9
         assert 0.0 <= row["reward"] <= 1.0
     assert out["rows"]["base"]["reward_gap"] == 0.0
+
+
+def test_miniature_config_and_hint_fraction_validation():
+    from lopd_jax.config import ConfigError, StagesSection, from_dict, load_config, to_dict
+
+    cfg = load_config("miniature")
+    assert cfg.stages.warmup_hint_fraction == 1.0 and cfg.env.kwargs["families"] == ["hotel"]
+    assert from_dict(to_dict(cfg)) == cfg
+    with pytest.raises(ConfigError, match="warmup_hint_fraction"):
+        StagesSection(warmup_hint_fraction=1.5)
