@@ -236,11 +236,14 @@ class StagesSection:
 
     ``eval_tasks`` caps the held-out tasks per evaluation, taken round-robin over task
     families (None: all); ``eval_every`` is in LOPD steps (0: only at the end).
+    ``warmup_hint_fraction``: share of training tasks whose demonstration is also given
+    with the oracle hint in the prompt (:func:`train.warmup.warmup_pool`).
     """
 
     warmup_steps: int = 0
     warmup_batch: int = 8
     warmup_lr: float = 1e-3
+    warmup_hint_fraction: float = 0.0
     cold_start_steps: int = 1000
     cold_start_batch: int = 8
     lopd_steps: int = 50
@@ -252,6 +255,8 @@ class StagesSection:
             if getattr(self, k) < 0:
                 raise ConfigError(f"stages.{k}={getattr(self, k)} must be >= 0.")
         _positive(self, "stages", "warmup_batch", "cold_start_batch")
+        if not 0.0 <= self.warmup_hint_fraction <= 1.0:
+            raise ConfigError(f"stages.warmup_hint_fraction={self.warmup_hint_fraction} must be in [0, 1].")
         if self.eval_tasks is not None and self.eval_tasks < 1:
             raise ConfigError(f"stages.eval_tasks={self.eval_tasks} must be >= 1 or None (all).")
 

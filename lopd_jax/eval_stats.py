@@ -14,6 +14,9 @@ Definitions (per evaluated trajectory, then averaged over trajectories unless no
   included).
 * ``reward_per_call``: total reward / total tool calls (pooled; ``None`` without calls).
 
+:func:`no_tool_baseline` is the reward of the policy that answers at once without any tool
+call, measured on the same tasks: the floor a reported reward should be read against.
+
 Also reported: mean tool calls, error observations and generated / total tokens per
 trajectory, finish-reason counts and the mean reward per task family.
 """
@@ -55,3 +58,22 @@ def behaviour_stats(trajectories: Sequence[Any], success_threshold: float = 1.0)
         "finish_reasons": dict(Counter(t.finish_reason for t in trajectories)),
         "reward_by_family": {k: _mean(v) for k, v in sorted(families.items())},
     }
+
+
+def no_tool_baseline(make_env: Any, tasks: Sequence[Any], answer: str = "Done.") -> float:
+    """Mean reward over ``tasks`` of answering ``answer`` in plain text at once (no tool call).
+
+    ``make_env`` is the task source's environment factory; each episode is one
+    ``Environment.step`` with the plain-text answer, which ends it.
+    """
+    from lopd_jax.types import AssistantTurn
+
+    if not tasks:
+        raise ValueError("no_tool_baseline needs at least one task")
+    rewards = []
+    for task in tasks:
+        with make_env() as env:
+            env.reset(task)
+            result = env.step(AssistantTurn(raw=answer, content=answer))
+            rewards.append(float(result.reward if result.done else env.finish()))
+    return _mean(rewards)

@@ -91,9 +91,9 @@ def test_wrong_policies_get_the_expected_partial_reward(source):
     p = t.payload["params"]
     wrong = ToolCall("deposit", {"account": p["account"], "amount": p["amount"] + 10})
     result, _, _ = run(source, t, [calls_turn(wrong), answer_turn("Done.")])
-    assert result.reward == pytest.approx(1 / 2)  # wrong balance, nothing else touched
+    assert result.reward == 0.0  # wrong balance: no goal check passes ("nothing else changed" is a guard)
     result, _, _ = run(source, t, [answer_turn("I will not.")])
-    assert result.reward == pytest.approx(1 / 2)
+    assert result.reward == 0.0
 
     t = first(source, "hotel.move_guest")
     p = t.payload["params"]
@@ -107,6 +107,37 @@ def test_wrong_policies_get_the_expected_partial_reward(source):
     one = ToolCall("restock", {"item": p["item1"], "quantity": p["quantity1"]})
     result, _, _ = run(source, t, [calls_turn(one), answer_turn("Done.")])
     assert result.reward == pytest.approx(2 / 3)
+
+
+def test_no_tool_policy_scores_zero_and_conditional_no_ops_need_the_lookup(source):
+    for split in ("train", "heldout"):
+        for t in source.tasks(split):
+            result, _, _ = run(source, t, [answer_turn("Done.")])
+            assert result.reward == 0.0, t.task_id
+            # reading the state only is not progress either
+            env = source.make_env()
+            env.reset(t)
+            reads = [c for c in oracle_calls(t)[0] if c.name in ("get_balance", "check_stock", "list_free_rooms")]
+            for c in reads:
+                env.step(calls_turn(c))
+            p = t.payload["params"]
+            noop_right = (t.family == "bank.withdraw_if_enough" and p["initial"][p["account"]] < p["amount"]) or (
+                t.family == "shop.restock_below" and p["initial"][p["item"]] >= p["threshold"])
+            reward = env.step(answer_turn(oracle_calls(t)[1])).reward
+            assert reward == (1.0 if noop_right else 0.0) or t.family in (
+                "bank.transfer_report", "shop.sell_report", "hotel.free_on_floor"), (t.task_id, reward)
+    from lopd_jax.eval_stats import no_tool_baseline
+
+    assert no_tool_baseline(source.make_env, source.tasks("heldout")) == 0.0
+    with pytest.raises(ValueError, match="at least one task"):
+        no_tool_baseline(source.make_env, [])
+    # a withdraw attempt that fails inside the tool also looks the balance up
+    t = next(t for t in source.tasks("train") if t.family == "bank.withdraw_if_enough"
+             and t.payload["params"]["initial"][t.payload["params"]["account"]] < t.payload["params"]["amount"])
+    p = t.payload["params"]
+    result, _, env = run(source, t, [calls_turn(ToolCall("withdraw", {"account": p["account"], "amount": p["amount"]})),
+                                     answer_turn("Not enough.")])
+    assert result.reward == 1.0 and env.check_results()[-1] == (f"looked up {p['account']}'s balance", True)
 
 
 def test_finish_scores_the_current_state(source):

@@ -74,6 +74,7 @@ def full_run(tmp_path_factory):
 def test_full_run_writes_everything(full_run):
     workdir, stdout = full_run
     assert "held-out reward before:" in stdout and "held-out reward after:" in stdout
+    assert "no-tool baseline 0.0000" in stdout and "success " in stdout
     lopd = _records(workdir, "lopd")
     assert [r["step"] for r in lopd] == [1, 2, 3]
     for key in ("reward_mean", "delta", "beta", "distill_kl", "anchor", "rollouts", "tokens", "rollout_seconds",

@@ -57,7 +57,7 @@ def log(msg: str) -> None:
 
 def evaluate_policy(ctx: RunContext, params) -> dict[str, Any]:
     """Greedy rollouts of the held-out tasks: mean reward, success rate and Table-3 stats."""
-    from lopd_jax.eval_stats import behaviour_stats
+    from lopd_jax.eval_stats import behaviour_stats, no_tool_baseline
     from train.sampler import SamplingParams
 
     r = ctx.cfg.rollout
@@ -72,8 +72,19 @@ def evaluate_policy(ctx: RunContext, params) -> dict[str, Any]:
     out = {k: v for k, v in stats.items() if isinstance(v, (int, float))}
     out["reward_mean"] = float(np.mean([t.reward for t in trajs]))
     out["eval_tasks"] = len(trajs)
+    if getattr(ctx, "no_tool_baseline", None) is None:  # the same for every evaluation of a run
+        ctx.no_tool_baseline = no_tool_baseline(ctx.source.make_env, ctx.eval_tasks)
+    out["no_tool_baseline"] = ctx.no_tool_baseline
     out["eval_seconds"] = time.perf_counter() - t0
     return out
+
+
+def _eval_note(ev: dict) -> str:
+    """``", success 8.3%, no-tool baseline 0.0000"`` for a held-out evaluation record."""
+    note = f", success {ev['success_rate']:.1%}" if "success_rate" in ev else ""
+    if ev.get("no_tool_baseline") is not None:
+        note += f", no-tool baseline {ev['no_tool_baseline']:.4f}"
+    return note
 
 
 # ----------------------------------------------------------------------------- step loops
@@ -179,7 +190,7 @@ def warmup_stage(ctx: RunContext, writer):
 
     cfg, system = ctx.cfg, ctx.system
     theta0, lora0, _ = system.initial_params()
-    demos = warmup.demonstrations(ctx, ctx.train_tasks)
+    demos = warmup.warmup_pool(ctx)
     # the global batch's indices on every process; each builds only the rows it owns
     pipe = TaskPipeline(list(range(len(demos))), cfg.stages.warmup_batch, seed=cfg.seed, process_index=0,
                         process_count=1)
@@ -349,7 +360,7 @@ def run(cfg, resumed: bool = False) -> str | dict:
             ledger.mark("eval_before", seconds=time.perf_counter() - t0, **ev)
         before = ledger.result("eval_before")["reward_mean"]
         if jax.process_index() == 0:
-            print(f"held-out reward before: {before:.4f}", flush=True)
+            print(f"held-out reward before: {before:.4f}{_eval_note(ledger.result('eval_before'))}", flush=True)
 
         # 3. experience bank
         if not ledger.done("bank"):
@@ -395,12 +406,16 @@ def run(cfg, resumed: bool = False) -> str | dict:
             export_student(ctx, state["student"], frozen, os.path.join(workdir, EXPORT_DIR))
             ledger.mark("export", seconds=time.perf_counter() - t0, path=os.path.join(workdir, EXPORT_DIR))
         writer.flush()
-        if jax.process_index() == 0:
+        if jax.process_index() == 0 and cfg.stages.lopd_steps > 0:  # nothing to plot without training steps
             plot_run(os.path.join(workdir, "metrics.jsonl"), os.path.join(workdir, PLOT_FILE),
                      margin=cfg.steps.margin)
         if jax.process_index() == 0:
-            print(f"held-out reward after: {after:.4f} (before {before:.4f})", flush=True)
+            print(f"held-out reward after: {after:.4f} (before {before:.4f})"
+                  f"{_eval_note(ledger.result('eval_after'))}", flush=True)
         summary = {"before": before, "after": after,
+                   "success_before": ledger.result("eval_before").get("success_rate"),
+                   "success_after": ledger.result("eval_after").get("success_rate"),
+                   "no_tool_baseline": ledger.result("eval_before").get("no_tool_baseline"),
                    "seconds": {s: ledger.result(s).get("seconds") for s in ledger.data}}
         log(f"done: {summary}")
         return summary

@@ -23,8 +23,9 @@ from lopd_jax.types import Task
 from train.rollout import Trajectory
 
 
-def demonstration(ctx, task: Task) -> Trajectory:
-    """The oracle trajectory of ``task`` as token ids and supervision mask.
+def demonstration(ctx, task: Task, source=None) -> Trajectory:
+    """The oracle trajectory of ``task`` as token ids and supervision mask (episodes of
+    ``source``, default the run's task source; e.g. a :class:`lopd_jax.privileged.HintedTaskSource`).
 
     Raises ValueError when the source has no oracle (only the synthetic family has one) or
     when the rendered demonstration does not earn reward 1 (a format / env mismatch).
@@ -35,7 +36,7 @@ def demonstration(ctx, task: Task) -> Trajectory:
     if task.env_id != ENV_ID:
         raise ValueError(f"the warm-up needs oracle demonstrations, which only the synthetic source has "
                          f"(task {task.task_id!r} is {task.env_id!r}); set stages.warmup_steps=0.")
-    fmt, env = ctx.fmt, ctx.source.make_env()
+    fmt, env = ctx.fmt, (source or ctx.source).make_env()
     try:
         messages, tools = env.reset(task)
         prompt = fmt.prompt_ids(messages, tools)
@@ -67,9 +68,27 @@ def demonstration(ctx, task: Task) -> Trajectory:
                       turn_lengths=turns, insert_at=fmt.insertion_point(prompt), finish_reason="done")
 
 
-def demonstrations(ctx, tasks: Sequence[Task]) -> list[Trajectory]:
+def demonstrations(ctx, tasks: Sequence[Task], source=None) -> list[Trajectory]:
     """:func:`demonstration` of every task, in order."""
-    return [demonstration(ctx, t) for t in tasks]
+    return [demonstration(ctx, t, source) for t in tasks]
+
+
+def warmup_pool(ctx) -> list[Trajectory]:
+    """The warm-up's demonstrations: every training task's, plus, for a seeded
+    ``stages.warmup_hint_fraction`` of the training tasks, a second copy whose prompt
+    carries the task's oracle hint (:mod:`lopd_jax.privileged`) -- so the model learns to
+    read a privileged text context, as a pre-trained model can."""
+    import random
+
+    from lopd_jax.privileged import HintedTaskSource
+
+    tasks = list(ctx.train_tasks)
+    demos = demonstrations(ctx, tasks)
+    n = round(ctx.cfg.stages.warmup_hint_fraction * len(tasks))
+    if n:
+        chosen = random.Random(f"warmup-hints:{ctx.cfg.seed}").sample(tasks, n)
+        demos += demonstrations(ctx, chosen, HintedTaskSource(ctx.source))
+    return demos
 
 
 def sft_loss(system, params, lora0, batch):

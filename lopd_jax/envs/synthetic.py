@@ -2,10 +2,18 @@
 
 Three domains (bank accounts, shop stock, hotel rooms), nine structural families (see
 :mod:`lopd_jax.envs.synthetic_domains` for the table). A task is a short instruction over a
-small random initial state; the tools are the methods of the domain's state class; the
-reward is the fraction of the family's checks (over the final state and, for "tell me"
-families, the final answer) that pass. Tasks need 1-3 tool calls and use a small vocabulary
-of entity names, so a tiny model can learn them in minutes.
+small random initial state; the tools are the methods of the domain's state class. Tasks
+need 1-3 tool calls and use a small vocabulary of entity names, so a tiny model can learn
+them in minutes.
+
+Reward: the fraction of the family's checks (over the final state and, for "tell me"
+families, the final answer) that pass -- but 0 unless the episode made progress on the
+task: at least one tool call ran, and at least one *goal* check passes. A goal check is one
+the untouched initial state fails (the asked balance, stock, booking or reported number);
+"nothing else changed" is a guard, not a goal. When the right outcome is to change nothing
+(a conditional task whose condition does not hold), the goal is having looked the condition
+up (:data:`~lopd_jax.envs.synthetic_domains.VERIFY`). So answering without a tool call, or
+calls that only read or miss, score 0, and reward 1.0 (every check) means the task is done.
 
 Splits: every family draws instances from one seeded stream; an instance goes to
 "heldout" when a hash of its instruction text falls in the held-out bucket, so held-out
@@ -24,7 +32,7 @@ import random
 from typing import Any, Sequence
 
 from lopd_jax.envs.base import TaskSource, Toolbox, ToolUseEnvironment, check_split
-from lopd_jax.envs.synthetic_domains import DOMAINS, FAMILIES, Family
+from lopd_jax.envs.synthetic_domains import DOMAINS, FAMILIES, VERIFY, Family
 from lopd_jax.types import AssistantTurn, Message, Task, ToolCall, ToolSchema
 
 ENV_ID = "synthetic"
@@ -163,25 +171,42 @@ class SyntheticEnvironment(ToolUseEnvironment):
         self._domain = DOMAINS[self._family.domain]
         self._state = self._domain.build(json.loads(json.dumps(self._params["initial"])))
         self._toolbox = Toolbox(self._state)
+        self._ran: list[tuple[str, Any]] = []  # (name, arguments) of calls that ran
         messages = [{"role": "system", "content": self._domain.system},
                     {"role": "user", "content": task.instruction}]
         schemas = [dict(s) for s in self._toolbox.schemas]
         return messages, schemas if self.tool_descriptions else [_without_descriptions(s) for s in schemas]
 
     def _invoke(self, name: str, arguments: dict[str, Any]) -> str:
+        self._ran.append((name, arguments))  # validated: it runs (it may still raise inside)
         return self._toolbox.call(name, arguments)
+
+    def _checks(self) -> list[tuple[str, Any, bool]]:
+        """(description, predicate(state, answer), is_goal) for the task."""
+        checks = self._family.checks(self._params)
+        initial = dict(self._params["initial"])
+        out = [(desc, fn, not fn(initial, "")) for desc, fn in checks]
+        if not any(goal for _, _, goal in out) and self._family.family_id in VERIFY:
+            desc, lookups = VERIFY[self._family.family_id](self._params)
+            out.append((desc, lambda st, ans: any(c in self._ran for c in lookups), True))
+        return out
 
     def check_results(self) -> list[tuple[str, bool]]:
         """Each check's description and whether it passes on the current state."""
+        return [(desc, ok) for desc, ok, _ in self._results()]
+
+    def _results(self) -> list[tuple[str, bool, bool]]:
         if self.task is None:
             raise RuntimeError("check_results() called before reset(task)")
         snap = self._domain.snapshot(self._state)
         answer = self.final_answer or ""
-        return [(desc, bool(fn(snap, answer))) for desc, fn in self._family.checks(self._params)]
+        return [(desc, bool(fn(snap, answer)), goal) for desc, fn, goal in self._checks()]
 
     def _score(self) -> float:
-        results = self.check_results()
-        return sum(ok for _, ok in results) / len(results)
+        results = self._results()
+        if not self._ran or not any(ok and goal for _, ok, goal in results):
+            return 0.0
+        return sum(ok for _, ok, _ in results) / len(results)
 
 
 def render_tool_call(call: ToolCall) -> str:

@@ -466,3 +466,17 @@ FAMILIES: dict[str, Family] = {f.family_id: f for f in [
                    f"Room {_first_free(p)}."),
         _free_on_floor_checks),
 ]}
+
+
+# Tasks whose correct outcome leaves the state as it was (the condition does not hold) are
+# done only when the condition was looked up: family -> params -> (description, calls that
+# verify it). A verifying call counts when it ran (a tool error from inside the tool, such
+# as "carol has only 40", counts too; a rejected call does not).
+VERIFY: dict[str, Callable[[dict[str, Any]], tuple[str, list[tuple[str, dict[str, Any]]]]]] = {
+    "bank.withdraw_if_enough": lambda p: (
+        f"looked up {p['account']}'s balance",
+        [("get_balance", {"account": p["account"]}),
+         ("withdraw", {"account": p["account"], "amount": p["amount"]})]),
+    "shop.restock_below": lambda p: (
+        f"looked up the {p['item']} stock", [("check_stock", {"item": p["item"]})]),
+}

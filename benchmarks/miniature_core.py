@@ -1,0 +1,191 @@
+"""The miniature's core comparison with one shared prefix: arms x seeds from one theta0.
+
+    python benchmarks/miniature_core.py --config=miniature --workdir=W \\
+        [--arms=lopd,grpo,lopd_frozen_composer,m0] [--seeds=0,1,2] [--parallel=2] [key=value ...]
+
+1. ``W/prefix``: the run's shared stages -- warm-up (theta0), held-out evaluation before,
+   experience bank, composer cold start -- once (``python -m lopd_jax.train ...
+   stages.lopd_steps=0``). Like the paper's seeds, which all start from one pre-trained
+   checkpoint, every arm and seed starts from this theta0, bank and phi0.
+2. ``W/runs/ARM_sSEED``: a copy of the prefix (its ledger without the training stage,
+   evaluation after and export) whose config sets the arm and ``seed``; ``python -m
+   lopd_jax.train`` resumes it, so only the training stage, the evaluation after and the
+   export run. Seeds change the training stage's task order, sampling and initial
+   student-side randomness. Finished runs are skipped (rerun to resume).
+3. ``W/results.json``: one record per arm x seed (arm, seed, overrides, rollouts, held-out
+   reward and success before / after, wall seconds, rollouts per minute) and the table
+   (mean +- std over seeds) printed as Markdown.
+
+Arm names: ``lopd``, ``grpo``, ``lopd_frozen_composer``, ``m0`` (LOPD with
+``steps.margin=0``), any other ``TrainConfig.arm``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ARM_OVERRIDES = {"lopd": [], "m0": ["steps.margin=0"]}
+TRAINING_STAGES = ("lopd", "eval_after", "export")
+
+
+def arm_overrides(arm: str) -> list[str]:
+    """Config overrides of an arm name."""
+    return ARM_OVERRIDES.get(arm, [f"arm={arm}"])
+
+
+def _train(workdir: str, config: str, overrides: list[str], log: str) -> float:
+    t0 = time.perf_counter()
+    with open(log, "a") as f:
+        proc = subprocess.run([sys.executable, "-m", "lopd_jax.train", f"--config={config}", f"--workdir={workdir}",
+                               *overrides], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"training run in {workdir} failed (exit {proc.returncode}); see {log}")
+    return time.perf_counter() - t0
+
+
+def _ledger(workdir: str) -> dict:
+    path = os.path.join(workdir, "stages.json")
+    return json.load(open(path)) if os.path.exists(path) else {}
+
+
+def fork(prefix: str, run_dir: str, config: str, overrides: list[str]) -> None:
+    """Copy the prefix into ``run_dir`` without its training stage and write the run's config."""
+    sys.path.insert(0, ROOT)
+    from lopd_jax.run_config import save_run_config
+    from lopd_jax.train import resolve_config
+    from train.arms import resolve_arm
+
+    tmp = run_dir + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(prefix, tmp, ignore=shutil.ignore_patterns("lopd", "export", "plot.png", "premise.json", "tb"))
+    ledger = {k: v for k, v in _ledger(prefix).items() if k not in TRAINING_STAGES}
+    with open(os.path.join(tmp, "stages.json"), "w") as f:
+        json.dump(ledger, f, indent=1)
+    with open(os.path.join(prefix, "metrics.jsonl")) as src, open(os.path.join(tmp, "metrics.jsonl"), "w") as dst:
+        dst.writelines(line for line in src if json.loads(line).get("stage") not in TRAINING_STAGES)
+    os.remove(os.path.join(tmp, "config.json"))
+    save_run_config(resolve_arm(resolve_config([f"--config={config}", f"--workdir={run_dir}", *overrides])), tmp)
+    os.replace(tmp, run_dir)
+
+
+def record(run_dir: str, arm: str, seed: int, overrides: list[str], wall: float | None) -> dict:
+    """The results record of a finished run."""
+    led = _ledger(run_dir)
+    rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    train = [r for r in rows if r.get("stage") == "lopd"]
+    rollouts = int(sum(r.get("rollouts", 0) for r in train))
+    roll_s = float(sum(r.get("rollout_seconds", 0.0) for r in train))
+    b, a = led["eval_before"], led["eval_after"]
+    return {"arm": arm, "seed": seed, "overrides": overrides, "rollouts": rollouts,
+            "reward_before": b["reward_mean"], "reward_after": a["reward_mean"],
+            "success_before": b["success_rate"], "success_after": a["success_rate"],
+            "no_tool_baseline": b.get("no_tool_baseline"), "train_stage_seconds": led["lopd"].get("seconds"),
+            "wall_seconds": wall, "rollouts_per_minute": 60.0 * rollouts / max(led["lopd"].get("seconds") or 1e-9, 1e-9),
+            "rollout_only_per_minute": 60.0 * rollouts / max(roll_s, 1e-9),
+            "train_reward_curve": [r.get("reward_mean") for r in train],
+            "delta_curve": [r.get("delta") for r in train], "beta_curve": [r.get("beta") for r in train]}
+
+
+def table(records: list[dict]) -> str:
+    """Markdown table: mean +- std over seeds per arm."""
+    lines = ["| arm | seeds | rollouts | held-out reward before | after | success before | after | "
+             "train stage s | rollouts/min |", "|---|---|---|---|---|---|---|---|---|"]
+    arms = list(dict.fromkeys(r["arm"] for r in records))
+    for arm in arms:
+        rs = [r for r in records if r["arm"] == arm]
+        ms = lambda k: f"{np.mean([r[k] for r in rs]):.4f} ± {np.std([r[k] for r in rs]):.4f}"  # noqa: E731
+        lines.append(f"| {arm} | {len(rs)} | {rs[0]['rollouts']} | {ms('reward_before')} | {ms('reward_after')} | "
+                     f"{ms('success_before')} | {ms('success_after')} | "
+                     f"{np.mean([r['train_stage_seconds'] for r in rs]):.0f} | "
+                     f"{np.mean([r['rollouts_per_minute'] for r in rs]):.1f} |")
+    return "\n".join(lines)
+
+
+def sweep_report(W: str, arms: list[str], seeds: list[int]) -> list[str]:
+    """The finished runs in :mod:`lopd_jax.sweep`'s layout (``W/report/runs/<name>/seed<k>``,
+    symlinks; ``m0`` is ``lopd__steps.margin=0``) and its report: ``results.json``,
+    ``results.md`` and the figures, under ``W/report``."""
+    sys.path.insert(0, ROOT)
+    from lopd_jax.sweep import RunSpec
+    from lopd_jax.sweep_report import write_report
+
+    R, specs = os.path.join(W, "report"), []
+    for seed in seeds:
+        for arm in arms:
+            src = os.path.join(W, "runs", f"{arm}_s{seed}")
+            if not _ledger(src).get("eval_after", {}).get("done"):
+                continue
+            spec = RunSpec("lopd", seed, (("steps.margin", "0"),), ()) if arm == "m0" else RunSpec(arm, seed, (), ())
+            dst = spec.workdir(R)
+            if not os.path.exists(dst):
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                os.symlink(src, dst)
+            specs.append(spec)
+    return write_report(R, specs) if specs else []
+
+
+def main(argv=None) -> int:
+    """Run or resume the prefix and every arm x seed; write results.json; print the table."""
+    p = argparse.ArgumentParser(prog="python benchmarks/miniature_core.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="miniature")
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--arms", default="lopd,grpo,lopd_frozen_composer,m0")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--parallel", type=int, default=1, help="training runs at once")
+    p.add_argument("--report_only", action="store_true", help="only collect finished runs and write the reports")
+    p.add_argument("overrides", nargs="*")
+    args = p.parse_args(argv)
+    arms, seeds = args.arms.split(","), [int(s) for s in args.seeds.split(",")]
+    W = os.path.abspath(args.workdir)
+    os.makedirs(os.path.join(W, "runs"), exist_ok=True)
+    t_sweep = time.perf_counter()
+    prefix = os.path.join(W, "prefix")
+    if args.report_only:
+        done = [(a, s) for s in seeds for a in arms
+                if _ledger(os.path.join(W, "runs", f"{a}_s{s}")).get("eval_after", {}).get("done")]
+        records = [record(os.path.join(W, "runs", f"{a}_s{s}"), a, s, [*args.overrides, *arm_overrides(a),
+                                                                       f"seed={s}"], None) for a, s in done]
+        with open(os.path.join(W, "results.json"), "w") as f:
+            json.dump({"config": args.config, "overrides": args.overrides, "records": records}, f, indent=1)
+        print(table(records))
+        print("\n".join(sweep_report(W, arms, seeds)))
+        return 0
+    if not _ledger(prefix).get("cold_start", {}).get("done"):
+        _train(prefix, args.config, [*args.overrides, "stages.lopd_steps=0"], os.path.join(W, "prefix.log"))
+
+    def one(arm_seed):
+        arm, seed = arm_seed
+        run_dir = os.path.join(W, "runs", f"{arm}_s{seed}")
+        overrides = [*args.overrides, *arm_overrides(arm), f"seed={seed}"]
+        wall = None
+        if not _ledger(run_dir).get("eval_after", {}).get("done"):
+            if not os.path.isdir(run_dir):
+                fork(prefix, run_dir, args.config, overrides)
+            wall = _train(run_dir, args.config, overrides, run_dir + ".log")
+            print(f"finished {arm} seed {seed} in {wall:.0f}s", flush=True)
+        return record(run_dir, arm, seed, overrides, wall)
+
+    jobs = [(a, s) for s in seeds for a in arms]
+    with concurrent.futures.ThreadPoolExecutor(max(1, args.parallel)) as pool:
+        records = list(pool.map(one, jobs))
+    out = {"config": args.config, "overrides": args.overrides, "sweep_seconds": time.perf_counter() - t_sweep,
+           "records": records}
+    with open(os.path.join(W, "results.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    print(table(records))
+    print(f"sweep wall time this invocation: {out['sweep_seconds']:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
