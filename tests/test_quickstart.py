@@ -19,7 +19,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The file holding the quickstart block (the README once the draft is merged into it).
-README = os.path.join(ROOT, "docs", "README-draft.md")
+README = os.path.join(ROOT, "README.md")
 SHORT = ["stages.warmup_steps=3", "stages.warmup_batch=4", "stages.cold_start_steps=2", "stages.cold_start_batch=2",
          "stages.lopd_steps=2", "stages.eval_tasks=2", "stages.eval_every=0", "env.tasks_per_step=2",
          "env.kwargs.n_train_per_family=1", "env.kwargs.n_heldout_per_family=1", "bank.min_reward=0.0",
