@@ -50,7 +50,7 @@ def build(args):
     mcfg = named_config(args.model, dtype=args.dtype, param_dtype=args.param_dtype)
     if args.layers:
         mcfg = mcfg.replace(num_layers=args.layers, layer_types=mcfg.layer_types[:args.layers])
-    mesh_cfg = MeshConfig(data=args.data, fsdp=args.fsdp, tensor=args.tensor, rules=rules_with(args.rule))
+    mesh_cfg = MeshConfig(data=args.data, fsdp=args.fsdp, tensor=args.tensor, rules=rules_with(MeshConfig().rules, args.rule))
     mesh = mesh_lib.make_mesh(mesh_cfg, devices)
     rules = mesh_lib.rules_for(mesh, mesh_cfg)
     model = nnx.eval_shape(lambda: Decoder(mcfg, rngs=nnx.Rngs(0), rules=rules))
