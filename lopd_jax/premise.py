@@ -140,12 +140,11 @@ def format_table(rows: dict[str, dict[str, Any]], no_tool: float) -> str:
 
 def _prepare(args) -> None:
     """Run the first stages (warm-up, bank, cold start) of ``--config`` in ``--workdir``."""
-    from lopd_jax.train import resolve_config
-    from train.loop import run
+    from lopd_jax.train import resolve_config, run_training
 
     cfg = resolve_config([f"--config={args.config}", f"--workdir={args.workdir}", *args.overrides])
     cfg = dataclasses.replace(cfg, stages=dataclasses.replace(cfg.stages, lopd_steps=0))
-    if run(cfg) == "preempted":
+    if run_training(cfg) == "preempted":
         raise SystemExit("preempted before the cold start finished; rerun the same command to resume")
 
 
