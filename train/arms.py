@@ -296,7 +296,7 @@ def policy_stage(ctx, impl, composer0, bank_path: str, writer):
     plots, checkpoints and export are shared); returns ``(state, preempted)``."""
     from train import mesh as mesh_lib
     from train.data import TaskPipeline
-    from train.loop import evaluate_policy, log, run_steps
+    from train.loop import run_steps, training_step_record
 
     cfg, system = ctx.cfg, ctx.system
     if jax.process_count() > 1:
@@ -344,15 +344,8 @@ def policy_stage(ctx, impl, composer0, bank_path: str, writer):
         return st, metrics
 
     def on_metrics(s, m):
-        extra = dict(info.pop(s))
-        extra["rollouts_per_minute"] = 60.0 * extra["rollouts"] / max(extra["rollout_seconds"], 1e-9)
-        m.pop("mean_reward", None)
-        done = s + 1
-        if cfg.stages.eval_every and done % cfg.stages.eval_every == 0 and done < cfg.stages.lopd_steps:
-            ev = evaluate_policy(ctx, ctx.policy_params(holder["state"]["student"], frozen))
-            writer.write(done, "eval", ev)
-            log(f"{cfg.arm} step {done}: held-out reward {ev['reward_mean']:.3f}")
-        return extra
+        return training_step_record(ctx, writer, cfg.arm, s, m, info.pop(s),
+                                    lambda: ctx.policy_params(holder["state"]["student"], frozen))
 
     def extra_meta(s):
         return {"data": it.get_state(), "bank": bank_path, "arm": cfg.arm, **impl.meta()}

@@ -237,6 +237,24 @@ def cold_start_stage(ctx: RunContext, bank, writer):
     return state["composer"], preempted
 
 
+def training_step_record(ctx: RunContext, writer, label: str, step: int, metrics: dict, rollout_info: dict,
+                         policy_params: Callable[[], Any]) -> dict:
+    """What a training stage adds to step ``step``'s record: its rollout information with
+    ``rollouts_per_minute`` (rollout phase only); runs and writes the periodic held-out
+    evaluation (``stages.eval_every``) of ``policy_params()``. Drops ``mean_reward`` from
+    ``metrics`` (the rollout information carries the reward)."""
+    cfg = ctx.cfg
+    extra = dict(rollout_info)
+    extra["rollouts_per_minute"] = 60.0 * extra["rollouts"] / max(extra["rollout_seconds"], 1e-9)
+    metrics.pop("mean_reward", None)
+    done = step + 1
+    if cfg.stages.eval_every and done % cfg.stages.eval_every == 0 and done < cfg.stages.lopd_steps:
+        ev = evaluate_policy(ctx, policy_params())
+        writer.write(done, "eval", ev)
+        log(f"{label} step {done}: held-out reward {ev['reward_mean']:.3f}")
+    return extra
+
+
 def lopd_stage(ctx: RunContext, bank, bank_path: str, composer0, writer):
     """The LOPD steps (SPEC 2): rollout with the current student, retrieve, step; ``(state, preempted)``."""
     from train import distributed, mesh as mesh_lib
@@ -288,15 +306,8 @@ def lopd_stage(ctx: RunContext, bank, bank_path: str, composer0, writer):
         return st, metrics
 
     def on_metrics(s, m):
-        extra = dict(info.pop(s))
-        extra["rollouts_per_minute"] = 60.0 * extra["rollouts"] / max(extra["rollout_seconds"], 1e-9)
-        m.pop("mean_reward", None)
-        done = s + 1
-        if cfg.stages.eval_every and done % cfg.stages.eval_every == 0 and done < cfg.stages.lopd_steps:
-            ev = evaluate_policy(ctx, ctx.policy_params(holder["state"]["student"], frozen))
-            writer.write(done, "eval", ev)
-            log(f"lopd step {done}: held-out reward {ev['reward_mean']:.3f}")
-        return extra
+        return training_step_record(ctx, writer, "lopd", s, m, info.pop(s),
+                                    lambda: ctx.policy_params(holder["state"]["student"], frozen))
 
     def extra_meta(s):
         return {"data": it.get_state(), "bank": bank_path}
