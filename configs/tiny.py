@@ -18,7 +18,7 @@ from train.system import StepConfig
 
 CONFIG = TrainConfig(
     # 896 >= the tiny tokenizer's ids (BPE trained on the built-in corpus plus the training prompts,
-    # about 890 with the chat and latent tokens; see train.stages.domain_corpus)
+    # about 890 with the chat and latent tokens; see train.run_context.domain_corpus)
     model=ModelSection(name="tiny_qwen3", vocab_size=896, tokenizer="tiny", dtype="float32",
                        param_dtype="float32", attention_impl="plain", remat_policy="none"),
     composer=ComposerConfig(num_latents=4, depth=2, n_ret=2, ff_mult=2,

@@ -192,8 +192,8 @@ def run_config(args):
 
 def step_inputs(cfg):
     """``(StepSpec, SpliceLayout)`` of ``cfg``: what the trainer's
-    :class:`train.stages.RunContext` builds its LOPD step from (same functions, same tokenizer)."""
-    from train.stages import run_tokenizer
+    :class:`train.run_context.RunContext` builds its LOPD step from (same functions, same tokenizer)."""
+    from train.run_context import run_tokenizer
     from train.step_spec import splice_layout, step_spec
 
     spec = step_spec(cfg)

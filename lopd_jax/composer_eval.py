@@ -32,7 +32,7 @@ COMPOSER_STAGES = ("auto", "lopd", "cold_start")
 
 @dataclasses.dataclass
 class ComposerRun:
-    """A reopened run: ``ctx`` (:class:`train.stages.RunContext`), ``frozen`` theta0,
+    """A reopened run: ``ctx`` (:class:`train.run_context.RunContext`), ``frozen`` theta0,
     ``composer`` ``{"lora", "compressor"}``, ``bank``, the ``stage`` and ``step`` the
     composer came from."""
 
@@ -78,8 +78,9 @@ def load_composer_run(workdir: str, stage: str = "auto") -> ComposerRun:
     """
     from lopd_jax.config import ConfigError
     from lopd_jax.run_config import load_run_config
-    from train.bank_build import load_bank
-    from train.stages import RunContext, StageLedger
+    from train.bank_stage import load_bank
+    from train.ledger import StageLedger
+    from train.run_context import RunContext
 
     if stage not in COMPOSER_STAGES:
         raise ValueError(f"composer stage {stage!r}: choose from {COMPOSER_STAGES}")
@@ -143,7 +144,7 @@ def task_latents(run: ComposerRun, tasks: Sequence) -> jax.Array:
     release trains with 3 and evaluates Base + Composer with 1). The sampler cannot mask
     slots inside its KV cache, so a task with fewer hits than ``eval_n_ret`` repeats them.
     """
-    from train.bank_build import experience_arrays
+    from train.batches import experience_arrays
 
     ctx = run.ctx
     n = eval_n_ret(ctx)

@@ -33,7 +33,7 @@ def restore_student(workdir: str, step: int | None = None):
 
     from lopd_jax.run_config import load_run_config
     from train.checkpoint import Checkpointer, abstract_tree
-    from train.stages import RunContext
+    from train.run_context import RunContext
 
     import dataclasses
 

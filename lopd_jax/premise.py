@@ -152,7 +152,7 @@ def _cold_start_done(workdir: str) -> bool:
     """Whether the run in ``workdir`` has finished its cold start (local runs: the ledger
     file is read without importing JAX, so a wrong path fails fast)."""
     if "://" in workdir:
-        from train.stages import StageLedger
+        from train.ledger import StageLedger
         return StageLedger(workdir).done("cold_start")
     path = os.path.join(workdir, "stages.json")
     if not os.path.exists(path):

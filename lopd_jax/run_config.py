@@ -68,7 +68,7 @@ def save_run_config(cfg: TrainConfig, workdir: str | None = None) -> bool:
     Returns True when a saved config was found (a resumed run); the file is then
     rewritten with the allowed changes. Only process 0 writes.
     """
-    from train.stages import write_json
+    from train.ledger import write_json
 
     workdir = workdir or cfg.workdir
     resumed = _read(workdir) is not None
@@ -79,7 +79,7 @@ def save_run_config(cfg: TrainConfig, workdir: str | None = None) -> bool:
 
 
 def _read(workdir: str) -> Any | None:
-    from train.stages import read_json
+    from train.ledger import read_json
 
     try:
         return read_json(workdir, CONFIG_FILE)

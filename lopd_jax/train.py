@@ -110,10 +110,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from train.stages import maybe_initialize_distributed
+    from train.distributed import initialize as initialize_distributed
     args = build_parser().parse_args(argv)
     try:
-        maybe_initialize_distributed(args.coordinator_address, args.num_processes, args.process_id)
+        initialize_distributed(args.coordinator_address, args.num_processes, args.process_id)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -176,7 +176,7 @@ def _check_rows(arm, ctx, batch, trajs, texts):
 @pytest.mark.parametrize("arm", ["opsd", "sdpo", "sdft", "skill_sd"])
 def test_text_arm_contexts(arm):
     from train.arms import TextArm
-    from train.bank_build import to_experience
+    from train.bank_stage import to_experience
     from lopd_jax.text_context import skill_summary, trajectory_text
     ctx = _arm_ctx(arm)
     tasks = ctx.train_tasks

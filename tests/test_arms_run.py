@@ -20,8 +20,8 @@ SHORT = ["stages.warmup_steps=0", "stages.cold_start_steps=1", "stages.lopd_step
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory):
-    from train.bank_build import build_bank
-    from train.stages import RunContext
+    from train.bank_stage import build_bank
+    from train.run_context import RunContext
     root = str(tmp_path_factory.mktemp("arms"))
     cfg = apply_overrides(load_config("tiny"), SHORT + [f"workdir={root}/base"])
     ctx = RunContext(cfg)

@@ -50,7 +50,7 @@ def test_compile_check_and_trainer_build_the_same_step():
     latent-block layout)."""
     from lopd_jax.compile_check import parse_args, run_config, step_inputs
     from lopd_jax.overrides import apply_overrides, load_config
-    from train.stages import RunContext
+    from train.run_context import RunContext
 
     overrides = ["env.kwargs.n_train_per_family=1", "env.kwargs.n_heldout_per_family=1", "steps.micro_batch=2",
                  "rollout.max_total_tokens=300", "model.attention_impl=blockwise", "mesh.fsdp=4", "mesh.data=2"]

@@ -171,7 +171,7 @@ class TextArm:
     def contexts(self, step: int, trajs: Sequence) -> tuple[list[str | None], list[int | None]]:
         """Per row: the context text (None: no distillation) and the skill index picked."""
         from lopd_jax.text_context import trajectory_text
-        from train.bank_build import to_experience
+        from train.bank_stage import to_experience
         texts: list[str | None] = []
         picked: list[int | None] = [None] * len(trajs)
         if self.arm == "opsd":

@@ -1,6 +1,6 @@
 """The end-to-end LOPD training program: warm-up, evaluation, bank, cold start, LOPD, export.
 
-:func:`run` executes the stages of :data:`train.stages.STAGE_ORDER` in order; each
+:func:`run` executes the stages of :data:`train.ledger.STAGE_ORDER` in order; each
 finished stage is recorded in ``<workdir>/stages.json`` and skipped on a rerun. Stages
 with steps (warm-up, cold start, LOPD) checkpoint every ``checkpoint.every_steps`` and at
 their end into ``<checkpoints>/<stage>`` and resume from their latest checkpoint, so a run
@@ -38,7 +38,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from train.stages import RunContext, StageLedger
+from train.ledger import StageLedger
+from train.run_context import RunContext
 
 PREEMPTED = "preempted"
 EVAL_RNG_OFFSET = 1 << 21
@@ -184,7 +185,7 @@ def log_rollouts(stage: str, step: int, trajs, first_row: int) -> None:
 def warmup_stage(ctx: RunContext, writer):
     """Supervised warm-up on oracle demonstrations; returns ``(theta, preempted)``."""
     from train import warmup
-    from train.bank_build import batch_rows, local_share
+    from train.batches import batch_rows, local_share
     from train.data import TaskPipeline
     from train.rollout import training_arrays
 
@@ -217,7 +218,8 @@ def warmup_stage(ctx: RunContext, writer):
 
 def cold_start_stage(ctx: RunContext, bank, writer):
     """Composer cold start (SPEC 3) on the bank's successful trajectories; ``(phi0, preempted)``."""
-    from train.bank_build import cold_start_batch, from_experience
+    from train.bank_stage import from_experience
+    from train.batches import cold_start_batch
     from train.data import TaskPipeline
     from train.steps import make_cold_start_step
 
@@ -258,7 +260,7 @@ def training_step_record(ctx: RunContext, writer, label: str, step: int, metrics
 def lopd_stage(ctx: RunContext, bank, bank_path: str, composer0, writer):
     """The LOPD steps (SPEC 2): rollout with the current student, retrieve, step; ``(state, preempted)``."""
     from train import distributed, mesh as mesh_lib
-    from train.bank_build import lopd_batch
+    from train.batches import lopd_batch
     from train.data import TaskPipeline
     from train.steps import make_lopd_step
 
@@ -329,7 +331,7 @@ def run(cfg, resumed: bool = False) -> str | dict:
     The caller saves (and checks) the run's config.json first -- ``lopd_jax.train`` does,
     with :func:`lopd_jax.run_config.save_run_config` -- and says whether it ``resumed``.
     """
-    from train.bank_build import build_bank, load_bank
+    from train.bank_stage import build_bank, load_bank
     from train.checkpoint import install_preemption_handler
     from train.arms import resolve_arm, training_stage, uses_composer
     from train.metrics import MetricsWriter, plot_run

@@ -5,13 +5,13 @@
 (attention kernel and blocks, remat, dtypes), composer, step hyperparameters (logits
 chunk, micro-batching, top-M), mesh and sharding rules, and the batch shapes (global
 trajectories per step, padded sequence length, experience length).
-:class:`train.stages.RunContext` builds its system from it, and
+:class:`train.run_context.RunContext` builds its system from it, and
 ``python -m lopd_jax.compile_check --config=NAME`` compiles from it, so the compile check
 measures exactly the step ``python -m lopd_jax.train --config=NAME`` runs.
 
 :func:`splice_layout` gives the latent block's token layout (its length adds to the
 teacher's sequence) from the run's tokenizer, and :func:`abstract_lopd_batch` the
-shapes and dtypes of one LOPD batch (:func:`train.bank_build.lopd_batch`'s arrays).
+shapes and dtypes of one LOPD batch (:func:`train.batches.lopd_batch`'s arrays).
 """
 
 from __future__ import annotations

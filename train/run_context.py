@@ -1,97 +1,20 @@
-"""What every stage of a training run shares: the run context and the stage ledger.
+"""What every stage of a training run shares: the run context.
 
 :class:`RunContext` builds, once per process, everything the stages use from a
 :class:`lopd_jax.config.TrainConfig`: tokenizer, chat format and latent block, splice
 layout, mesh and sharding rules, the initial backbone theta (random ``model.name`` or the
 ``model.hf_path`` checkpoint), the :class:`train.system.LOPDSystem`, the rollout sampler
-and the task source with its splits.
-
-:class:`StageLedger` records finished stages in ``<workdir>/stages.json`` (through
-tensorstore, so ``gs://`` workdirs work too); a restarted run skips them. Stages that
-produce state keep it in their own checkpoint directory ``<checkpoints>/<stage>``.
-
-:func:`maybe_initialize_distributed` calls ``jax.distributed.initialize()`` when the
-process runs on a multi-host TPU slice (detected from the TPU VM environment) or when a
-coordinator address is given (flags or ``JAX_COORDINATOR_ADDRESS``); it is a no-op on one host.
+and the task source with its splits. Which stages of the run finished is the
+stage ledger's business (:mod:`train.ledger`).
 """
 
 from __future__ import annotations
 
-import json
 import os
-from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-STAGES_FILE = "stages.json"
-STAGE_ORDER = ("warmup", "eval_before", "bank", "cold_start", "lopd", "eval_after", "export", "plot")
-
-
-# ----------------------------------------------------------------------------- multi-host
-
-
-def maybe_initialize_distributed(coordinator_address: str | None = None, num_processes: int | None = None,
-                                 process_id: int | None = None) -> bool:
-    """``jax.distributed.initialize()`` for a multi-process run; returns whether it ran.
-
-    Detection (see :func:`train.distributed.initialize`): explicit arguments, else
-    ``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``, else a TPU
-    VM whose ``TPU_WORKER_HOSTNAMES`` lists more than one host (Cloud TPU sets it on every
-    worker of a pod slice; the coordinator is then found automatically). Must run before
-    anything touches a JAX device.
-    """
-    from train.distributed import initialize
-    return initialize(coordinator_address, num_processes, process_id)
-
-
-# ----------------------------------------------------------------------------- small file IO
-
-
-def _kvstore(directory: str):
-    import tensorstore as ts
-    url = directory if "://" in directory else "file://" + os.path.abspath(directory)
-    return ts.KvStore.open(url.rstrip("/") + "/").result()
-
-
-def read_json(directory: str, name: str) -> Any | None:
-    """JSON file ``name`` in ``directory`` (local or kvstore URL), or None if absent."""
-    res = _kvstore(directory).read(name).result()
-    return json.loads(bytes(res.value)) if res.state == "value" else None
-
-
-def write_json(directory: str, name: str, obj: Any) -> None:
-    """Write ``obj`` as JSON file ``name`` in ``directory`` (process 0 only)."""
-    if jax.process_index() != 0:
-        return
-    if "://" not in directory:
-        os.makedirs(directory, exist_ok=True)
-    _kvstore(directory).write(name, json.dumps(obj, indent=2, sort_keys=True).encode()).result()
-
-
-class StageLedger:
-    """``<workdir>/stages.json``: ``{stage: {"done": true, ...results}}``."""
-
-    def __init__(self, workdir: str):
-        self.workdir = workdir
-        self.data: dict[str, dict] = read_json(workdir, STAGES_FILE) or {}
-
-    def done(self, stage: str) -> bool:
-        """Whether ``stage`` finished in an earlier (or this) run."""
-        return bool(self.data.get(stage, {}).get("done"))
-
-    def result(self, stage: str) -> dict:
-        """What ``stage`` recorded when it finished ({} if it has not)."""
-        return dict(self.data.get(stage, {}))
-
-    def mark(self, stage: str, **results: Any) -> None:
-        """Record ``stage`` as finished, with JSON ``results``."""
-        self.data[stage] = {"done": True, **results}
-        write_json(self.workdir, STAGES_FILE, self.data)
-
-
-# ----------------------------------------------------------------------------- context
 
 
 def domain_corpus(source, split: str, family: str) -> str:
