@@ -345,16 +345,5 @@ class TrainConfig:
         return cfg
 
 
-_MOVED = ("known_configs", "load_config", "parse_value", "apply_overrides", "to_dict", "from_dict")
-
-
-def __getattr__(name):
-    """The loader / parser moved to :mod:`lopd_jax.overrides`; still importable from here."""
-    if name in _MOVED:
-        from lopd_jax import overrides
-        return getattr(overrides, name)
-    raise AttributeError(f"module 'lopd_jax.config' has no attribute {name!r}")
-
-
 __all__ = ["ConfigError", "TrainConfig", "ModelSection", "BankSection", "EnvSection", "RolloutSection",
            "StagesSection", "CheckpointSection", "ArmSection", "DTYPES"]

@@ -135,7 +135,7 @@ def plan(args) -> list[RunSpec]:
 
 def run_config(config: str, spec: RunSpec, root: str):
     """The resolved :class:`TrainConfig` of one run (arm implications applied)."""
-    from lopd_jax.config import apply_overrides, load_config
+    from lopd_jax.overrides import apply_overrides, load_config
     from train.arms import resolve_arm
     cfg = load_config(config)
     cfg = apply_overrides(cfg, [*spec.overrides, *[f"{k}={v}" for k, v in spec.grid], f"arm={spec.arm}",

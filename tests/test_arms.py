@@ -12,7 +12,8 @@ import pytest
 from flax import nnx
 
 from lopd_jax.composer import ComposerConfig
-from lopd_jax.config import ConfigError, apply_overrides, load_config
+from lopd_jax.config import ConfigError
+from lopd_jax.overrides import apply_overrides, load_config
 from lopd_jax.splice import SpliceLayout
 from lopd_jax.text_context import (FRAMING, align_teacher_hidden, context_block_ids, pack_blocks,
                                    text_teacher_inputs)

@@ -83,7 +83,8 @@ def test_premise_cli_prints_three_rows(tmp_path):
 
 
 def test_miniature_config_and_hint_fraction_validation():
-    from lopd_jax.config import ConfigError, StagesSection, from_dict, load_config, to_dict
+    from lopd_jax.config import ConfigError, StagesSection
+    from lopd_jax.overrides import from_dict, load_config, to_dict
 
     cfg = load_config("miniature")
     assert cfg.stages.warmup_hint_fraction == 1.0 and cfg.env.kwargs["families"] == ["hotel"]

@@ -32,8 +32,8 @@ Contract:
 
 :class:`ToolUseEnvironment` implements that contract for "tools are methods of a state
 object" families (synthetic, EnvScaler); subclasses supply the setup, the call and the
-score. :func:`tool_schemas_from_object` builds OpenAI tool schemas from method signatures
-and Google-style docstrings, :func:`validate_arguments` checks a call against a schema, and
+score. :func:`tool_schema_from_function` builds an OpenAI tool schema from a method's signature
+and Google-style docstring, :func:`validate_arguments` checks a call against a schema, and
 :class:`Toolbox` executes validated calls against an object's public methods.
 """
 
@@ -253,11 +253,6 @@ def public_methods(obj: Any) -> dict[str, Callable[..., Any]]:
             continue
         out[name] = getattr(obj, name)
     return out
-
-
-def tool_schemas_from_object(obj: Any) -> list[ToolSchema]:
-    """Tool schemas for every public method of ``obj`` (sorted by name)."""
-    return [tool_schema_from_function(fn, name) for name, fn in public_methods(obj).items()]
 
 
 # ---------------------------------------------------------------------------------------

@@ -88,11 +88,6 @@ WORKER_HANDLER = "lopd_jax.envs.bfcl_worker:BFCLHandler"
 WORKER_LIMITS = ResourceLimits(memory_bytes=2 * 1024**3, cpu_seconds=None)
 
 
-def bfcl_available() -> bool:
-    """True when the ``bfcl_eval`` package is importable."""
-    return importlib.util.find_spec("bfcl_eval") is not None
-
-
 @functools.lru_cache(maxsize=None)
 def data_dir() -> str:
     """The ``bfcl_eval/data`` directory; ImportError with the install line if missing."""

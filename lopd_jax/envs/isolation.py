@@ -221,6 +221,7 @@ class Worker:
 
 @atexit.register
 def _kill_all() -> None:
+    """Kill every live worker when the interpreter exits (registered with ``atexit``)."""
     for worker in list(_LIVE):
         worker.kill()
 

@@ -56,8 +56,6 @@ from lopd_jax.envs.sandbox_launcher import REPORT_PREFIX
 from lopd_jax.envs.sandbox_memory import (cgroup_pids, make_memory_cgroup, oom_killed,
                                           remove_memory_cgroup)
 
-STATUSES = ("ok", "timeout", "memory", "error", "output_limit")
-
 _LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_launcher.py")
 _CGROUP_PREFIX = "lopd_sandbox_"
 _WARNED_HIDDEN: list[bool] = []
