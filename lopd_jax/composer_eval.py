@@ -1,7 +1,7 @@
 """The paper's "Base + Composer" evaluation: the base model conditioned on composer latents.
 
 :func:`load_composer_run` reopens a training run's working directory (``config.json``,
-``stages.json``, checkpoints, bank) the way :mod:`train.loop` built it:
+``stages.json``, checkpoints, bank) with :func:`train.run_reader.open_run`:
 
 * theta0 -- the frozen backbone the composer was trained against: the final warm-up
   checkpoint when the run had a warm-up stage, else the run's initial backbone;
@@ -21,14 +21,10 @@ latents as the slots' input embeddings, and the base policy theta0 generates fro
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Sequence
 
 import jax
 import jax.numpy as jnp
-
-COMPOSER_STAGES = ("auto", "lopd", "cold_start")
-
 
 @dataclasses.dataclass
 class ComposerRun:
@@ -52,72 +48,28 @@ class ComposerRun:
         return {**self.frozen, **lora0}
 
 
-def _restore(ctx, stage: str, template):
-    """``(state, step)`` of the newest checkpoint of ``stage`` restored into ``template``'s layout."""
-    from train.checkpoint import Checkpointer, abstract_tree
-
-    directory = ctx.ckpt_dir(stage)
-    if not os.path.isdir(directory) and "://" not in directory:
-        return None, None
-    ckpt = Checkpointer(directory, async_save=False)
-    try:
-        step = ckpt.latest_step()
-        if step is None:
-            return None, None
-        state, _ = ckpt.restore(step, abstract_tree(template))
-        return state, step
-    finally:
-        ckpt.close()
-
-
 def load_composer_run(workdir: str, stage: str = "auto") -> ComposerRun:
-    """Reopen the run in ``workdir`` (see the module docstring).
+    """Reopen the run in ``workdir`` (see the module docstring; :func:`train.run_reader.open_run`).
 
     Raises ``ValueError`` naming what is missing (no config, no bank, no composer
     checkpoint of the asked stage).
     """
     from lopd_jax.config import ConfigError
     from lopd_jax.run_config import load_run_config
-    from train.bank_stage import load_bank
-    from train.ledger import StageLedger
-    from train.run_context import RunContext
+    from train.checkpoint import CheckpointError
+    from train.run_reader import COMPOSER_STAGES, open_run
 
     if stage not in COMPOSER_STAGES:
         raise ValueError(f"composer stage {stage!r}: choose from {COMPOSER_STAGES}")
     try:
-        cfg = load_run_config(workdir)
-    except ConfigError as e:
+        run = open_run(workdir, load_run_config(workdir))
+        run.bank_path()  # the bank stage finished: checked before the costly part (model and system)
+        frozen = run.theta0()
+        composer, found, step = run.composer(stage)
+        bank = run.bank()
+    except (ConfigError, CheckpointError) as e:
         raise ValueError(str(e)) from None
-    cfg = dataclasses.replace(cfg, workdir=workdir)
-    ledger = StageLedger(workdir)
-    if not ledger.done("bank"):
-        raise ValueError(f"the run in {workdir!r} has not built its experience bank yet (stage 'bank')")
-    ctx = RunContext(cfg)
-    system = ctx.system
-    frozen, lora0, comp0 = system.initial_params()
-    if cfg.stages.warmup_steps > 0:
-        from train import warmup
-        opt, _ = warmup.make_sft_step(system, cfg.stages.warmup_lr)
-        template = {"step": jnp.zeros((), jnp.int32), "params": frozen, "opt": opt.init(frozen)}
-        state, _ = _restore(ctx, "warmup", template)
-        if state is None:
-            raise ValueError(f"the run in {workdir!r} has a warm-up stage but no warm-up checkpoint")
-        frozen = state["params"]
-    composer = found = None
-    for name in (("lopd", "cold_start") if stage == "auto" else (stage,)):
-        if name == "lopd":
-            template, _ = system.init_state(composer={"lora": lora0, "compressor": comp0}, seed=cfg.seed)
-        else:
-            template = system.init_cold_start_state(cfg.seed)
-        state, step = _restore(ctx, name, template)
-        if state is not None:
-            composer, found = state["composer"], (name, step)
-            break
-    if composer is None:
-        raise ValueError(f"no composer checkpoint ({stage}) in {ctx.cfg.checkpoint_dir!r}; "
-                         "run the cold start (or LOPD) stage first")
-    bank = load_bank(ctx, ledger.result("bank")["path"])
-    return ComposerRun(ctx, frozen, composer, bank, found[0], int(found[1]))
+    return ComposerRun(run.ctx, frozen, composer, bank, found, step)
 
 
 def eval_n_ret(ctx) -> int:

@@ -26,33 +26,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def restore_student(workdir: str, step: int | None = None):
-    """``(ctx, student, frozen)`` from the run in ``workdir``: the context rebuilt from its
-    saved config, the student params of LOPD checkpoint ``step`` and theta0."""
-    import jax
-    import jax.numpy as jnp
-
+    """``(ctx, student, frozen)`` from the run in ``workdir`` (:func:`train.run_reader.open_run`):
+    the context rebuilt from its saved config, the student params of LOPD checkpoint
+    ``step`` and theta0."""
     from lopd_jax.run_config import load_run_config
-    from train.checkpoint import Checkpointer, abstract_tree
-    from train.run_context import RunContext
+    from train.run_reader import open_run
 
-    import dataclasses
-
-    cfg = dataclasses.replace(load_run_config(workdir), workdir=workdir)  # the run may have moved
-    ctx = RunContext(cfg)
-    system = ctx.system
-    if cfg.stages.warmup_steps > 0:  # theta0 is the warm-up result
-        from train import warmup
-        opt, _ = warmup.make_sft_step(system, cfg.stages.warmup_lr)
-        theta = system.initial_params()[0]
-        target = {"step": jnp.zeros((), jnp.int32), "params": theta, "opt": jax.eval_shape(opt.init, theta)}
-        with Checkpointer(ctx.ckpt_dir("warmup")) as ck:
-            warm, _ = ck.restore(None, abstract_tree(target))
-        ctx.set_theta0(warm["params"])
-    from train.arms import abstract_train_state
-    abstract, shardings = abstract_train_state(system, cfg)  # the arm's training-stage state
-    with Checkpointer(ctx.ckpt_dir("lopd")) as ck:
-        state, _ = ck.restore(step, abstract_tree(abstract, shardings))
-    return ctx, state["student"], system.initial_params()[0]
+    run = open_run(workdir, load_run_config(workdir))
+    student = run.student(step)
+    return run.ctx, student, run.theta0()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -115,16 +115,17 @@ def run_steps(ctx: RunContext, stage: str, state, num_steps: int, step_fn: Calla
     ``step_fn(state, batch) -> (state, metrics)``; ``on_metrics(step, metrics)`` may add
     to the logged record; ``on_restore(state, metadata)`` sees a restored checkpoint.
     """
-    from train.checkpoint import Checkpointer, abstract_tree, preemption_agreed
+    from train.checkpoint import Checkpointer, preemption_agreed
     from train.metrics import Progress
     from train.nonfinite import NonFiniteTracker
+    from train.run_reader import restore_newest
 
     c = ctx.cfg.checkpoint
     ckpt = Checkpointer(ctx.ckpt_dir(stage), every_steps=c.every_steps, keep=c.keep, async_save=c.async_save)
-    start = 0
-    latest = ckpt.latest_step()
-    if latest is not None:
-        state, restored_meta = ckpt.restore(latest, abstract_tree(state, shardings))
+    start, latest = 0, None
+    found = restore_newest(ckpt, state, shardings)
+    if found is not None:
+        state, restored_meta, latest = found
         if on_restore is not None:
             on_restore(state, restored_meta)
         start = latest

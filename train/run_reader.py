@@ -1,0 +1,155 @@
+"""Open a finished or partial training run: config, context, theta0, student, composer, bank.
+
+:func:`open_run` reads a run's working directory (``stages.json``, the stage checkpoints
+under ``<checkpoints>/<stage>``, the bank) the way :mod:`train.loop` wrote it, given the
+run's saved config (which the programs read with :func:`lopd_jax.run_config.load_run_config`),
+and returns a :class:`Run` whose pieces are restored on first use:
+
+* ``ctx`` -- the :class:`train.run_context.RunContext` rebuilt from the saved config
+  (with ``workdir`` set to where the run is now: it may have moved);
+* :meth:`Run.theta0` -- the frozen backbone: the final warm-up checkpoint when the run has
+  a warm-up stage, else the run's initial backbone;
+* :meth:`Run.student` -- the student parameters of a training-stage checkpoint (any arm);
+* :meth:`Run.composer` -- the composer phi = (encoder LoRA, compressor) of the newest
+  ``lopd`` or ``cold_start`` checkpoint;
+* :meth:`Run.bank` -- the experience bank the ``bank`` stage recorded.
+
+:func:`restore_newest` is the checkpoint lookup the loop's resume shares: the newest
+complete step of a :class:`train.checkpoint.Checkpointer`, restored into a template's layout.
+Missing pieces raise :class:`train.checkpoint.CheckpointError` naming what is missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from train.checkpoint import Checkpointer, CheckpointError, abstract_tree
+from train.ledger import StageLedger
+
+COMPOSER_STAGES = ("auto", "lopd", "cold_start")
+
+
+def restore_newest(ckpt: Checkpointer, template: Any, shardings: Any = None):
+    """``(state, metadata, step)`` of the newest complete checkpoint of ``ckpt`` restored into
+    ``template``'s layout (``shardings``: where each leaf goes, see
+    :func:`train.checkpoint.abstract_tree`), or None when there is none."""
+    step = ckpt.latest_step()
+    if step is None:
+        return None
+    state, meta = ckpt.restore(step, abstract_tree(template, shardings))
+    return state, meta, step
+
+
+def _restore_stage(ctx, stage: str, template) -> tuple[Any, int | None]:
+    """``(state, step)`` of the newest checkpoint of ``stage`` in ``template``'s layout, or
+    ``(None, None)`` when the stage has none."""
+    directory = ctx.ckpt_dir(stage)
+    if not os.path.isdir(directory) and "://" not in directory:
+        return None, None
+    ckpt = Checkpointer(directory, async_save=False)
+    try:
+        found = restore_newest(ckpt, template)
+        return (None, None) if found is None else (found[0], found[2])
+    finally:
+        ckpt.close()
+
+
+class Run:
+    """A training run reopened from its working directory (see the module docstring).
+
+    ``cfg`` is the saved config (``workdir`` set to ``workdir``), ``ledger`` its
+    :class:`train.ledger.StageLedger`; ``ctx`` (the costly part: model, system, sampler)
+    is built on first use.
+    """
+
+    def __init__(self, workdir: str, cfg):
+        self.workdir = workdir
+        self.cfg = cfg
+        self.ledger = StageLedger(workdir)
+        self._theta0 = None
+
+    @functools.cached_property
+    def ctx(self):
+        """The run's :class:`train.run_context.RunContext`, rebuilt from its config."""
+        from train.run_context import RunContext
+        return RunContext(self.cfg)
+
+    @property
+    def tokenizer(self):
+        """The run's tokenizer."""
+        return self.ctx.tokenizer
+
+    def theta0(self) -> dict:
+        """The frozen backbone theta0 (the warm-up result when the run had a warm-up stage;
+        it then also becomes the context's theta0, :meth:`RunContext.set_theta0`)."""
+        if self._theta0 is not None:
+            return self._theta0
+        ctx, cfg = self.ctx, self.cfg
+        system = ctx.system
+        theta = system.initial_params()[0]
+        if cfg.stages.warmup_steps > 0:
+            from train import warmup
+            opt, _ = warmup.make_sft_step(system, cfg.stages.warmup_lr)
+            target = {"step": jnp.zeros((), jnp.int32), "params": theta, "opt": jax.eval_shape(opt.init, theta)}
+            warm, _ = _restore_stage(ctx, "warmup", target)
+            if warm is None:
+                raise CheckpointError(f"the run in {self.workdir!r} has a warm-up stage but no warm-up checkpoint "
+                                      f"in {ctx.ckpt_dir('warmup')!r}")
+            ctx.set_theta0(warm["params"])
+            theta = system.initial_params()[0]
+        self._theta0 = theta
+        return theta
+
+    def student(self, step: int | None = None):
+        """The student parameters of training-stage (``lopd``) checkpoint ``step`` (default:
+        the newest), in the arm's state layout (:func:`train.arms.abstract_train_state`)."""
+        from train.arms import abstract_train_state
+        self.theta0()  # a LoRA student sits on theta0: the warm-up result, when there was one
+        abstract, shardings = abstract_train_state(self.ctx.system, self.cfg)
+        with Checkpointer(self.ctx.ckpt_dir("lopd")) as ck:
+            state, _ = ck.restore(step, abstract_tree(abstract, shardings))
+        return state["student"]
+
+    def composer(self, stage: str = "auto") -> tuple[dict, str, int]:
+        """``(composer, stage, step)``: the composer ``{"lora", "compressor"}`` of the newest
+        checkpoint of ``stage`` (``lopd``, ``cold_start``, or ``auto``: ``lopd`` when it has a
+        checkpoint, else ``cold_start``)."""
+        if stage not in COMPOSER_STAGES:
+            raise ValueError(f"composer stage {stage!r}: choose from {COMPOSER_STAGES}")
+        system, seed = self.ctx.system, self.cfg.seed
+        _, lora0, comp0 = system.initial_params()
+        for name in (("lopd", "cold_start") if stage == "auto" else (stage,)):
+            if name == "lopd":
+                template, _ = system.init_state(composer={"lora": lora0, "compressor": comp0}, seed=seed)
+            else:
+                template = system.init_cold_start_state(seed)
+            state, step = _restore_stage(self.ctx, name, template)
+            if state is not None:
+                return state["composer"], name, int(step)
+        raise CheckpointError(f"no composer checkpoint ({stage}) in {self.cfg.checkpoint_dir!r}; "
+                              "run the cold start (or LOPD) stage first")
+
+    def bank_path(self) -> str:
+        """Where the ``bank`` stage saved (or found) the bank; CheckpointError before that stage."""
+        if not self.ledger.done("bank"):
+            raise CheckpointError(f"the run in {self.workdir!r} has not built its experience bank yet "
+                                  "(stage 'bank')")
+        return self.ledger.result("bank")["path"]
+
+    def bank(self):
+        """The experience bank the ``bank`` stage built (or loaded), with the configured embedder."""
+        from train.bank_stage import load_bank
+        return load_bank(self.ctx, self.bank_path())
+
+
+def open_run(workdir: str, cfg) -> Run:
+    """The run in ``workdir`` with its saved config ``cfg`` (the programs read it with
+    :func:`lopd_jax.run_config.load_run_config`, which raises
+    :class:`lopd_jax.errors.ConfigError` when there is none or it does not load)."""
+    return Run(workdir, dataclasses.replace(cfg, workdir=workdir))  # the run may have moved
