@@ -23,7 +23,7 @@ import json
 import os
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import faiss
 import numpy as np
@@ -72,8 +72,10 @@ class Experience:
 
 
 @dataclasses.dataclass(frozen=True)
-class BankConfig:
-    """Bank settings (SPEC 5).
+class BankSettings:
+    """The bank's own settings (SPEC 5): :class:`BankConfig` without ``n_ret``, which a run
+    takes from its composer (``composer.n_ret``); the run config's ``bank`` section
+    (:class:`lopd_jax.config.BankSection`) is these fields plus the embedder and paths.
 
     ``min_reward`` is ``bank_min_reward``; ``extra_candidates`` is the "+10" of the
     k + 10 candidate search; ``max_obs_chars`` truncates observations in the
@@ -83,12 +85,19 @@ class BankConfig:
     """
 
     min_reward: float = 1.0
-    retrieval_mode: str = "symmetric"
+    retrieval_mode: Literal[RETRIEVAL_MODES] = "symmetric"
     allow_self_retrieval: bool = True
-    n_ret: int = 3
     extra_candidates: int = 10
     max_obs_chars: int | None = 300
-    missing_hits: str = "mask"
+    missing_hits: Literal[MISSING_HITS] = "mask"
+
+
+@dataclasses.dataclass(frozen=True)
+class BankConfig(BankSettings):
+    """Bank settings (SPEC 5): :class:`BankSettings` plus ``n_ret``, the experiences
+    retrieved per task."""
+
+    n_ret: int = 3
 
     def __post_init__(self):
         if self.missing_hits not in MISSING_HITS:

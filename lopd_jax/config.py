@@ -10,7 +10,9 @@ Named configs (``configs/<name>.py``) and ``dotted.key=value`` overrides are rea
 Sections reuse the project's own dataclasses where one exists (``steps`` is
 :class:`train.system.StepConfig`, ``mesh`` is :class:`train.mesh.MeshConfig`,
 ``composer`` is :class:`lopd_jax.composer.ComposerConfig`), so the loop passes them on
-unchanged. ``logits_chunk`` lives in ``steps`` (StepConfig's field); ``n_ret`` lives in
+unchanged; ``rollout`` extends :class:`train.sampler.SamplingParams` and
+:class:`train.rollout.RolloutConfig`, ``bank`` extends :class:`lopd_jax.bank.BankSettings`,
+so each setting's name, type and default are written once. ``logits_chunk`` lives in ``steps`` (StepConfig's field); ``n_ret`` lives in
 ``composer`` and :meth:`TrainConfig.bank_config` copies it into the bank's config.
 
 Every problem found while loading, overriding or validating raises :class:`ConfigError`
@@ -27,9 +29,12 @@ import typing
 from typing import Any, Literal
 
 from lopd_jax.arm_config import ARMS, ArmSection
+from lopd_jax.bank import BankConfig, BankSettings
 from lopd_jax.composer import ComposerConfig
 from models.config import ATTENTION_IMPLS, REMAT_POLICIES
 from train.mesh import MeshConfig
+from train.rollout import RolloutConfig
+from train.sampler import SamplingParams
 from train.system import StepConfig
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -85,6 +90,12 @@ def _check_types(obj: Any, prefix: str) -> None:
             _check_types(v, key + ".")
         elif not _matches(v, hints[f.name]):
             raise ConfigError(f"{key}={v!r} has type {type(v).__name__}; expected {_type_name(hints[f.name])}.")
+
+
+def _project(obj: Any, cls: type, **extra: Any) -> Any:
+    """A ``cls`` from the fields of ``obj`` that ``cls`` has (a section -> the dataclass it extends)."""
+    names = {f.name for f in dataclasses.fields(cls)} - set(extra)
+    return cls(**{n: getattr(obj, n) for n in names}, **extra)
 
 
 def _type_name(tp: Any) -> str:
@@ -147,22 +158,15 @@ class ModelSection:
 
 
 @dataclasses.dataclass(frozen=True)
-class BankSection:
-    """Experience bank (SPEC 5): :class:`lopd_jax.bank.BankConfig` fields but ``n_ret``
-    (taken from ``composer.n_ret``), the embedder, and the bank to load (``path``; None
-    means "build it offline before training"). ``embedder_pool_token``: the token the
-    backbone embedder appends and pools (Qwen3-Embedding's ``<|endoftext|>``; none = no
-    token appended). ``missing_hits``: fewer than n_ret usable entries -> fewer latents,
-    masked (``mask``, the release) or hits repeated (``repeat``). ``eval_n_ret``:
+class BankSection(BankSettings):
+    """Experience bank (SPEC 5): the :class:`lopd_jax.bank.BankSettings` fields (those of
+    :class:`lopd_jax.bank.BankConfig` but ``n_ret``, taken from ``composer.n_ret``), the
+    embedder, and the bank to load (``path``; None means "build it offline before
+    training"). ``embedder_pool_token``: the token the backbone embedder appends and pools
+    (Qwen3-Embedding's ``<|endoftext|>``; none = no token appended). ``eval_n_ret``:
     experiences retrieved per task by the "Base + Composer" evaluation (None =
     ``composer.n_ret``; the paper configs use the release's inference setting, 1)."""
 
-    min_reward: float = 1.0
-    retrieval_mode: Literal["symmetric", "asymmetric"] = "symmetric"
-    allow_self_retrieval: bool = True
-    extra_candidates: int = 10
-    max_obs_chars: int | None = 300
-    missing_hits: Literal["mask", "repeat"] = "mask"
     eval_n_ret: int | None = None
     embedder: Literal["hashing", "backbone"] = "hashing"
     embedder_dim: int = 512
@@ -196,17 +200,13 @@ class EnvSection:
 
 
 @dataclasses.dataclass(frozen=True)
-class RolloutSection:
-    """Sampling and episode caps (SPEC 2.2)."""
+class RolloutSection(RolloutConfig, SamplingParams):
+    """Sampling and episode caps (SPEC 2.2): the fields of :class:`train.sampler.SamplingParams`
+    (temperature, top_p, top_k) and of :class:`train.rollout.RolloutConfig` (max_env_steps,
+    max_turn_tokens, max_total_tokens, env_workers), plus the chat format's
+    ``enable_thinking`` and ``log_rollouts``."""
 
-    temperature: float = 0.7
-    top_p: float = 0.95
-    top_k: int = 20
-    max_env_steps: int = 30
-    max_turn_tokens: int = 2048
-    max_total_tokens: int = 40_960
     enable_thinking: bool = False
-    env_workers: int = 0
     log_rollouts: bool = False  # every rollout's ids, mask, reward and host to <workdir>/rollouts.jsonl
 
     def __post_init__(self):
@@ -218,16 +218,13 @@ class RolloutSection:
             raise ConfigError("rollout.top_k and rollout.env_workers must be >= 0 (top_k 0 = off).")
         _positive(self, "rollout", "max_env_steps", "max_turn_tokens", "max_total_tokens")
 
-    def sampling_params(self):
+    def sampling_params(self) -> SamplingParams:
         """These settings as :class:`train.sampler.SamplingParams`."""
-        from train.sampler import SamplingParams
-        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
+        return _project(self, SamplingParams)
 
-    def rollout_config(self):
+    def rollout_config(self) -> RolloutConfig:
         """These caps as :class:`train.rollout.RolloutConfig`."""
-        from train.rollout import RolloutConfig
-        return RolloutConfig(max_env_steps=self.max_env_steps, max_turn_tokens=self.max_turn_tokens,
-                             max_total_tokens=self.max_total_tokens, env_workers=self.env_workers)
+        return _project(self, RolloutConfig)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -305,14 +302,9 @@ class TrainConfig:
         """Where checkpoints go (``checkpoint.directory`` or ``<workdir>/checkpoints``)."""
         return self.checkpoint.directory or os.path.join(self.workdir, "checkpoints")
 
-    def bank_config(self):
+    def bank_config(self) -> BankConfig:
         """The bank section as :class:`lopd_jax.bank.BankConfig` (n_ret from the composer)."""
-        from lopd_jax.bank import BankConfig
-        b = self.bank
-        return BankConfig(min_reward=b.min_reward, retrieval_mode=b.retrieval_mode,
-                          allow_self_retrieval=b.allow_self_retrieval, n_ret=self.composer.n_ret,
-                          extra_candidates=b.extra_candidates, max_obs_chars=b.max_obs_chars,
-                          missing_hits=b.missing_hits)
+        return _project(self.bank, BankConfig, n_ret=self.composer.n_ret)
 
     def model_config(self):
         """The backbone :class:`models.config.ModelConfig` with this run's numerics/memory.
