@@ -269,6 +269,27 @@ def run(args) -> dict:
     return report
 
 
+def memory_line(m: dict, hbm_gib: float | None, label: str = "per chip GiB") -> str:
+    """The report line of a per-chip memory analysis ``m`` (GiB), against the HBM when known."""
+    return (f"  {label}: arguments {m['arguments']:.2f}  outputs {m['outputs']:.2f}  aliased {m['aliased']:.2f}  "
+            f"temporaries {m['temporaries']:.2f}  total {m['total']:.2f}"
+            + (f"  / HBM {hbm_gib:.0f}" if hbm_gib else ""))
+
+
+def write_report(report: dict, path: str | None) -> None:
+    """Write ``report`` as JSON to ``path`` (``--json``; None: nowhere)."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(report, f, indent=2)
+
+
+def verdict(report: dict, path: str | None) -> int:
+    """Print whether ``report`` fits, write it (:func:`write_report`); exit status 0 fits, 1 not."""
+    print("  fits" if report["fits"] else "  DOES NOT FIT")
+    write_report(report, path)
+    return 0 if report["fits"] else 1
+
+
 def parse_args(argv=None):
     """Command-line arguments of the compile check."""
     p = argparse.ArgumentParser(prog="python -m lopd_jax.compile_check", description=__doc__.split("\n\n")[0])
@@ -301,9 +322,7 @@ def main(argv=None) -> int:
         print(f"LOPD step  config={report['config']}  topology={report['topology']} ({report['chips']} chips)  "
               f"batch={report['batch']} x {report['seq']} tokens: DOES NOT FIT -- XLA needs "
               f"{m['temporaries']:.1f} GiB of temporaries per chip (HBM {report['hbm_gib']} GiB)")
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(report, f, indent=2)
+        write_report(report, args.json)
         return 1
     mesh = report["mesh"]
     print(f"LOPD step  config={report['config']} ({report['model']})  topology={report['topology']} "
@@ -313,19 +332,13 @@ def main(argv=None) -> int:
     print(f"  attention={report['attention']}  micro_batch={report['micro_batch']}  remat={report['remat']}  "
           f"dtype={report['dtype']} (params {report['param_dtype']})  logits_chunk={report['logits_chunk']}  "
           f"compile {report['compile_s']} s")
-    print(f"  per chip GiB: arguments {m['arguments']:.2f}  outputs {m['outputs']:.2f}  aliased {m['aliased']:.2f}  "
-          f"temporaries {m['temporaries']:.2f}  total {m['total']:.2f}"
-          + (f"  / HBM {report['hbm_gib']:.0f}" if report["hbm_gib"] else ""))
+    print(memory_line(m, report["hbm_gib"]))
     print(f"  model FLOPs/step {report['model_flops']:.3e}", end="")
     if "compiled_flops" in report:
         print(f"  compiled FLOPs/step {report['compiled_flops']:.3e}  ratio {report['flops_ratio']:.3f}")
     else:
         print()
-    print("  fits" if report["fits"] else "  DOES NOT FIT")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
-    return 0 if report["fits"] else 1
+    return verdict(report, args.json)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 
@@ -147,14 +146,13 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     """Entry point: print the report; exit 1 when the turn does not fit."""
+    from lopd_jax.compile_check import memory_line, verdict
     args = parse_args(argv)
     r = run(args)
     m, d = r["per_chip_gib"], r["decode_step"]
     print(f"sampler  model={r['model']}  topology={r['topology']} ({r['chips']} chips)  batch={r['batch']}  "
           f"cache={r['cache']}  chunk={r['chunk']}  new_tokens={r['new_tokens']}  compile {r['compile_s']}")
-    print(f"  turn per chip GiB: arguments {m['arguments']:.2f}  outputs {m['outputs']:.2f}  aliased "
-          f"{m['aliased']:.2f}  temporaries {m['temporaries']:.2f}  total {m['total']:.2f}"
-          + (f"  / HBM {r['hbm_gib']:.0f}" if r["hbm_gib"] else ""))
+    print(memory_line(m, r["hbm_gib"], "turn per chip GiB"))
     print(f"  decode step per chip: {d['bytes_accessed_per_chip'] / 2**30:.2f} GiB accessed, "
           f"{d['flops_per_chip']:.3e} FLOPs", end="")
     if "roofline_tokens_per_s" in d:
@@ -162,11 +160,7 @@ def main(argv=None) -> int:
               f"for the batch at {d['hbm_bytes_per_s'] / 1e12:.2f} TB/s per chip")
     else:
         print()
-    print("  fits" if r["fits"] else "  DOES NOT FIT")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(r, f, indent=2)
-    return 0 if r["fits"] else 1
+    return verdict(r, args.json)
 
 
 if __name__ == "__main__":

@@ -14,10 +14,9 @@ import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import psutil
 import pytest
+from test_sandbox import _leftovers  # sandbox runs' processes still alive, pooled workers aside
 
-from lopd_jax.envs import worker_pool
 from lopd_jax.envs.code import HumanEvalTaskSource, TacoTaskSource, reference_answer
 from lopd_jax.envs.sandbox import SandboxConfig, run_python
 from lopd_jax.types import AssistantTurn
@@ -141,23 +140,6 @@ HOSTILE = [
      "import os\nprint(sorted(p for p in os.listdir('/proc') if p.isdigit()))\n"
      "def has_close_elements(numbers, threshold):\n    return None\n"),
 ]
-
-
-def _leftovers() -> list[psutil.Process]:
-    found = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if not worker_pool.is_pool_worker(p.cmdline()):  # the trusted checker workers
-                found.append(p)
-        except psutil.Error:
-            pass
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if any("lopd_sbx_" in part for part in (p.info["cmdline"] or [])):
-                found.append(p)
-        except psutil.Error:
-            pass
-    return [p for p in found if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
 @pytest.fixture(scope="module")

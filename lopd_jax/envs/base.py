@@ -386,6 +386,33 @@ class Environment(abc.ABC):
         setattr(self.stats, counter, getattr(self.stats, counter) + 1)
         return tool_message(name, f"Error: {text}")
 
+    def _run_call(self, call: ToolCall) -> Message:
+        """The observation of one tool call (:meth:`_run_checked_call`); a host-side bug
+        between the text and the tool never crashes the episode: it becomes an error."""
+        try:
+            return self._run_checked_call(call)
+        except Exception as e:  # host-side bug between the text and the tool: never crash
+            return self._error(str(call.name), f"the call could not be processed "
+                               f"({type(e).__name__})", "invalid_arguments")
+
+    def _run_checked_call(self, call: ToolCall) -> Message:
+        """The observation of one tool call (environments whose turns carry tool calls)."""
+        raise NotImplementedError(f"{type(self).__name__} does not run tool calls")
+
+    def _admit_call(self, call: ToolCall) -> Message | None:
+        """Count a tool call, check its size limits (:func:`check_call`) and note a repeat
+        (``stats.repeated_calls``; the subclass keeps ``self._seen`` per episode): the error
+        observation when the call is refused, else None."""
+        self.stats.tool_calls += 1
+        limit = check_call(call)
+        if limit:
+            return self._error(str(call.name), limit, "invalid_arguments")
+        key = call_key(call)
+        if key in self._seen:
+            self.stats.repeated_calls += 1
+        self._seen.add(key)
+        return None
+
     def close(self) -> None:
         """Release any resources (worker processes, sandboxes). Safe to call twice."""
 
@@ -455,22 +482,10 @@ class ToolUseEnvironment(Environment):
     def _score(self) -> float:
         """Reward in [0, 1] for the current state."""
 
-    def _run_call(self, call: ToolCall) -> Message:
-        try:
-            return self._run_checked_call(call)
-        except Exception as e:  # host-side bug between the text and the tool: never crash
-            return self._error(str(call.name), f"the call could not be processed "
-                               f"({type(e).__name__})", "invalid_arguments")
-
     def _run_checked_call(self, call: ToolCall) -> Message:
-        self.stats.tool_calls += 1
-        limit = check_call(call)
-        if limit:
-            return self._error(str(call.name), limit, "invalid_arguments")
-        key = call_key(call)
-        if key in self._seen:
-            self.stats.repeated_calls += 1
-        self._seen.add(key)
+        refused = self._admit_call(call)
+        if refused:
+            return refused
         schema = self._schemas.get(call.name)
         if schema is None:
             return self._error(call.name, f"unknown tool {call.name!r}; available tools: "

@@ -52,8 +52,8 @@ import time
 from typing import Any, Sequence
 
 from lopd_jax.envs import worker_pool
-from lopd_jax.envs.base import (Environment, EpisodeStats, TaskSource, call_key, check_call,
-                                check_split, tool_message, validate_arguments)
+from lopd_jax.envs.base import (Environment, EpisodeStats, TaskSource, check_split, tool_message,
+                                validate_arguments)
 from lopd_jax.envs.isolation import ResourceLimits, Worker, WorkerError, WorkerTimeout
 from lopd_jax.types import AssistantTurn, Message, StepResult, Task, ToolCall, ToolSchema
 
@@ -341,23 +341,11 @@ class BFCLEnvironment(Environment):
             worker_pool.prestart(WORKER_HANDLER, self.limits)
             raise
 
-    def _run_call(self, call: ToolCall) -> Message:
-        try:
-            return self._run_checked_call(call)
-        except Exception as e:  # host-side bug between the text and the API: never crash
-            return self._error(str(call.name), f"the call could not be processed "
-                               f"({type(e).__name__})", "invalid_arguments")
-
     def _run_checked_call(self, call: ToolCall) -> Message:
-        self.stats.tool_calls += 1
         self._calls_this_turn += 1
-        limit = check_call(call)
-        if limit:
-            return self._error(str(call.name), limit, "invalid_arguments")
-        key = call_key(call)
-        if key in self._seen:
-            self.stats.repeated_calls += 1
-        self._seen.add(key)
+        refused = self._admit_call(call)
+        if refused:
+            return refused
         schema = self._schemas.get(call.name)
         if schema is None or (self._methods and call.name not in self._methods):
             return self._error(call.name, f"unknown tool {call.name!r}; available tools: "

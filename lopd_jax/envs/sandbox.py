@@ -53,8 +53,7 @@ import time
 import warnings
 
 from lopd_jax.envs.sandbox_launcher import REPORT_PREFIX
-from lopd_jax.envs.sandbox_memory import (cgroup_pids, make_memory_cgroup, oom_killed,
-                                          remove_memory_cgroup)
+from lopd_jax.envs.sandbox_memory import cgroup_pids, make_memory_cgroup, oom_killed, remove_cgroup
 
 _LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_launcher.py")
 _CGROUP_PREFIX = "lopd_sandbox_"
@@ -200,14 +199,6 @@ def _make_cgroup(max_processes: int) -> str | None:
     return path
 
 
-def _cgroup_pids(path: str) -> list[int]:
-    try:
-        with open(os.path.join(path, "cgroup.procs")) as f:
-            return [int(x) for x in f.read().split()]
-    except OSError:
-        return []
-
-
 def _kill_everything(proc, cgroup: str | None, mem_cgroup: str | None = None) -> None:
     """SIGKILL the launcher's process group and every task in the cgroups, then reap."""
     try:
@@ -217,7 +208,7 @@ def _kill_everything(proc, cgroup: str | None, mem_cgroup: str | None = None) ->
     if cgroup or mem_cgroup:
         deadline = time.monotonic() + 5.0
         while time.monotonic() < deadline:
-            pids = (_cgroup_pids(cgroup) if cgroup else []) + (
+            pids = (cgroup_pids(cgroup) if cgroup else []) + (
                 cgroup_pids(mem_cgroup) if mem_cgroup else [])
             if not pids:
                 break
@@ -231,19 +222,6 @@ def _kill_everything(proc, cgroup: str | None, mem_cgroup: str | None = None) ->
         proc.wait(timeout=5.0)
     except Exception:  # the launcher is SIGKILLed above; this only guards a stuck kernel
         pass
-
-
-def _remove_cgroup(path: str | None) -> None:
-    if not path:
-        return
-    for _ in range(200):
-        try:
-            os.rmdir(path)
-            return
-        except FileNotFoundError:
-            return
-        except OSError:  # tasks still exiting
-            time.sleep(0.01)
 
 
 def _read_streams(proc, deadline: float, cap: int) -> tuple[bytes, bytes, bool, bool]:
@@ -382,8 +360,8 @@ def run_python(code: str, stdin: str = "", config: SandboxConfig | None = None) 
         for fd in (report_r, report_w):
             if fd >= 0:
                 os.close(fd)
-        _remove_cgroup(cgroup)
-        remove_memory_cgroup(mem_path)
+        remove_cgroup(cgroup)
+        remove_cgroup(mem_path)
         shutil.rmtree(workdir, ignore_errors=True)
 
 

@@ -85,7 +85,7 @@ def make_memory_cgroup(limit_bytes: int) -> tuple[str, str] | None:
     """Create a memory cgroup limited to ``limit_bytes`` (swap off); (version, path) or None.
 
     The caller moves the run into it (``cgroup.procs``) and removes it afterwards with
-    :func:`remove_memory_cgroup`.
+    :func:`remove_cgroup`.
     """
     if not _PARENT:
         _PARENT.append(_usable_parent())
@@ -108,7 +108,7 @@ def make_memory_cgroup(limit_bytes: int) -> tuple[str, str] | None:
                 _write(os.path.join(path, "memory.swappiness"), "0")
             if ok:
                 return version, path
-            remove_memory_cgroup(path)
+            remove_cgroup(path)
     if not _WARNED:
         _WARNED.append(True)
         warnings.warn("sandbox: no writable memory cgroup (cgroup v2 with the memory "
@@ -145,8 +145,9 @@ def oom_killed(cgroup: tuple[str, str] | None) -> bool:
     return False
 
 
-def remove_memory_cgroup(path: str | None) -> None:
-    """Remove the (empty) cgroup, retrying while its last tasks exit."""
+def remove_cgroup(path: str | None) -> None:
+    """Remove the (empty) cgroup directory ``path`` (memory or pids; None: nothing), retrying
+    while its last tasks exit."""
     if not path:
         return
     for _ in range(200):

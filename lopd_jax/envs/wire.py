@@ -22,17 +22,28 @@ WIRE_MAX_DEPTH = 100
 WIRE_MAX_INT_DIGITS = 4000
 
 
-def wire_encode(value, _depth=0):
-    """JSON-compatible data for a plain value; TypeError / ValueError for anything else."""
-    if _depth > WIRE_MAX_DEPTH:
+def _wire_scalar(value, depth, max_bits):
+    """The first step of both directions: the nesting check, then ``(True, value)`` for a
+    value that passes through unchanged (None, bool, str, float, an int of at most
+    ``max_bits`` bits), else ``(False, None)``."""
+    if depth > WIRE_MAX_DEPTH:
         raise ValueError("value nested deeper than %d levels" % WIRE_MAX_DEPTH)
     t = type(value)
     if value is None or t is bool or t is str or t is float:
-        return value
+        return True, value
     if t is int:
-        if value.bit_length() > WIRE_MAX_INT_DIGITS * 3.32:
+        if value.bit_length() > max_bits:
             raise ValueError("integer with more than %d digits" % WIRE_MAX_INT_DIGITS)
-        return value
+        return True, value
+    return False, None
+
+
+def wire_encode(value, _depth=0):
+    """JSON-compatible data for a plain value; TypeError / ValueError for anything else."""
+    done, out = _wire_scalar(value, _depth, WIRE_MAX_INT_DIGITS * 3.32)
+    if done:
+        return out
+    t = type(value)
     d = _depth + 1
     if t is list:
         return [wire_encode(x, d) for x in value]
@@ -54,15 +65,10 @@ def wire_encode(value, _depth=0):
 
 def wire_decode(data, _depth=0):
     """The value :func:`wire_encode` produced ``data`` from; ValueError if malformed."""
-    if _depth > WIRE_MAX_DEPTH:
-        raise ValueError("value nested deeper than %d levels" % WIRE_MAX_DEPTH)
+    done, out = _wire_scalar(data, _depth, WIRE_MAX_INT_DIGITS * 3.33)
+    if done:
+        return out
     t = type(data)
-    if data is None or t is bool or t is str or t is float:
-        return data
-    if t is int:
-        if data.bit_length() > WIRE_MAX_INT_DIGITS * 3.33:
-            raise ValueError("integer with more than %d digits" % WIRE_MAX_INT_DIGITS)
-        return data
     d = _depth + 1
     if t is list:
         return [wire_decode(x, d) for x in data]
