@@ -12,8 +12,9 @@ Sections reuse the project's own dataclasses where one exists (``steps`` is
 ``composer`` is :class:`lopd_jax.composer.ComposerConfig`), so the loop passes them on
 unchanged; ``rollout`` extends :class:`train.sampler.SamplingParams` and
 :class:`train.rollout.RolloutConfig`, ``bank`` extends :class:`lopd_jax.bank.BankSettings`,
-so each setting's name, type and default are written once. ``logits_chunk`` lives in ``steps`` (StepConfig's field); ``n_ret`` lives in
-``composer`` and :meth:`TrainConfig.bank_config` copies it into the bank's config.
+so each setting's name, type and default are written once. ``logits_chunk`` lives in
+``steps`` (StepConfig's field); ``n_ret`` lives in ``composer`` and
+:meth:`TrainConfig.bank_config` copies it into the bank's config.
 
 Every problem found while loading, overriding or validating raises :class:`ConfigError`
 with the dotted key and the fix; entry points catch it and exit with status 2.
