@@ -2,9 +2,9 @@
 
 :func:`training_stage` runs the arm's training stage in place of the LOPD stage of
 :func:`train.loop.run`; every other stage is shared. ``lopd`` and
-``lopd_frozen_composer`` are :func:`train.loop.lopd_stage` (the frozen arm with
+``lopd_frozen_composer`` are :class:`train.training_stage.LOPDStage` (the frozen arm with
 ``steps.freeze_composer``, set by :func:`resolve_arm`); the others run
-:func:`policy_stage`, the same resumable loop (rollouts of the current student with the
+:class:`PolicyStage`, the same resumable loop (rollouts of the current student with the
 run's sampler, a batch, one jitted step, held-out evaluations every
 ``stages.eval_every``) around an arm object:
 
@@ -28,12 +28,13 @@ import dataclasses
 import math
 import random
 import time
-from typing import Any, Sequence
+from typing import Sequence
 
 import jax
 import numpy as np
 
-from lopd_jax.arm_config import COMPOSER_ARMS, GROUP_ARMS, TEXT_ARMS
+from lopd_jax.arm_config import COMPOSER_ARMS, GROUP_ARMS
+from train.training_stage import LOPDStage, TrainingStage
 
 SUCCESS = 1.0  # reward of a solved task (SDPO's "successful sibling")
 
@@ -79,13 +80,12 @@ def abstract_train_state(system, cfg):
 
 
 def training_stage(ctx, bank, bank_path: str, composer0, writer):
-    """The arm's training stage; returns ``(state, preempted)`` like ``lopd_stage``."""
-    from train.loop import lopd_stage
+    """Run the arm's training stage; returns ``(state, preempted)``."""
     arm = ctx.cfg.arm
     if arm in COMPOSER_ARMS:
-        return lopd_stage(ctx, bank, bank_path, composer0, writer)
+        return LOPDStage(ctx, bank, bank_path, composer0, writer).run()
     impl = GRPOArm(ctx) if arm == "grpo" else TextArm(ctx, bank)
-    return policy_stage(ctx, impl, composer0, bank_path, writer)
+    return PolicyStage(ctx, impl, composer0, bank_path, writer).run()
 
 
 # ----------------------------------------------------------------------------- arms
@@ -100,12 +100,15 @@ class GRPOArm:
         self.epochs = ctx.cfg.arms.grpo_epochs
 
     def init_state(self, state):
+        """The training state as is (GRPO adds nothing to the LOPD state's layout)."""
         return state
 
     def shardings(self, state):
+        """The LOPD state's shardings."""
         return self.ctx.system.state_shardings(state)
 
     def batch(self, step: int, trajs) -> dict[str, np.ndarray]:
+        """The GRPO batch of step ``step``'s trajectories: tokens, masks, sampler log-probs, rewards."""
         from train.rollout import training_arrays
         ctx = self.ctx
         arr = training_arrays(trajs, buckets=ctx.seq_buckets(), minimum=128, pad_id=ctx.tokenizer.pad_token_id or 0)
@@ -113,6 +116,7 @@ class GRPOArm:
                 "old_logp": arr["raw_logprobs"], "rewards": arr["rewards"]}
 
     def make_step(self, state, batch):
+        """The jitted GRPO update, repeated ``arms.grpo_epochs`` times per batch (epoch 1's metrics)."""
         from train.steps import make_grpo_step
         step = make_grpo_step(self.ctx.system, state, batch, group_size=self.group_size)
 
@@ -125,12 +129,15 @@ class GRPOArm:
         return run
 
     def after_step(self, metrics: dict) -> None:
+        """Nothing to update after a step."""
         pass
 
     def meta(self) -> dict:
+        """No state of its own in the checkpoint metadata."""
         return {}
 
     def restore(self, meta: dict) -> None:
+        """Nothing of its own to restore."""
         pass
 
 
@@ -200,16 +207,19 @@ class TextArm:
 
     # ----- arm protocol -----
     def init_state(self, state):
+        """The training state, with SDFT's EMA teacher (a copy of the student) added."""
         if self.ema_decay is not None:
             import jax.numpy as jnp
             state = {**state, "ema": jax.tree.map(jnp.copy, state["student"])}
         return state
 
     def shardings(self, state):
+        """The text-distillation state's shardings (:func:`train.text_steps.text_state_shardings`)."""
         from train.text_steps import text_state_shardings
         return text_state_shardings(self.ctx.system, state)
 
     def batch(self, step: int, trajs) -> dict[str, np.ndarray]:
+        """The text-distillation batch of step ``step``'s trajectories, each row with its context block."""
         from lopd_jax.text_context import context_block_ids, pack_blocks
         from train.rollout import training_arrays
         ctx = self.ctx
@@ -223,10 +233,12 @@ class TextArm:
                 "row_weight": np.asarray([x is not None for x in texts], np.float32), "rewards": arr["rewards"]}
 
     def make_step(self, state, batch):
+        """The jitted text-distillation update (:func:`train.text_steps.make_text_distill_step`)."""
         from train.text_steps import make_text_distill_step
         return make_text_distill_step(self.ctx.system, state, batch, self.ema_decay)
 
     def after_step(self, metrics: dict) -> None:
+        """Skill-SD: credit each picked skill with its row's improvement (UCB1 update)."""
         if self.arm == "skill_sd":
             per_row = np.asarray(metrics["delta_per_rollout"], np.float64)
             for k, r in zip(self._picked, per_row):
@@ -234,9 +246,11 @@ class TextArm:
                     self.ucb.update(k, float(r))
 
     def meta(self) -> dict:
+        """Skill-SD's UCB1 state for the checkpoint metadata."""
         return {"ucb": self.ucb.state()} if self.arm == "skill_sd" else {}
 
     def restore(self, meta: dict) -> None:
+        """Skill-SD: the UCB1 state of a restored checkpoint."""
         if self.arm == "skill_sd" and "ucb" in meta:
             self.ucb.set_state(meta["ucb"])
 
@@ -291,69 +305,60 @@ class UCB1:
 # ----------------------------------------------------------------------------- the loop
 
 
-def policy_stage(ctx, impl, composer0, bank_path: str, writer):
-    """The resumable training loop of a non-LOPD arm (stage name ``lopd``, so metrics,
-    plots, checkpoints and export are shared); returns ``(state, preempted)``."""
-    from train import mesh as mesh_lib
-    from train.data import TaskPipeline
-    from train.loop import run_steps, training_step_record
+class PolicyStage(TrainingStage):
+    """The training stage of a non-LOPD arm around an arm object (:class:`GRPOArm`,
+    :class:`TextArm`): the shared resumable loop (stage name ``lopd``, so metrics, plots,
+    checkpoints and export are shared) with the arm's batch and step. One process only."""
 
-    cfg, system = ctx.cfg, ctx.system
-    if jax.process_count() > 1:
-        # the batch builders below read every row's trajectory; only the LOPD stage
-        # (lopd, lopd_frozen_composer) splits rollouts and batches across hosts so far
-        raise ValueError(f"arm={cfg.arm} runs as one process; multi-process runs support arm=lopd and "
-                         "arm=lopd_frozen_composer (docs/pods.md). Rerun without --num_processes.")
-    state, frozen = system.init_state(composer=composer0, seed=cfg.seed)
-    state = impl.init_state(state)
-    shardings = impl.shardings(state)
-    state = mesh_lib.put(state, shardings)
-    G = impl.group_size
-    n_roll = rollouts_per_step(cfg)
-    if n_roll % ctx.sampler.batch_shards:
-        raise ValueError(f"{n_roll} rollouts per step do not split over {ctx.sampler.batch_shards} batch shards; "
-                         "make env.tasks_per_step * env.group_size a multiple of mesh.data * mesh.fsdp.")
-    pipe = TaskPipeline(ctx.train_tasks, n_roll // G, seed=cfg.seed, process_index=0, process_count=1)
-    key = jax.random.key(cfg.seed)
-    holder: dict[str, Any] = {"state": state}
-    info: dict[int, dict] = {}
-    it = iter(pipe)
+    def __init__(self, ctx, impl, composer0, bank_path: str, writer):
+        cfg, system = ctx.cfg, ctx.system
+        if jax.process_count() > 1:
+            # the batch builders read every row's trajectory; only the LOPD stage
+            # (lopd, lopd_frozen_composer) splits rollouts and batches across hosts so far
+            raise ValueError(f"arm={cfg.arm} runs as one process; multi-process runs support arm=lopd and "
+                             "arm=lopd_frozen_composer (docs/pods.md). Rerun without --num_processes.")
+        state, frozen = system.init_state(composer=composer0, seed=cfg.seed)
+        state = impl.init_state(state)
+        shardings = impl.shardings(state)
+        G = impl.group_size
+        n_roll = rollouts_per_step(cfg)
+        if n_roll % ctx.sampler.batch_shards:
+            raise ValueError(f"{n_roll} rollouts per step do not split over {ctx.sampler.batch_shards} batch "
+                             "shards; make env.tasks_per_step * env.group_size a multiple of mesh.data * mesh.fsdp.")
+        super().__init__(ctx, state, frozen, shardings, n_roll // G, G, bank_path, writer)
+        self.impl, self.label = impl, cfg.arm
 
-    def batch_fn(s):
-        if it.step != s:
-            raise RuntimeError(f"the task iterator is at step {it.step}, the loop at {s}")
-        tasks = [t for t in next(it) for _ in range(G)]
-        params = ctx.policy_params(holder["state"]["student"], frozen)
+    def rollout(self, s: int) -> tuple[list, dict]:
+        """Step ``s``'s rollouts (all rows, one process) and their statistics."""
+        tasks = self.step_tasks(s)
+        params = self.student_params()
         t0 = time.perf_counter()
-        trajs = ctx.rollout(params, tasks, jax.random.fold_in(key, s))
-        info[s] = {"rollouts": len(trajs), "rollout_seconds": time.perf_counter() - t0,
-                   "reward_mean": float(np.mean([t.reward for t in trajs])),
-                   "success_rate": float(np.mean([t.reward >= SUCCESS for t in trajs])),
-                   "mean_length": float(np.mean([len(t) for t in trajs]))}
-        return impl.batch(s, trajs)
+        trajs = self.ctx.rollout(params, tasks, jax.random.fold_in(self.key, s))
+        info = {"rollouts": len(trajs), "rollout_seconds": time.perf_counter() - t0,
+                "reward_mean": float(np.mean([t.reward for t in trajs])),
+                "success_rate": float(np.mean([t.reward >= SUCCESS for t in trajs])),
+                "mean_length": float(np.mean([len(t) for t in trajs]))}
+        return trajs, info
 
-    compiled: dict[str, Any] = {}
+    def make_batch(self, s: int, trajs) -> dict:
+        """The arm's batch."""
+        return self.impl.batch(s, trajs)
 
-    def step_fn(st, batch):
-        if "step" not in compiled:
-            compiled["step"] = impl.make_step(st, batch)
-        st, metrics = compiled["step"](st, frozen, batch)
-        holder["state"] = st
+    def make_step(self, state, batch):
+        """The arm's jitted step."""
+        return self.impl.make_step(state, batch)
+
+    def after_step(self, metrics):
+        """The metrics on the host, after the arm has read them (Skill-SD's UCB1 update)."""
         metrics = jax.device_get(metrics)
-        impl.after_step(metrics)
-        return st, metrics
+        self.impl.after_step(metrics)
+        return metrics
 
-    def on_metrics(s, m):
-        return training_step_record(ctx, writer, cfg.arm, s, m, info.pop(s),
-                                    lambda: ctx.policy_params(holder["state"]["student"], frozen))
+    def meta(self, s: int) -> dict:
+        """The shared metadata plus the arm and its own state."""
+        return {**super().meta(s), "arm": self.ctx.cfg.arm, **self.impl.meta()}
 
-    def extra_meta(s):
-        return {"data": it.get_state(), "bank": bank_path, "arm": cfg.arm, **impl.meta()}
-
-    def on_restore(st, meta):
-        holder["state"] = st
-        it.set_state(meta["data"])
-        impl.restore(meta)
-
-    return run_steps(ctx, "lopd", state, cfg.stages.lopd_steps, step_fn, batch_fn, shardings=shardings,
-                     extra_meta=extra_meta, writer=writer, on_metrics=on_metrics, on_restore=on_restore)
+    def restore(self, state, meta: dict) -> None:
+        """Continue from a restored checkpoint, the arm's own state included."""
+        super().restore(state, meta)
+        self.impl.restore(meta)

@@ -23,6 +23,10 @@ the bank's admitted experiences (so every host builds and retrieves from the sam
 the rollout statistics of the metrics, the held-out trajectories. Only process 0 writes
 metrics, the ledger, the bank and the export; all processes take part in checkpoints.
 
+The training stage itself (LOPD, or the arm's) is :mod:`train.training_stage` and
+:mod:`train.arms`; this module holds the step loop they run on (:func:`run_steps`), the
+other stages and :func:`run`.
+
 SIGTERM (preemption) sets a flag that the step loops poll; the current state is then
 saved and :func:`run` returns :data:`PREEMPTED` (exit status 0).
 """
@@ -162,24 +166,6 @@ def run_steps(ctx: RunContext, stage: str, state, num_steps: int, step_fn: Calla
     return state, preempted
 
 
-_ROLLOUT_LOG: dict[str, str] = {}  # "path": where log_rollouts appends (set by run when rollout.log_rollouts)
-
-
-def log_rollouts(stage: str, step: int, trajs, first_row: int) -> None:
-    """Append this step's rollouts (every host's, gathered to all, written by process 0) to
-    ``<workdir>/rollouts.jsonl``: row, producing process, task, ids, mask, reward."""
-    import json
-
-    from train import distributed
-    mine = [{"stage": stage, "step": int(step), "row": first_row + j, "process": jax.process_index(),
-             "task_id": t.task.task_id, "tokens": t.tokens.tolist(), "mask": t.mask.tolist(),
-             "reward": float(t.reward)} for j, t in enumerate(trajs)]
-    rows = distributed.allgather_list(mine)
-    if jax.process_index() == 0 and "path" in _ROLLOUT_LOG:
-        with open(_ROLLOUT_LOG["path"], "a") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
-
-
 # ----------------------------------------------------------------------------- stages
 
 
@@ -240,89 +226,6 @@ def cold_start_stage(ctx: RunContext, bank, writer):
     return state["composer"], preempted
 
 
-def training_step_record(ctx: RunContext, writer, label: str, step: int, metrics: dict, rollout_info: dict,
-                         policy_params: Callable[[], Any]) -> dict:
-    """What a training stage adds to step ``step``'s record: its rollout information with
-    ``rollouts_per_minute`` (rollout phase only); runs and writes the periodic held-out
-    evaluation (``stages.eval_every``) of ``policy_params()``. Drops ``mean_reward`` from
-    ``metrics`` (the rollout information carries the reward)."""
-    cfg = ctx.cfg
-    extra = dict(rollout_info)
-    extra["rollouts_per_minute"] = 60.0 * extra["rollouts"] / max(extra["rollout_seconds"], 1e-9)
-    metrics.pop("mean_reward", None)
-    done = step + 1
-    if cfg.stages.eval_every and done % cfg.stages.eval_every == 0 and done < cfg.stages.lopd_steps:
-        ev = evaluate_policy(ctx, policy_params())
-        writer.write(done, "eval", ev)
-        log(f"{label} step {done}: held-out reward {ev['reward_mean']:.3f}")
-    return extra
-
-
-def lopd_stage(ctx: RunContext, bank, bank_path: str, composer0, writer):
-    """The LOPD steps (SPEC 2): rollout with the current student, retrieve, step; ``(state, preempted)``."""
-    from train import distributed, mesh as mesh_lib
-    from train.batches import lopd_batch
-    from train.data import TaskPipeline
-    from train.steps import make_lopd_step
-
-    cfg, system = ctx.cfg, ctx.system
-    state, frozen = system.init_state(composer=composer0, seed=cfg.seed)
-    shardings = system.state_shardings(state)
-    state = mesh_lib.put(state, shardings)
-    # the global task list of a step on every process (one iterator state for all hosts);
-    # each process rolls out and trains on the rows it owns
-    pipe = TaskPipeline(ctx.train_tasks, cfg.env.tasks_per_step, seed=cfg.seed, process_index=0, process_count=1)
-    key = jax.random.key(cfg.seed)
-    holder: dict[str, Any] = {"state": state}
-    info: dict[int, dict] = {}
-
-    it = iter(pipe)
-
-    def batch_fn(s):
-        if it.step != s:
-            raise RuntimeError(f"the task iterator is at step {it.step}, the loop at {s}")
-        tasks = [t for t in next(it) for _ in range(cfg.env.group_size)]
-        params = ctx.policy_params(holder["state"]["student"], frozen)
-        t0 = time.perf_counter()
-        trajs, first_row = ctx.rollout_split(params, tasks, jax.random.fold_in(key, s))
-        if len(trajs) * jax.process_count() != len(tasks):
-            raise ValueError(f"{len(tasks)} rollouts per step do not split evenly over {jax.process_count()} "
-                             "processes' batch rows; make env.tasks_per_step * env.group_size a multiple of "
-                             "mesh.data * mesh.fsdp.")
-        seconds = time.perf_counter() - t0
-        stats = distributed.allgather_list([(t.reward, len(t)) for t in trajs])  # every host's rows, in order
-        info[s] = {"rollouts": len(stats), "rollout_seconds": seconds,
-                   "reward_mean": float(np.mean([r for r, _ in stats])),
-                   "success_rate": float(np.mean([r >= 1.0 for r, _ in stats])),
-                   "mean_length": float(np.mean([n for _, n in stats]))}
-        if cfg.rollout.log_rollouts:
-            log_rollouts("lopd", s + 1, trajs, first_row)
-        return lopd_batch(ctx, trajs, bank)
-
-    compiled: dict[str, Any] = {}
-
-    def step_fn(st, batch):
-        if "step" not in compiled:
-            compiled["step"] = make_lopd_step(system, st, batch)
-        st, metrics = compiled["step"](st, frozen, batch)
-        holder["state"] = st
-        return st, metrics
-
-    def on_metrics(s, m):
-        return training_step_record(ctx, writer, "lopd", s, m, info.pop(s),
-                                    lambda: ctx.policy_params(holder["state"]["student"], frozen))
-
-    def extra_meta(s):
-        return {"data": it.get_state(), "bank": bank_path}
-
-    def on_restore(st, meta):
-        holder["state"] = st  # the first rollout after a resume samples from the restored student
-        it.set_state(meta["data"])
-
-    return run_steps(ctx, "lopd", state, cfg.stages.lopd_steps, step_fn, batch_fn, shardings=shardings,
-                     extra_meta=extra_meta, writer=writer, on_metrics=on_metrics, on_restore=on_restore)
-
-
 # ----------------------------------------------------------------------------- the run
 
 
@@ -337,8 +240,6 @@ def run(cfg, resumed: bool = False) -> str | dict:
     from train.arms import resolve_arm, training_stage, uses_composer
     from train.metrics import MetricsWriter, plot_run
 
-    from train import distributed
-
     cfg = resolve_arm(cfg)
     workdir = cfg.workdir
     install_preemption_handler()
@@ -349,8 +250,6 @@ def run(cfg, resumed: bool = False) -> str | dict:
     ctx = RunContext(cfg)
     log(f"built the model and system in {time.perf_counter() - t_build:.1f}s on {jax.device_count()} device(s)")
     writer = MetricsWriter(workdir, console=False)
-    if cfg.rollout.log_rollouts:
-        _ROLLOUT_LOG["path"] = os.path.join(workdir, "rollouts.jsonl")
     times: dict[str, float] = {}
     try:
         # 1. warm-up (tiny random-init models)

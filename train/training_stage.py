@@ -1,0 +1,191 @@
+"""The training stage of a run: rollouts of the current student, batches, updates, records.
+
+:class:`TrainingStage` is the stage as the step loop's callbacks (:func:`train.loop.run_steps`):
+each step's data flows forward, the rollouts of the current student -> the step batch ->
+one jitted update -> the step's record (:func:`training_step_record`: rollout statistics,
+``rollouts_per_minute``, the periodic held-out evaluation). :class:`LOPDStage` is the LOPD
+stage (SPEC 2); the other arms' stage is :class:`train.arms.PolicyStage`.
+:func:`log_rollouts` appends a step's rollouts to ``<workdir>/rollouts.jsonl``
+(``rollout.log_rollouts``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from train.loop import evaluate_policy, log, run_steps
+from train.run_context import RunContext
+
+ROLLOUTS_FILE = "rollouts.jsonl"  # every LOPD rollout, with rollout.log_rollouts
+
+
+def log_rollouts(path: str, stage: str, step: int, trajs, first_row: int) -> None:
+    """Append this step's rollouts (every host's, gathered to all, written by process 0) to
+    ``path`` (``<workdir>/rollouts.jsonl``): row, producing process, task, ids, mask, reward."""
+    import json
+
+    from train import distributed
+    mine = [{"stage": stage, "step": int(step), "row": first_row + j, "process": jax.process_index(),
+             "task_id": t.task.task_id, "tokens": t.tokens.tolist(), "mask": t.mask.tolist(),
+             "reward": float(t.reward)} for j, t in enumerate(trajs)]
+    rows = distributed.allgather_list(mine)
+    if jax.process_index() == 0:
+        with open(path, "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+
+
+def training_step_record(ctx: RunContext, writer, label: str, step: int, metrics: dict, rollout_info: dict,
+                         policy_params: Callable[[], Any]) -> dict:
+    """What a training stage adds to step ``step``'s record: its rollout information with
+    ``rollouts_per_minute`` (rollout phase only); runs and writes the periodic held-out
+    evaluation (``stages.eval_every``) of ``policy_params()``. Drops ``mean_reward`` from
+    ``metrics`` (the rollout information carries the reward)."""
+    cfg = ctx.cfg
+    extra = dict(rollout_info)
+    extra["rollouts_per_minute"] = 60.0 * extra["rollouts"] / max(extra["rollout_seconds"], 1e-9)
+    metrics.pop("mean_reward", None)
+    done = step + 1
+    if cfg.stages.eval_every and done % cfg.stages.eval_every == 0 and done < cfg.stages.lopd_steps:
+        ev = evaluate_policy(ctx, policy_params())
+        writer.write(done, "eval", ev)
+        log(f"{label} step {done}: held-out reward {ev['reward_mean']:.3f}")
+    return extra
+
+
+class TrainingStage:
+    """A training stage as the step loop's callbacks (stage name ``lopd`` for every arm, so
+    metrics, checkpoints and export are shared). Each step's data flows forward: the
+    rollouts of the current student (:meth:`rollout`) -> the step batch (:meth:`make_batch`)
+    -> one jitted update (:meth:`make_step`, compiled on the first batch) -> the step's
+    record (:meth:`record`: rollout statistics, periodic held-out evaluation). ``state``
+    is the newest train state (the next rollout samples its student); the task iterator's
+    state and the bank path go into every checkpoint's metadata (:meth:`meta`).
+    Subclasses: :class:`LOPDStage`, :class:`train.arms.PolicyStage`.
+    """
+
+    label = "lopd"  # names the stage's log lines
+
+    def __init__(self, ctx: RunContext, state, frozen, shardings, tasks_per_step: int, group_size: int,
+                 bank_path: str, writer):
+        from train import mesh as mesh_lib
+        from train.data import TaskPipeline
+
+        self.ctx, self.frozen, self.shardings, self.writer = ctx, frozen, shardings, writer
+        self.bank_path, self.group_size = bank_path, group_size
+        self.state = mesh_lib.put(state, shardings)
+        # the global task list of a step on every process (one iterator state for all hosts)
+        self.tasks = iter(TaskPipeline(ctx.train_tasks, tasks_per_step, seed=ctx.cfg.seed, process_index=0,
+                                       process_count=1))
+        self.key = jax.random.key(ctx.cfg.seed)
+        self._jitted = None
+        self._rollout_info: dict[int, dict] = {}  # a step's rollout statistics, until its record
+
+    # ----- what subclasses give -----
+    def rollout(self, s: int) -> tuple[list, dict]:
+        """``(trajectories, rollout statistics)`` of step ``s``."""
+        raise NotImplementedError
+
+    def make_batch(self, s: int, trajs) -> dict:
+        """The step batch (numpy, this process's rows) of step ``s``'s trajectories."""
+        raise NotImplementedError
+
+    def make_step(self, state, batch) -> Callable:
+        """The jitted ``(state, frozen, batch) -> (state, metrics)`` update."""
+        raise NotImplementedError
+
+    def after_step(self, metrics):
+        """What the update's metrics become before the loop logs them (default: unchanged)."""
+        return metrics
+
+    # ----- the step loop's callbacks -----
+    def step_tasks(self, s: int) -> list:
+        """Step ``s``'s tasks, each repeated ``group_size`` times (the iterator must be at ``s``)."""
+        if self.tasks.step != s:
+            raise RuntimeError(f"the task iterator is at step {self.tasks.step}, the loop at {s}")
+        return [t for t in next(self.tasks) for _ in range(self.group_size)]
+
+    def student_params(self) -> dict:
+        """The sampler's parameters of the current student."""
+        return self.ctx.policy_params(self.state["student"], self.frozen)
+
+    def batch(self, s: int) -> dict:
+        """Roll out step ``s`` and build its batch (the rollout statistics wait for :meth:`record`)."""
+        trajs, self._rollout_info[s] = self.rollout(s)
+        return self.make_batch(s, trajs)
+
+    def step(self, state, batch):
+        """One update; the new state is the student of the next rollout."""
+        if self._jitted is None:
+            self._jitted = self.make_step(state, batch)
+        state, metrics = self._jitted(state, self.frozen, batch)
+        self.state = state
+        return state, self.after_step(metrics)
+
+    def record(self, s: int, metrics: dict) -> dict:
+        """Step ``s``'s record (:func:`training_step_record`)."""
+        return training_step_record(self.ctx, self.writer, self.label, s, metrics, self._rollout_info.pop(s),
+                                    self.student_params)
+
+    def meta(self, s: int) -> dict:
+        """Checkpoint metadata: the task iterator's state and the bank's path."""
+        return {"data": self.tasks.get_state(), "bank": self.bank_path}
+
+    def restore(self, state, meta: dict) -> None:
+        """Continue from a restored checkpoint (the next rollout samples its student)."""
+        self.state = state
+        self.tasks.set_state(meta["data"])
+
+    def run(self):
+        """Run (or resume) the stage's ``stages.lopd_steps`` steps; ``(state, preempted)``."""
+        return run_steps(self.ctx, "lopd", self.state, self.ctx.cfg.stages.lopd_steps, self.step, self.batch,
+                         shardings=self.shardings, extra_meta=self.meta, writer=self.writer,
+                         on_metrics=self.record, on_restore=self.restore)
+
+
+class LOPDStage(TrainingStage):
+    """The LOPD steps (SPEC 2): rollout with the current student, retrieve, step. Multi-host:
+    each process rolls out and trains on the rows it owns; the statistics are gathered."""
+
+    def __init__(self, ctx: RunContext, bank, bank_path: str, composer0, writer):
+        cfg, system = ctx.cfg, ctx.system
+        state, frozen = system.init_state(composer=composer0, seed=cfg.seed)
+        super().__init__(ctx, state, frozen, system.state_shardings(state), cfg.env.tasks_per_step,
+                         cfg.env.group_size, bank_path, writer)
+        self.bank = bank
+        self.rollout_log = os.path.join(cfg.workdir, ROLLOUTS_FILE) if cfg.rollout.log_rollouts else None
+
+    def rollout(self, s: int) -> tuple[list, dict]:
+        """This process's rows of step ``s``'s rollouts and every host's statistics."""
+        from train import distributed
+        tasks = self.step_tasks(s)
+        params = self.student_params()
+        t0 = time.perf_counter()
+        trajs, first_row = self.ctx.rollout_split(params, tasks, jax.random.fold_in(self.key, s))
+        if len(trajs) * jax.process_count() != len(tasks):
+            raise ValueError(f"{len(tasks)} rollouts per step do not split evenly over {jax.process_count()} "
+                             "processes' batch rows; make env.tasks_per_step * env.group_size a multiple of "
+                             "mesh.data * mesh.fsdp.")
+        seconds = time.perf_counter() - t0
+        stats = distributed.allgather_list([(t.reward, len(t)) for t in trajs])  # every host's rows, in order
+        info = {"rollouts": len(stats), "rollout_seconds": seconds,
+                "reward_mean": float(np.mean([r for r, _ in stats])),
+                "success_rate": float(np.mean([r >= 1.0 for r, _ in stats])),
+                "mean_length": float(np.mean([n for _, n in stats]))}
+        if self.rollout_log:
+            log_rollouts(self.rollout_log, "lopd", s + 1, trajs, first_row)
+        return trajs, info
+
+    def make_batch(self, s: int, trajs) -> dict:
+        """The LOPD step batch (:func:`train.batches.lopd_batch`)."""
+        from train.batches import lopd_batch
+        return lopd_batch(self.ctx, trajs, self.bank)
+
+    def make_step(self, state, batch) -> Callable:
+        """The jitted LOPD step (:func:`train.steps.make_lopd_step`)."""
+        from train.steps import make_lopd_step
+        return make_lopd_step(self.ctx.system, state, batch)
