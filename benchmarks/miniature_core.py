@@ -74,7 +74,9 @@ def fork(prefix: str, run_dir: str, config: str, overrides: list[str]) -> None:
     with open(os.path.join(prefix, "metrics.jsonl")) as src, open(os.path.join(tmp, "metrics.jsonl"), "w") as dst:
         dst.writelines(line for line in src if json.loads(line).get("stage") not in TRAINING_STAGES)
     os.remove(os.path.join(tmp, "config.json"))
-    save_run_config(resolve_arm(resolve_config([f"--config={config}", f"--workdir={run_dir}", *overrides])), tmp)
+    cfg = resolve_config([f"--config={config}", f"--workdir={run_dir}", *overrides])
+    resolve_arm(cfg)  # checks the arm; the saved config is the unresolved one, as ``python -m lopd_jax.train``
+    save_run_config(cfg, tmp)  # saves it (an arm-resolved one, e.g. freeze_composer=True, fails its resume check)
     os.replace(tmp, run_dir)
 
 
