@@ -36,6 +36,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARM_OVERRIDES = {"lopd": [], "m0": ["steps.margin=0"]}
 TRAINING_STAGES = ("lopd", "eval_after", "export")
+WALL_FILE = "wall.json"
 
 
 def arm_overrides(arm: str) -> list[str]:
@@ -81,8 +82,11 @@ def fork(prefix: str, run_dir: str, config: str, overrides: list[str]) -> None:
 
 
 def record(run_dir: str, arm: str, seed: int, overrides: list[str], wall: float | None) -> dict:
-    """The results record of a finished run."""
+    """The results record of a finished run (``wall``: seconds of its training process; None
+    reads ``run_dir/wall.json``, written when this script ran it, else stays None)."""
     led = _ledger(run_dir)
+    if wall is None and os.path.exists(os.path.join(run_dir, WALL_FILE)):
+        wall = json.load(open(os.path.join(run_dir, WALL_FILE)))["wall_seconds"]
     rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
     train = [r for r in rows if r.get("stage") == "lopd"]
     rollouts = int(sum(r.get("rollouts", 0) for r in train))
@@ -174,19 +178,29 @@ def main(argv=None) -> int:
             if not os.path.isdir(run_dir):
                 fork(prefix, run_dir, args.config, overrides)
             wall = _train(run_dir, args.config, overrides, run_dir + ".log")
+            with open(os.path.join(run_dir, WALL_FILE), "w") as f:
+                json.dump({"wall_seconds": wall}, f)
             print(f"finished {arm} seed {seed} in {wall:.0f}s", flush=True)
         return record(run_dir, arm, seed, overrides, wall)
 
+    def safe(arm_seed):  # one failed run must not cancel the others (pool.map cancels what is pending)
+        try:
+            return one(arm_seed)
+        except Exception as e:  # noqa: BLE001 -- reported below, exit status 1
+            print(f"FAILED {arm_seed[0]} seed {arm_seed[1]}: {e}", flush=True)
+            return None
+
     jobs = [(a, s) for s in seeds for a in arms]
     with concurrent.futures.ThreadPoolExecutor(max(1, args.parallel)) as pool:
-        records = list(pool.map(one, jobs))
+        results = list(pool.map(safe, jobs))
+    records = [r for r in results if r is not None]
     out = {"config": args.config, "overrides": args.overrides, "sweep_seconds": time.perf_counter() - t_sweep,
            "records": records}
     with open(os.path.join(W, "results.json"), "w") as f:
         json.dump(out, f, indent=1)
     print(table(records))
     print(f"sweep wall time this invocation: {out['sweep_seconds']:.0f}s")
-    return 0
+    return 0 if len(records) == len(jobs) else 1
 
 
 if __name__ == "__main__":
