@@ -125,13 +125,21 @@ def sweep_report(W: str, arms: list[str], seeds: list[int]) -> list[str]:
     from lopd_jax.sweep import RunSpec
     from lopd_jax.sweep_report import write_report
 
+    from train.system import MARGIN
+
+    margin = MARGIN  # the configs' steps.margin (the paper's 0.05)
     R, specs = os.path.join(W, "report"), []
     for seed in seeds:
         for arm in arms:
             src = os.path.join(W, "runs", f"{arm}_s{seed}")
             if not _ledger(src).get("eval_after", {}).get("done"):
                 continue
-            spec = RunSpec("lopd", seed, (("steps.margin", "0"),), ()) if arm == "m0" else RunSpec(arm, seed, (), ())
+            if arm == "m0":
+                spec = RunSpec("lopd", seed, (("steps.margin", "0"),), ())
+            elif arm == "lopd" and "m0" in arms:  # named by its margin, so the report draws fig3_margin (m = 0 vs m)
+                spec = RunSpec("lopd", seed, (("steps.margin", str(margin)),), ())
+            else:
+                spec = RunSpec(arm, seed, (), ())
             dst = spec.workdir(R)
             if not os.path.exists(dst):
                 os.makedirs(os.path.dirname(dst), exist_ok=True)
