@@ -36,6 +36,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARM_OVERRIDES = {"lopd": [], "m0": ["steps.margin=0"]}
 TRAINING_STAGES = ("lopd", "eval_after", "export")
+WALL_FILE = "wall.json"
 
 
 def arm_overrides(arm: str) -> list[str]:
@@ -74,13 +75,18 @@ def fork(prefix: str, run_dir: str, config: str, overrides: list[str]) -> None:
     with open(os.path.join(prefix, "metrics.jsonl")) as src, open(os.path.join(tmp, "metrics.jsonl"), "w") as dst:
         dst.writelines(line for line in src if json.loads(line).get("stage") not in TRAINING_STAGES)
     os.remove(os.path.join(tmp, "config.json"))
-    save_run_config(resolve_arm(resolve_config([f"--config={config}", f"--workdir={run_dir}", *overrides])), tmp)
+    cfg = resolve_config([f"--config={config}", f"--workdir={run_dir}", *overrides])
+    resolve_arm(cfg)  # checks the arm; the saved config is the unresolved one, as ``python -m lopd_jax.train``
+    save_run_config(cfg, tmp)  # saves it (an arm-resolved one, e.g. freeze_composer=True, fails its resume check)
     os.replace(tmp, run_dir)
 
 
 def record(run_dir: str, arm: str, seed: int, overrides: list[str], wall: float | None) -> dict:
-    """The results record of a finished run."""
+    """The results record of a finished run (``wall``: seconds of its training process; None
+    reads ``run_dir/wall.json``, written when this script ran it, else stays None)."""
     led = _ledger(run_dir)
+    if wall is None and os.path.exists(os.path.join(run_dir, WALL_FILE)):
+        wall = json.load(open(os.path.join(run_dir, WALL_FILE)))["wall_seconds"]
     rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
     train = [r for r in rows if r.get("stage") == "lopd"]
     rollouts = int(sum(r.get("rollouts", 0) for r in train))
@@ -119,13 +125,21 @@ def sweep_report(W: str, arms: list[str], seeds: list[int]) -> list[str]:
     from lopd_jax.sweep import RunSpec
     from lopd_jax.sweep_report import write_report
 
+    from train.system import MARGIN
+
+    margin = MARGIN  # the configs' steps.margin (the paper's 0.05)
     R, specs = os.path.join(W, "report"), []
     for seed in seeds:
         for arm in arms:
             src = os.path.join(W, "runs", f"{arm}_s{seed}")
             if not _ledger(src).get("eval_after", {}).get("done"):
                 continue
-            spec = RunSpec("lopd", seed, (("steps.margin", "0"),), ()) if arm == "m0" else RunSpec(arm, seed, (), ())
+            if arm == "m0":
+                spec = RunSpec("lopd", seed, (("steps.margin", "0"),), ())
+            elif arm == "lopd" and "m0" in arms:  # named by its margin, so the report draws fig3_margin (m = 0 vs m)
+                spec = RunSpec("lopd", seed, (("steps.margin", str(margin)),), ())
+            else:
+                spec = RunSpec(arm, seed, (), ())
             dst = spec.workdir(R)
             if not os.path.exists(dst):
                 os.makedirs(os.path.dirname(dst), exist_ok=True)
@@ -172,19 +186,29 @@ def main(argv=None) -> int:
             if not os.path.isdir(run_dir):
                 fork(prefix, run_dir, args.config, overrides)
             wall = _train(run_dir, args.config, overrides, run_dir + ".log")
+            with open(os.path.join(run_dir, WALL_FILE), "w") as f:
+                json.dump({"wall_seconds": wall}, f)
             print(f"finished {arm} seed {seed} in {wall:.0f}s", flush=True)
         return record(run_dir, arm, seed, overrides, wall)
 
+    def safe(arm_seed):  # one failed run must not cancel the others (pool.map cancels what is pending)
+        try:
+            return one(arm_seed)
+        except Exception as e:  # noqa: BLE001 -- reported below, exit status 1
+            print(f"FAILED {arm_seed[0]} seed {arm_seed[1]}: {e}", flush=True)
+            return None
+
     jobs = [(a, s) for s in seeds for a in arms]
     with concurrent.futures.ThreadPoolExecutor(max(1, args.parallel)) as pool:
-        records = list(pool.map(one, jobs))
+        results = list(pool.map(safe, jobs))
+    records = [r for r in results if r is not None]
     out = {"config": args.config, "overrides": args.overrides, "sweep_seconds": time.perf_counter() - t_sweep,
            "records": records}
     with open(os.path.join(W, "results.json"), "w") as f:
         json.dump(out, f, indent=1)
     print(table(records))
     print(f"sweep wall time this invocation: {out['sweep_seconds']:.0f}s")
-    return 0
+    return 0 if len(records) == len(jobs) else 1
 
 
 if __name__ == "__main__":

@@ -313,3 +313,88 @@ def test_schemas_without_descriptions_keep_names_types_and_rewards():
                 {k: v["type"] for k, v in fb["parameters"]["properties"].items()}
         result, _, _ = run(bare, task, oracle_turns(task))
         assert result.reward == 1.0
+
+
+# ----------------------------------------------------------------------------- dispatch.ship (opt-in)
+
+
+@pytest.fixture(scope="module")
+def dispatch():
+    return SyntheticTaskSource(n_train_per_family=24, n_heldout_per_family=12, seed=0, families=["dispatch"],
+                               n_warmup_per_family=40)
+
+
+def test_dispatch_is_opt_in_and_the_default_families_are_unchanged():
+    from lopd_jax.envs.synthetic_domains import ALL_FAMILIES, OPT_IN_FAMILIES
+
+    assert "dispatch.ship" in OPT_IN_FAMILIES and "dispatch.ship" not in FAMILIES
+    assert set(ALL_FAMILIES) == set(FAMILIES) | set(OPT_IN_FAMILIES)
+    assert SyntheticTaskSource(n_train_per_family=2, n_heldout_per_family=1).families == list(FAMILIES)
+    # without separate warm-up tasks the warm-up uses the training tasks
+    src = SyntheticTaskSource(n_train_per_family=2, n_heldout_per_family=1)
+    assert [t.task_id for t in src.warmup_tasks()] == [t.task_id for t in src.tasks("train")]
+
+
+def test_dispatch_hidden_rule_is_consistent_across_splits_and_seeded(dispatch):
+    from lopd_jax.envs.synthetic_domains import CUSTOMERS, HUBS
+
+    rule = dispatch.hidden_rule("dispatch.ship")
+    assert set(rule) == set(CUSTOMERS) and set(rule.values()) == set(HUBS)
+    assert all(list(rule.values()).count(h) == len(CUSTOMERS) // len(HUBS) for h in HUBS)  # balanced
+    assert dispatch.hidden_rule("bank.deposit") is None
+    train, heldout = dispatch.tasks("train"), dispatch.tasks("heldout")
+    for t in train + heldout:
+        p = t.payload["params"]
+        assert p["hub"] == rule[p["customer"]]
+        assert p["hub"] not in t.instruction and p["customer"] in t.instruction  # the hub is never stated
+    assert not {t.instruction for t in train} & {t.instruction for t in heldout}
+    assert {t.payload["params"]["customer"] for t in heldout} <= {t.payload["params"]["customer"] for t in train}
+    again = SyntheticTaskSource(n_train_per_family=24, n_heldout_per_family=12, seed=0, families=["dispatch"],
+                                n_warmup_per_family=40)
+    assert [t.payload for t in again.tasks("train")] == [t.payload for t in train]
+    assert [t.payload for t in again.warmup_tasks()] == [t.payload for t in dispatch.warmup_tasks()]
+    other = SyntheticTaskSource(n_train_per_family=24, n_heldout_per_family=12, seed=3, families=["dispatch"])
+    assert other.hidden_rule("dispatch.ship") != rule
+
+
+def test_dispatch_warmup_tasks_are_separate_and_their_hub_is_random(dispatch):
+    warm = dispatch.warmup_tasks()
+    assert len(warm) == 40 and all(t.task_id.startswith("dispatch.ship/warmup/") for t in warm)
+    taken = {t.instruction for s in ("train", "heldout") for t in dispatch.tasks(s)}
+    assert not {t.instruction for t in warm} & taken
+    rule = dispatch.hidden_rule("dispatch.ship")
+    off_rule = sum(t.payload["params"]["hub"] != rule[t.payload["params"]["customer"]] for t in warm)
+    assert off_rule >= 15  # about 3 in 4 disagree with the rule: the warm-up cannot teach it
+    for t in warm:
+        result, _, _ = run(dispatch, t, oracle_turns(t))
+        assert result.reward == 1.0
+
+
+def test_dispatch_checks_oracle_and_hint(dispatch):
+    from lopd_jax.envs.synthetic import oracle_hint
+    from lopd_jax.envs.synthetic_domains import HUBS
+
+    for t in dispatch.tasks("train") + dispatch.tasks("heldout"):
+        result, obs, env = run(dispatch, t, oracle_turns(t))
+        assert result.reward == 1.0 and result.info["stats"]["tool_calls"] == 1, env.check_results()
+        p = t.payload["params"]
+        hint = oracle_hint(t)
+        assert f'"hub": "{p["hub"]}"' in hint and f'"customer": "{p["customer"]}"' in hint
+        assert hint.endswith(f'Shipped via "{p["hub"]}".')
+        # the wrong hub fails the goal: reward 0 (a guesser is right 1 time in len(HUBS))
+        wrong = next(h for h in HUBS if h != p["hub"])
+        result, _, env = run(dispatch, t, [calls_turn(ToolCall("ship_order", {"customer": p["customer"],
+                                                                              "hub": wrong})), answer_turn("Done.")])
+        assert result.reward == 0.0 and [ok for _, ok in env.check_results()] == [False, True]
+        # another customer's order: goal fails, guard fails
+        other = next(c for c in p["initial"] if c != p["customer"])
+        result, _, _ = run(dispatch, t, [calls_turn(ToolCall("ship_order", {"customer": other, "hub": p["hub"]})),
+                                         answer_turn("Done.")])
+        assert result.reward == 0.0
+        result, _, _ = run(dispatch, t, [answer_turn("Done.")])
+        assert result.reward == 0.0
+    t = dispatch.tasks("train")[0]
+    p = t.payload["params"]
+    result, obs, _ = run(dispatch, t, [calls_turn(ToolCall("ship_order", {"customer": p["customer"], "hub": "Lima"})),
+                                       answer_turn("Done.")])
+    assert result.reward == 0.0 and "no hub named" in obs[0]["content"]

@@ -63,6 +63,23 @@ def test_warmup_pool_adds_hinted_demonstrations():
     assert len(warmup_pool(ctx)) == n
 
 
+def test_warmup_pool_uses_the_sources_separate_warmup_tasks():
+    from types import SimpleNamespace
+
+    from lopd_jax.chat import make_chat_format
+    from lopd_jax.tokenizers import tiny_tokenizer
+    from train.warmup import warmup_pool
+
+    src = SyntheticTaskSource(n_train_per_family=4, n_heldout_per_family=2, families=["dispatch"],
+                              n_warmup_per_family=6)
+    ctx = SimpleNamespace(fmt=make_chat_format("qwen3", tiny_tokenizer("qwen3")), source=src,
+                          train_tasks=src.tasks("train"),
+                          cfg=SimpleNamespace(seed=0, stages=SimpleNamespace(warmup_hint_fraction=1.0)))
+    pool = warmup_pool(ctx)
+    assert len(pool) == 12 and {d.task.task_id for d in pool} == {t.task_id for t in src.warmup_tasks()}
+    assert not {d.task.instruction for d in pool} & {t.instruction for t in src.tasks("train")}
+
+
 def test_premise_cli_prints_three_rows(tmp_path):
     env = dict(os.environ, JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false")
     env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split() if "force_host_platform" not in f)
@@ -87,7 +104,8 @@ def test_miniature_config_and_hint_fraction_validation():
     from lopd_jax.overrides import from_dict, load_config, to_dict
 
     cfg = load_config("miniature")
-    assert cfg.stages.warmup_hint_fraction == 1.0 and cfg.env.kwargs["families"] == ["hotel"]
+    assert cfg.stages.warmup_hint_fraction == 1.0 and cfg.env.kwargs["families"] == ["dispatch"]
+    assert cfg.env.kwargs["n_warmup_per_family"] > 0 and cfg.bank.min_reward == 1.0
     assert from_dict(to_dict(cfg)) == cfg
     with pytest.raises(ConfigError, match="warmup_hint_fraction"):
         StagesSection(warmup_hint_fraction=1.5)

@@ -73,16 +73,23 @@ def demonstrations(ctx, tasks: Sequence[Task], source=None) -> list[Trajectory]:
     return [demonstration(ctx, t, source) for t in tasks]
 
 
+def warmup_tasks(ctx) -> list[Task]:
+    """The warm-up's tasks: the source's own (``warmup_tasks()``, e.g. the synthetic source's
+    separate warm-up tasks, whose hidden-rule parameters are random) or the training tasks."""
+    own = getattr(ctx.source, "warmup_tasks", None)
+    return list(own()) if callable(own) else list(ctx.train_tasks)
+
+
 def warmup_pool(ctx) -> list[Trajectory]:
-    """The warm-up's demonstrations: every training task's, plus, for a seeded
-    ``stages.warmup_hint_fraction`` of the training tasks, a second copy whose prompt
-    carries the task's oracle hint (:mod:`lopd_jax.privileged`) -- so the model learns to
-    read a privileged text context, as a pre-trained model can."""
+    """The warm-up's demonstrations: every warm-up task's (:func:`warmup_tasks`), plus, for a
+    seeded ``stages.warmup_hint_fraction`` of them, a second copy whose prompt carries the
+    task's oracle hint (:mod:`lopd_jax.privileged`) -- so the model learns to read a
+    privileged text context, as a pre-trained model can."""
     import random
 
     from lopd_jax.privileged import HintedTaskSource
 
-    tasks = list(ctx.train_tasks)
+    tasks = warmup_tasks(ctx)
     demos = demonstrations(ctx, tasks)
     n = round(ctx.cfg.stages.warmup_hint_fraction * len(tasks))
     if n:

@@ -32,7 +32,8 @@ import random
 from typing import Any, Sequence
 
 from lopd_jax.envs.base import TaskSource, Toolbox, ToolUseEnvironment, check_split
-from lopd_jax.envs.synthetic_domains import DOMAINS, FAMILIES, VERIFY, Family
+from lopd_jax.envs.synthetic_domains import (ALL_DOMAINS, ALL_FAMILIES, DOMAINS, FAMILIES, HIDDEN_RULES, VERIFY,
+                                             Family)
 from lopd_jax.types import AssistantTurn, Message, Task, ToolCall, ToolSchema
 
 ENV_ID = "synthetic"
@@ -43,13 +44,13 @@ def _resolve_families(families: Sequence[str] | None) -> list[str]:
         return list(FAMILIES)
     out: list[str] = []
     for name in families:
-        if name in FAMILIES:
+        if name in ALL_FAMILIES:
             out.append(name)
-        elif name in DOMAINS:
-            out += [f for f, fam in FAMILIES.items() if fam.domain == name]
+        elif name in ALL_DOMAINS:
+            out += [f for f, fam in ALL_FAMILIES.items() if fam.domain == name]
         else:
             raise ValueError(f"unknown synthetic family or domain {name!r}; families: "
-                             f"{list(FAMILIES)}; domains: {list(DOMAINS)}")
+                             f"{list(ALL_FAMILIES)}; domains: {list(ALL_DOMAINS)}")
     return list(dict.fromkeys(out))
 
 
@@ -65,16 +66,25 @@ class SyntheticTaskSource(TaskSource):
         tool_descriptions: keep the tools' and parameters' descriptions in the schemas the
             environment shows (False: names and types only -- prompts about a third
             shorter, used by the CPU default to save compute).
+        n_warmup_per_family: when > 0, :meth:`warmup_tasks` gives this many separate
+            warm-up tasks per family (a seeded stream of their own, instructions disjoint
+            from both splits) whose hidden-rule parameters (``HIDDEN_RULES``) are drawn at
+            random per task, so a warm-up on them cannot learn the rule; 0: the warm-up uses
+            the training tasks.
+
+    Families with a hidden rule (``dispatch.ship``: customer -> hub) take the rule's target
+    from one seeded map per source, shared by ``train`` and ``heldout`` (:meth:`hidden_rule`).
     """
 
     env_id = ENV_ID
 
     def __init__(self, n_train_per_family: int = 48, n_heldout_per_family: int = 16,
                  seed: int = 0, families: Sequence[str] | None = None,
-                 heldout_fraction: float = 0.25, tool_descriptions: bool = True):
+                 heldout_fraction: float = 0.25, tool_descriptions: bool = True,
+                 n_warmup_per_family: int = 0):
         """See the class docstring."""
-        if n_train_per_family < 0 or n_heldout_per_family < 0:
-            raise ValueError("n_train_per_family and n_heldout_per_family must be >= 0")
+        if n_train_per_family < 0 or n_heldout_per_family < 0 or n_warmup_per_family < 0:
+            raise ValueError("n_train_per_family, n_heldout_per_family and n_warmup_per_family must be >= 0")
         if not 0.0 < heldout_fraction < 1.0:
             raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction}")
         self.n = {"train": n_train_per_family, "heldout": n_heldout_per_family}
@@ -82,7 +92,15 @@ class SyntheticTaskSource(TaskSource):
         self.families = _resolve_families(families)
         self.heldout_fraction = heldout_fraction
         self.tool_descriptions = tool_descriptions
+        self.n_warmup = n_warmup_per_family
         self._cache: dict[str, list[Task]] | None = None
+        self._warmup: list[Task] | None = None
+
+    def hidden_rule(self, family_id: str) -> dict[str, str] | None:
+        """The family's hidden map (e.g. customer -> hub), seeded by this source's seed; None
+        for a family without one."""
+        rule = HIDDEN_RULES.get(family_id)
+        return None if rule is None else rule.draw(random.Random(f"lopd-hidden-rule:{self.seed}:{family_id}"))
 
     def _split_of(self, instruction: str) -> str:
         digest = hashlib.sha256(f"{self.seed}:{instruction}".encode()).digest()
@@ -91,6 +109,7 @@ class SyntheticTaskSource(TaskSource):
 
     def _generate(self, family: Family) -> dict[str, list[Task]]:
         rng = random.Random(f"lopd-synthetic:{self.seed}:{family.family_id}")
+        rule = self.hidden_rule(family.family_id)
         out: dict[str, list[Task]] = {"train": [], "heldout": []}
         seen: set[str] = set()
         budget = 200 * (self.n["train"] + self.n["heldout"]) + 100
@@ -98,6 +117,8 @@ class SyntheticTaskSource(TaskSource):
             if all(len(out[s]) >= self.n[s] for s in out):
                 break
             params = family.sample(rng)
+            if rule is not None:
+                params[HIDDEN_RULES[family.family_id].target] = rule[params[HIDDEN_RULES[family.family_id].key]]
             instruction = family.instruction(params)
             split = self._split_of(instruction)
             signature = json.dumps(params, sort_keys=True)
@@ -122,10 +143,44 @@ class SyntheticTaskSource(TaskSource):
         if self._cache is None:
             cache: dict[str, list[Task]] = {"train": [], "heldout": []}
             for fid in self.families:
-                for s, tasks in self._generate(FAMILIES[fid]).items():
+                for s, tasks in self._generate(ALL_FAMILIES[fid]).items():
                     cache[s] += tasks
             self._cache = cache
         return list(self._cache[split])
+
+    def warmup_tasks(self) -> list[Task]:
+        """The supervised warm-up's tasks: with ``n_warmup_per_family > 0``, that many per
+        family from a stream of their own (instructions that are in neither split; a hidden
+        rule's target drawn uniformly per task); otherwise the training tasks."""
+        if self.n_warmup <= 0:
+            return self.tasks("train")
+        if self._warmup is None:
+            taken = {t.instruction for s in ("train", "heldout") for t in self.tasks(s)}
+            out: list[Task] = []
+            for fid in self.families:
+                family, rule = ALL_FAMILIES[fid], HIDDEN_RULES.get(fid)
+                rng = random.Random(f"lopd-synthetic-warmup:{self.seed}:{fid}")
+                seen: set[str] = set()
+                n = 0
+                for _ in range(200 * self.n_warmup + 100):
+                    if n >= self.n_warmup:
+                        break
+                    params = family.sample(rng)
+                    if rule is not None:
+                        params[rule.target] = rng.choice(rule.values)
+                    instruction = family.instruction(params)
+                    signature = json.dumps(params, sort_keys=True)
+                    if instruction in taken or signature in seen:
+                        continue
+                    seen.add(signature)
+                    out.append(Task(task_id=f"{fid}/warmup/{n:04d}", env_id=ENV_ID, instruction=instruction,
+                                    family=fid, payload={"family": fid, "domain": family.domain, "params": params}))
+                    n += 1
+                if n < self.n_warmup:
+                    raise ValueError(f"family {fid!r} produced only {n} unique warm-up tasks "
+                                     f"(asked {self.n_warmup}); lower n_warmup_per_family")
+            self._warmup = out
+        return list(self._warmup)
 
     def make_env(self) -> "SyntheticEnvironment":
         """A fresh synthetic environment."""
@@ -149,10 +204,10 @@ def _family_of(task: Task) -> Family:
     if task.env_id != ENV_ID:
         raise ValueError(f"task {task.task_id!r} belongs to {task.env_id!r}, not {ENV_ID!r}")
     fid = task.payload.get("family")
-    if fid not in FAMILIES or "params" not in task.payload:
+    if fid not in ALL_FAMILIES or "params" not in task.payload:
         raise ValueError(f"task {task.task_id!r} has no valid synthetic payload "
                          f"(family {fid!r}); build tasks with SyntheticTaskSource")
-    return FAMILIES[fid]
+    return ALL_FAMILIES[fid]
 
 
 class SyntheticEnvironment(ToolUseEnvironment):
@@ -168,7 +223,7 @@ class SyntheticEnvironment(ToolUseEnvironment):
     def _setup(self, task: Task) -> tuple[list[Message], list[ToolSchema]]:
         self._family = _family_of(task)
         self._params: dict[str, Any] = task.payload["params"]
-        self._domain = DOMAINS[self._family.domain]
+        self._domain = ALL_DOMAINS[self._family.domain]
         self._state = self._domain.build(json.loads(json.dumps(self._params["initial"])))
         self._toolbox = Toolbox(self._state)
         self._ran: list[tuple[str, Any]] = []  # (name, arguments) of calls that ran

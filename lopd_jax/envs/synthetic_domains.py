@@ -21,6 +21,19 @@ hotel.book_room           Book room 201 for mia.                                
 hotel.move_guest          Move mia from room 101 to room 202.                      2
 hotel.free_on_floor       Book a free room on floor 2 for leo and tell me ...      2
 ========================  =======================================================  =====
+
+Opt-in families (:data:`OPT_IN_FAMILIES`; only when named in ``families``, never by default):
+
+========================  =======================================================  =====
+dispatch.ship             Ship order 417 for alice.                                1
+========================  =======================================================  =====
+
+``dispatch.ship`` has a *hidden rule*: every customer's orders must go through that
+customer's own hub (one of :data:`HUBS`), and the instruction does not say which. The rule
+is a fixed, seeded map customer -> hub per task source (:data:`HIDDEN_RULES`), shared by
+the training and held-out splits; the task source's warm-up tasks draw the hub at random
+per task instead, so a model warmed up on them can learn to read the hub from a privileged
+context but not the map itself. The miniature (``configs/miniature.py``) uses it.
 """
 
 from __future__ import annotations
@@ -37,6 +50,10 @@ ACCOUNTS = ("alice", "bob", "carol", "dave", "erin", "frank", "gina", "hugo")
 ITEMS = ("pens", "cups", "books", "lamps", "plates", "socks", "hats", "mugs")
 GUESTS = ("mia", "noah", "liam", "emma", "omar", "zoe", "ivy", "leo")
 ROOMS = ("101", "102", "201", "202", "301", "302")
+# dispatch: customers and hubs (hub names are words of the tiny tokenizer's built-in corpus, so
+# each is one token: reading one from a context is choosing one token, not copying a string)
+CUSTOMERS = ACCOUNTS
+HUBS = ("Paris", "Berlin", "Tokyo", "Oslo")
 
 
 # ---------------------------------------------------------------------------------------
@@ -205,6 +222,30 @@ class Hotel:
         return f"room {room} is now free"
 
 
+class Dispatch:
+    """Outgoing orders: customer -> the hub their order was shipped through ("" = not yet)."""
+
+    def __init__(self, shipped: dict[str, str]):
+        """Start from ``shipped`` (customer -> hub or "")."""
+        self.shipped = dict(shipped)
+
+    def ship_order(self, customer: str, hub: str) -> str:
+        """Ship a customer's pending order through a hub.
+
+        Args:
+            customer: the customer's name.
+            hub: the hub city the order goes through.
+        """
+        if customer not in self.shipped:
+            raise ToolError(f"no customer named {customer!r}")
+        if hub not in HUBS:
+            raise ToolError(f"no hub named {hub!r}")
+        if self.shipped[customer]:
+            raise ToolError(f"{customer}'s order already shipped via {self.shipped[customer]}")
+        self.shipped[customer] = hub
+        return f'{customer}\'s order shipped via "{hub}"'
+
+
 @dataclasses.dataclass(frozen=True)
 class Domain:
     """A domain: its state class, the payload key of its state, and its system prompt."""
@@ -231,6 +272,11 @@ DOMAINS = {
     "hotel": Domain("hotel", Hotel, "rooms",
                     "You are a hotel assistant. Use the tools, then answer briefly."),
 }
+OPT_IN_DOMAINS = {
+    "dispatch": Domain("dispatch", Dispatch, "shipped",
+                       "You are a dispatch assistant. Use the tools, then answer briefly."),
+}
+ALL_DOMAINS = {**DOMAINS, **OPT_IN_DOMAINS}
 
 
 # ---------------------------------------------------------------------------------------
@@ -466,6 +512,43 @@ FAMILIES: dict[str, Family] = {f.family_id: f for f in [
                    f"Room {_first_free(p)}."),
         _free_on_floor_checks),
 ]}
+
+
+def _sample_ship(rng):
+    # the hub is filled in by the task source from its hidden rule (or at random for warm-up tasks)
+    return {"initial": {c: "" for c in CUSTOMERS}, "customer": rng.choice(CUSTOMERS),
+            "order": rng.randrange(100, 1000)}
+
+
+OPT_IN_FAMILIES: dict[str, Family] = {f.family_id: f for f in [
+    Family(
+        "dispatch.ship", "dispatch", _sample_ship,
+        lambda p: f"Ship order {p['order']} for {p['customer']}.",
+        lambda p: ([_call("ship_order", customer=p["customer"], hub=p["hub"])], f'Shipped via "{p["hub"]}".'),
+        lambda p: [(f"{p['customer']}'s order went via {p['hub']}", lambda st, ans: st.get(p["customer"]) == p["hub"]),
+                   _unchanged(p["initial"], (p["customer"],))]),
+]}
+ALL_FAMILIES = {**FAMILIES, **OPT_IN_FAMILIES}
+
+
+@dataclasses.dataclass(frozen=True)
+class HiddenRule:
+    """A family parameter the instruction does not state: ``target = rule[key]`` for a map
+    drawn once per task source (seeded), balanced over ``values``."""
+
+    key: str
+    keys: tuple[str, ...]
+    target: str
+    values: tuple[str, ...]
+
+    def draw(self, rng: random.Random) -> dict[str, str]:
+        """A balanced map: each value serves len(keys) / len(values) keys (rounded)."""
+        vals = [self.values[i % len(self.values)] for i in range(len(self.keys))]
+        rng.shuffle(vals)
+        return dict(zip(self.keys, vals))
+
+
+HIDDEN_RULES: dict[str, HiddenRule] = {"dispatch.ship": HiddenRule("customer", CUSTOMERS, "hub", HUBS)}
 
 
 # Tasks whose correct outcome leaves the state as it was (the condition does not hold) are

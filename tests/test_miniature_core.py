@@ -1,0 +1,38 @@
+"""benchmarks/miniature_core.py: a forked run's saved config passes the resume check of
+``python -m lopd_jax.train`` for every arm (the frozen-composer arm once failed it)."""
+
+import importlib.util
+import json
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("miniature_core", os.path.join(ROOT, "benchmarks", "miniature_core.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("arm", ["lopd", "lopd_frozen_composer", "grpo", "m0"])
+def test_fork_saves_a_config_the_training_cli_resumes(tmp_path, arm):
+    from lopd_jax.run_config import check_resume, load_run_config, save_run_config
+    from lopd_jax.train import resolve_config
+
+    core = _module()
+    prefix = str(tmp_path / "prefix")
+    save_run_config(resolve_config(["--config=tiny", f"--workdir={prefix}", "stages.lopd_steps=0"]), prefix)
+    with open(os.path.join(prefix, "stages.json"), "w") as f:
+        json.dump({"warmup": {"done": True}, "cold_start": {"done": True}, "lopd": {"done": True}}, f)
+    with open(os.path.join(prefix, "metrics.jsonl"), "w") as f:
+        f.write(json.dumps({"stage": "warmup", "step": 1}) + "\n" + json.dumps({"stage": "lopd", "step": 1}) + "\n")
+    run_dir = str(tmp_path / "runs" / f"{arm}_s1")
+    overrides = [*core.arm_overrides(arm), "seed=1"]
+    core.fork(prefix, run_dir, "tiny", overrides)
+    assert set(json.load(open(os.path.join(run_dir, "stages.json")))) == {"warmup", "cold_start"}
+    assert [json.loads(line)["stage"] for line in open(os.path.join(run_dir, "metrics.jsonl"))] == ["warmup"]
+    # what `python -m lopd_jax.train --config=tiny --workdir=run_dir ARM seed=1` checks on resume
+    check_resume(load_run_config(run_dir), resolve_config(["--config=tiny", f"--workdir={run_dir}", *overrides]))
