@@ -7,7 +7,9 @@ kernel, micro-batching, mesh and sharding rules, dtypes, remat and lengths all c
 ``configs/NAME.py`` through :func:`train.step_spec.step_spec` (the function the trainer
 builds its system from); batch = ``env.tasks_per_step * env.group_size``, sequence =
 ``rollout.max_total_tokens`` (rounded up to 128), experiences =
-``composer.n_ret x composer.max_experience_tokens``. Change any of them with the trainer's
+``composer.n_ret x composer.max_experience_tokens`` (uncut inputs, ``None``, are sized at
+``train.step_spec.UNCUT_EXP_LEN`` = 2048 tokens: the trainer pads them to a per-batch
+power-of-two bucket). Change any of them with the trainer's
 dotted overrides (``env.tasks_per_step=16 rollout.max_total_tokens=8192
 steps.micro_batch=0 mesh.fsdp=8 model.attention_impl=blockwise``); ``--rule=LOGICAL=AXIS``
 remaps one logical sharding axis on top of the config's rules.
@@ -219,6 +221,7 @@ def run(args) -> dict:
     from models.partitioning import DEFAULT_RULES
     head = {"config": args.config, "model": cfg.model.name or cfg.model.hf_path, "topology": args.topology,
             "chips": len(devices), "batch": spec.batch, "seq": spec.seq, "exp_len": spec.exp_len,
+            "exp_uncut": cfg.composer.max_experience_tokens is None,
             "mesh": dict(zip(("data", "fsdp", "tensor"), spec.mesh.shape(len(devices)))),
             "rules": [list(r) for r in spec.mesh.rules if r not in DEFAULT_RULES], "remat": mcfg.remat_policy, "attention": mcfg.attention_impl,
             "dtype": mcfg.dtype, "param_dtype": mcfg.param_dtype, "logits_chunk": spec.steps.logits_chunk,
@@ -327,7 +330,7 @@ def main(argv=None) -> int:
     mesh = report["mesh"]
     print(f"LOPD step  config={report['config']} ({report['model']})  topology={report['topology']} "
           f"({report['chips']} chips)  batch={report['batch']} x {report['seq']} tokens, "
-          f"experiences {report['exp_len']}  mesh data={mesh['data']} fsdp={mesh['fsdp']} tensor={mesh['tensor']}"
+          f"experiences {report['exp_len']}{' (uncut: assumed)' if report['exp_uncut'] else ''}  mesh data={mesh['data']} fsdp={mesh['fsdp']} tensor={mesh['tensor']}"
           + (f"  rules changed: {report['rules']}" if report["rules"] else ""))
     print(f"  attention={report['attention']}  micro_batch={report['micro_batch']}  remat={report['remat']}  "
           f"dtype={report['dtype']} (params {report['param_dtype']})  logits_chunk={report['logits_chunk']}  "

@@ -26,6 +26,10 @@ from train.mesh import MeshConfig
 from train.system import StepConfig
 
 SEQ_MULTIPLE = 128
+# With ``composer.max_experience_tokens=None`` (uncut, as the release) the trainer pads
+# encoder inputs to the power-of-two bucket of each batch's longest and recompiles per
+# bucket; an ahead-of-time compile needs one length, so it assumes this bucket.
+UNCUT_EXP_LEN = 2048
 
 
 def padded_seq_len(max_total_tokens: int) -> int:
@@ -57,7 +61,7 @@ def step_spec(cfg) -> StepSpec:
     return StepSpec(model=cfg.model_config(), composer=cfg.composer, steps=cfg.steps, mesh=cfg.mesh,
                     batch=cfg.env.tasks_per_step * cfg.env.group_size,
                     seq=padded_seq_len(cfg.rollout.max_total_tokens),
-                    exp_len=cfg.composer.max_experience_tokens)
+                    exp_len=cfg.composer.max_experience_tokens or UNCUT_EXP_LEN)
 
 
 def splice_layout(cfg, family: str, tokenizer) -> tuple[Any, Any, SpliceLayout]:
@@ -88,4 +92,4 @@ def abstract_lopd_batch(spec: StepSpec) -> dict:
     }
 
 
-__all__ = ["SEQ_MULTIPLE", "padded_seq_len", "StepSpec", "step_spec", "splice_layout", "abstract_lopd_batch"]
+__all__ = ["SEQ_MULTIPLE", "UNCUT_EXP_LEN", "padded_seq_len", "StepSpec", "step_spec", "splice_layout", "abstract_lopd_batch"]
