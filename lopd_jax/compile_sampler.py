@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import time
 
@@ -146,8 +147,14 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     """Entry point: print the report; exit 1 when the turn does not fit."""
-    from lopd_jax.compile_check import memory_line, verdict
+    from lopd_jax.startup import configure_platform
+
     args = parse_args(argv)
+    if not args.topology.startswith("cpu:"):
+        os.environ.setdefault("JAX_PLATFORMS", "")  # the TPU plugin compiles for the topology
+    configure_platform()
+    from lopd_jax.compile_check import memory_line, verdict
+
     r = run(args)
     m, d = r["per_chip_gib"], r["decode_step"]
     print(f"sampler  model={r['model']}  topology={r['topology']} ({r['chips']} chips)  batch={r['batch']}  "

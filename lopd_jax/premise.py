@@ -163,7 +163,10 @@ def _cold_start_done(workdir: str) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: prepare the run if needed, measure, print, write ``premise.json``."""
+    from lopd_jax.startup import configure_platform
+
     args = build_parser().parse_args(argv)
+    configure_platform()  # before JAX is imported: no libtpu detection noise on CPU hosts
     try:
         if not _cold_start_done(args.workdir):
             if args.config is None:

@@ -281,9 +281,14 @@ def run_one(config: str, spec: RunSpec, root: str, base_composer: bool) -> dict[
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point (exit codes in the module docstring)."""
+    from lopd_jax.startup import configure_platform
+
+    configure_platform()  # before JAX is imported: no libtpu detection noise on CPU hosts
     from lopd_jax.config import ConfigError
+    from lopd_jax.paths import resolve_path
+
     args = build_parser().parse_args(argv)
-    args.workdir = os.path.abspath(args.workdir)  # checkpoints need absolute paths; runs start elsewhere
+    args.workdir = resolve_path(args.workdir)  # checkpoints need absolute paths; runs start elsewhere
     try:
         specs = plan(args)
     except ConfigError as e:

@@ -324,4 +324,7 @@ if __name__ == "__main__":
     if len(sys.argv) != 3 or sys.argv[1] != "base-composer":
         print("usage: python -m lopd_jax.sweep_report base-composer RUN_DIR", file=sys.stderr)
         sys.exit(2)
+    from lopd_jax.startup import configure_platform
+
+    configure_platform()  # before JAX is imported: no libtpu detection noise on CPU hosts
     print(json.dumps(base_composer_eval(sys.argv[2]), indent=2))

@@ -75,3 +75,21 @@ def test_train_config_paths_made_absolute(tmp_path, monkeypatch):
     cfg = resolve_config(["--config=tiny", "--workdir=gs://bucket/runs/a"])
     assert cfg.workdir == "gs://bucket/runs/a" and cfg.checkpoint_dir == "gs://bucket/runs/a/checkpoints"
     assert os.path.isabs(resolve_config(["--config=tiny"]).workdir)
+
+
+def test_every_command_line_program_configures_the_platform_first():
+    """Each ``python -m lopd_jax.X`` program picks the JAX platform before JAX loads, so no
+    CPU run prints libtpu's TPU-detection errors (a program added later must do the same)."""
+    import pathlib
+    import re
+
+    pkg = pathlib.Path(__file__).resolve().parent.parent / "lopd_jax"
+    programs = [p for p in sorted(pkg.glob("*.py")) if '__name__ == "__main__"' in p.read_text()]
+    assert len(programs) >= 8, programs
+    for path in programs:
+        src = path.read_text()
+        main = src.split('__name__ == "__main__"')[1] if "def main" not in src else src.split("def main", 1)[1]
+        assert "configure_platform()" in main, f"{path.name}: its entry point never calls configure_platform()"
+        first_jax = re.search(r"^\s*(import jax|from jax)\b", main, re.M)
+        if first_jax:
+            assert main.index("configure_platform()") < first_jax.start(), f"{path.name}: JAX imported first"
