@@ -127,9 +127,9 @@ def load_policy(model_arg: str, *, seed: int = 0, dtype: str = "float32"):
 
     model = from_pretrained(model_arg, dtype=dtype)
     try:
-        import transformers
+        from lopd_jax.tokenizers import hf_tokenizer
 
-        tok = transformers.AutoTokenizer.from_pretrained(model_arg)
+        tok = hf_tokenizer(model_arg)  # local or gs://
     except (OSError, ValueError) as e:
         if model.cfg.family != "qwen3":
             raise ValueError(f"no tokenizer files in {model_arg!r} ({e}); save the checkpoint's tokenizer "
