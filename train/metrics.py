@@ -6,7 +6,9 @@ numeric values as TensorBoard scalars ``<stage>/<name>`` under ``<workdir>/tb``
 (tensorboardX), and optionally a short console line. The workdir may be a ``gs://``
 URL: the JSONL file is then an :class:`lopd_jax.files.AppendFile` (the object is
 rewritten at :meth:`MetricsWriter.flush` -- every checkpoint save -- and every 30 s),
-and tensorboardX uploads its event file itself. Only process 0 writes on
+and the TensorBoard event files are written to a local scratch directory and copied to
+``<workdir>/tb`` at the same points. (tensorboardX's own gs:// writer is not used: its
+objects upload again when garbage-collected, even after close.) Only process 0 writes on
 multi-host. :class:`Progress` is a tqdm bar with rate and ETA for a stage of known
 length. :func:`plot_run` draws the paper's Figure 4 layout from a metrics file: mean
 reward, the privilege margin Delta and the dual variable beta against the cumulative
@@ -23,7 +25,9 @@ import json
 import math
 import numbers
 import os
+import shutil
 import sys
+import tempfile
 import time
 from typing import Any, Iterable, Mapping
 
@@ -78,12 +82,17 @@ class MetricsWriter:
         self._start = time.time()
         self._file = None
         self._tb = None
+        self._tb_scratch = None  # gs:// workdirs: the local directory of the event files
         if self.enabled:
             files.makedirs(self.workdir)
             self._file = files.AppendFile(self.path)  # local: line-buffered, a crash loses no record
             if tensorboard:
-                from tensorboardX import SummaryWriter  # writes gs:// itself (google-cloud-storage)
-                self._tb = SummaryWriter(logdir=files.join(self.workdir, "tb"))
+                from tensorboardX import SummaryWriter
+                logdir = files.join(self.workdir, "tb")
+                if is_url(logdir):
+                    self._tb_scratch = tempfile.mkdtemp(prefix="lopd_tb-")
+                    logdir = self._tb_scratch
+                self._tb = SummaryWriter(logdir=logdir)
 
     def write(self, step: int, stage: str, metrics: Mapping[str, Any]) -> dict[str, Any] | None:
         """Record ``metrics`` for ``step`` of ``stage``; returns the record (None if disabled)."""
@@ -111,6 +120,7 @@ class MetricsWriter:
             self._file.flush()
         if self._tb is not None:
             self._tb.flush()
+            self._upload_tb()
 
     def close(self) -> None:
         """Flush and close the files."""
@@ -120,6 +130,18 @@ class MetricsWriter:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+            self._upload_tb()
+        if self._tb_scratch is not None:
+            shutil.rmtree(self._tb_scratch, ignore_errors=True)
+            self._tb_scratch = None
+
+    def _upload_tb(self) -> None:
+        """gs:// workdirs: copy the local event files to ``<workdir>/tb`` (whole files)."""
+        if self._tb_scratch is None:
+            return
+        for name in sorted(os.listdir(self._tb_scratch)):
+            with open(os.path.join(self._tb_scratch, name), "rb") as f:
+                files.write_bytes(files.join(self.workdir, "tb", name), f.read())
 
     def __enter__(self) -> "MetricsWriter":
         return self
