@@ -33,7 +33,6 @@ saved and :func:`run` returns :data:`PREEMPTED` (exit status 0).
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from typing import Any, Callable
