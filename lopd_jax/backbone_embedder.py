@@ -81,11 +81,10 @@ class BackboneEmbedder(Embedder):
     @classmethod
     def from_pretrained(cls, path: str, **kwargs: Any) -> "BackboneEmbedder":
         """Load a Qwen3-Embedding (or any Qwen3 / Olmo-3) checkpoint and its tokenizer."""
-        import transformers
-
+        from lopd_jax.tokenizers import hf_tokenizer
         from models import from_pretrained
         model = from_pretrained(path, dtype=kwargs.pop("dtype", "float32"))
-        tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+        tokenizer = hf_tokenizer(path)  # local or gs://
         return cls(model, tokenizer, name=kwargs.pop("name", f"backbone:{path}"), **kwargs)
 
     def spec(self) -> dict[str, Any]:

@@ -72,7 +72,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if (args.model is None) == (args.composer_from is None):
         parser.error("pass exactly one of --model (a policy) or --composer_from (a run's base + composer)")
     if args.composer_from is not None:
-        if not os.path.isfile(os.path.join(args.composer_from, "config.json")):
+        from lopd_jax import files
+        if not files.exists(files.join(args.composer_from, "config.json")):  # local or gs://
             parser.error(f"--composer_from={args.composer_from!r} is not a training run directory (no config.json)")
         if args.env is not None:
             parser.error("--env does not apply with --composer_from (the run's own task source is used)")
@@ -102,7 +103,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for ok, message in checks:
         if not ok:
             parser.error(message)
-    if args.out is not None:
+    if args.out is not None and "://" not in args.out:
         parent = os.path.dirname(os.path.abspath(args.out))
         if not os.path.isdir(parent):
             parser.error(f"--out={args.out!r}: directory {parent!r} does not exist")
@@ -127,9 +128,9 @@ def load_policy(model_arg: str, *, seed: int = 0, dtype: str = "float32"):
 
     model = from_pretrained(model_arg, dtype=dtype)
     try:
-        import transformers
+        from lopd_jax.tokenizers import hf_tokenizer
 
-        tok = transformers.AutoTokenizer.from_pretrained(model_arg)
+        tok = hf_tokenizer(model_arg)  # local or gs://
     except (OSError, ValueError) as e:
         if model.cfg.family != "qwen3":
             raise ValueError(f"no tokenizer files in {model_arg!r} ({e}); save the checkpoint's tokenizer "
@@ -228,8 +229,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print(json.dumps(result["metrics"], indent=2))
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
+        from lopd_jax import files
+        files.write_text(args.out, json.dumps(result, indent=2))  # local or gs://
     return 0
 
 

@@ -190,8 +190,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(format_table(rows, no_tool), flush=True)
-    with open(os.path.join(args.workdir, RESULT_FILE), "w") as f:
-        json.dump({"split": args.split, "tasks": len(tasks), "no_tool_baseline": no_tool, "rows": rows}, f, indent=1)
+    from lopd_jax import files
+    files.write_text(files.join(args.workdir, RESULT_FILE),  # local or gs://
+                     json.dumps({"split": args.split, "tasks": len(tasks), "no_tool_baseline": no_tool, "rows": rows},
+                                indent=1))
     return 0
 
 

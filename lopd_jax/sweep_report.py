@@ -21,25 +21,25 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from lopd_jax import files
+
 TABLE3 = (("tool_calls_per_step", "calls/step"), ("mean_env_steps", "env steps"),
           ("repeated_calls", "repeated calls"), ("first_response_tokens", "1st-response tokens"),
           ("reward_per_call", "reward/call"), ("mean_errors", "errors"))
 
 
 def _read_json(path: str, default: Any = None) -> Any:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except FileNotFoundError:
+    """A JSON file (local or gs://), or ``default`` when it is absent."""
+    if not files.exists(path):
         return default
+    return json.loads(files.read_text(path))
 
 
 def _metrics(workdir: str) -> list[dict]:
-    path = os.path.join(workdir, "metrics.jsonl")
-    if not os.path.exists(path):
+    path = files.join(workdir, "metrics.jsonl")
+    if not files.exists(path):
         return []
-    with open(path) as f:
-        return [json.loads(x) for x in f if x.strip()]
+    return [json.loads(x) for x in files.read_text(path).splitlines() if x.strip()]
 
 
 def _numeric(d: dict) -> dict:
@@ -50,7 +50,7 @@ def collect(spec, root: str) -> dict[str, Any]:
     """One run's record: identity, rollouts, held-out before / after (and Base + Composer),
     stage times, the training curve and the held-out evaluations against rollouts."""
     wd = spec.workdir(root)
-    ledger = _read_json(os.path.join(wd, "stages.json"), {})
+    ledger = _read_json(files.join(wd, "stages.json"), {})
     rows = _metrics(wd)
     by_step = {}
     for r in rows:
@@ -66,7 +66,7 @@ def collect(spec, root: str) -> dict[str, Any]:
     # rollouts per minute without the first step (whose rollout may include the sampler's compile)
     timed = train[1:] if len(train) > 1 else train
     rsec, rcount = (sum(float(r.get(k, 0)) for r in timed) for k in ("rollout_seconds", "rollouts"))
-    bc = _read_json(os.path.join(wd, "base_composer.json"))
+    bc = _read_json(files.join(wd, "base_composer.json"))
     return {
         "arm": spec.arm, "seed": spec.seed, "name": spec.name, "grid": dict(spec.grid),
         "overrides": list(spec.overrides), "workdir": wd, "finished": bool(ledger.get("export", {}).get("done")),
@@ -315,8 +315,7 @@ def base_composer_eval(workdir: str) -> dict[str, Any]:
     stats = _numeric(behaviour_stats(trajs))
     stats["reward_mean"] = float(np.mean([t.reward for t in trajs]))
     stats.update(composer_stage=run.stage, composer_step=run.step)
-    with open(os.path.join(workdir, "base_composer.json"), "w") as f:
-        json.dump(stats, f, indent=2)
+    files.write_text(files.join(workdir, "base_composer.json"), json.dumps(stats, indent=2))  # local or gs://
     return stats
 
 

@@ -256,6 +256,28 @@ def qwen3_tokenizer(cache_dir: str | os.PathLike | None = None) -> PreTrainedTok
     return tokenizer
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".msgpack", ".h5", ".gguf")
+
+
+def hf_tokenizer(path: str | os.PathLike):
+    """``transformers.AutoTokenizer`` of a Hugging Face checkpoint directory, local or a URL
+    (``gs://``): a URL's non-weight files (tokenizer, chat template and config files) are
+    first copied into a temporary directory, since ``transformers`` reads local files only."""
+    import transformers
+
+    from lopd_jax.files import download_dir
+    from lopd_jax.paths import is_url
+
+    path = os.fspath(path)
+    if not is_url(path):
+        return transformers.AutoTokenizer.from_pretrained(path)
+    with tempfile.TemporaryDirectory(prefix="lopd_hf_tokenizer-") as tmp:
+        got = download_dir(path, tmp, exclude_suffixes=WEIGHT_SUFFIXES)
+        if not got:
+            raise FileNotFoundError(f"{path} holds no tokenizer files (or does not exist).")
+        return transformers.AutoTokenizer.from_pretrained(tmp)
+
+
 def validate_tokenizer(tokenizer: Any, chat_format: Any) -> None:
     """Raise ``ValueError`` unless ``tokenizer`` has every token ``chat_format`` needs.
 

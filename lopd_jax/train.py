@@ -20,7 +20,6 @@ consecutive steps had non-finite gradients).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Sequence
 
@@ -40,7 +39,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _exists(path: str) -> bool:
-    return path.startswith("gs://") or os.path.exists(path)
+    """Whether a local path or a ``gs://`` prefix exists (a file or any object under it)."""
+    from lopd_jax import files
+    return files.exists(path)
+
+
+def _join(base: str, name: str) -> str:
+    from lopd_jax.files import join
+    return join(base, name)
 
 
 def resolve_paths(cfg):
@@ -72,7 +78,7 @@ def resolve_config(argv: Sequence[str] | None = None):
     if m.hf_path and not _exists(m.hf_path):
         raise ConfigError(f"model.hf_path={m.hf_path!r}: no such checkpoint directory; point it at a Hugging Face "
                           "checkpoint (local dir or gs://) or set model.hf_path=none for a random-init model.name.")
-    if m.hf_path and not m.hf_path.startswith("gs://") and not os.path.exists(os.path.join(m.hf_path, "config.json")):
+    if m.hf_path and not _exists(_join(m.hf_path, "config.json")):
         raise ConfigError(f"model.hf_path={m.hf_path!r} has no config.json; is it a Hugging Face checkpoint?")
     if b.embedder_path and not _exists(b.embedder_path):
         raise ConfigError(f"bank.embedder_path={b.embedder_path!r}: no such embedder checkpoint.")
@@ -133,8 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if result == loop.PREEMPTED:
         print("preempted: state saved; rerun the same command to resume.", file=sys.stderr)
     else:
-        print(f"plot: {os.path.join(cfg.workdir, loop.PLOT_FILE)}\n"
-              f"export (Hugging Face checkpoint of the student): {os.path.join(cfg.workdir, loop.EXPORT_DIR)}",
+        print(f"plot: {_join(cfg.workdir, loop.PLOT_FILE)}\n"
+              f"export (Hugging Face checkpoint of the student): {_join(cfg.workdir, loop.EXPORT_DIR)}",
               flush=True)
     return 0
 

@@ -33,7 +33,6 @@ saved and :func:`run` returns :data:`PREEMPTED` (exit status 0).
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from typing import Any, Callable
@@ -42,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lopd_jax import files
 from train.ledger import StageLedger
 from train.run_context import RunContext
 
@@ -154,7 +154,8 @@ def run_steps(ctx: RunContext, stage: str, state, num_steps: int, step_fn: Calla
                 writer.write(s + 1, stage, metrics)
             bar.update(1)
             done = s + 1
-            ckpt.save(done, state, meta(done), force=done == num_steps)
+            if ckpt.save(done, state, meta(done), force=done == num_steps) and writer is not None:
+                writer.flush()  # a gs:// metrics object then holds every checkpointed step's record
             if done < num_steps and preemption_agreed():
                 ckpt.save(done, state, meta(done), force=True)
                 preempted = True
@@ -270,6 +271,7 @@ def run(cfg, resumed: bool = False) -> str | dict:
             t0 = time.perf_counter()
             ev = evaluate_policy(ctx, theta_params)
             writer.write(0, "eval_before", ev)
+            writer.flush()  # before the ledger says done: a gs:// metrics object then has it
             ledger.mark("eval_before", seconds=time.perf_counter() - t0, **ev)
         before = ledger.result("eval_before")["reward_mean"]
         if jax.process_index() == 0:
@@ -310,17 +312,18 @@ def run(cfg, resumed: bool = False) -> str | dict:
             t0 = time.perf_counter()
             ev = evaluate_policy(ctx, student)
             writer.write(cfg.stages.lopd_steps, "eval_after", ev)
+            writer.flush()  # before the ledger says done: a gs:// metrics object then has it
             ledger.mark("eval_after", seconds=time.perf_counter() - t0, **ev)
         after = ledger.result("eval_after")["reward_mean"]
 
         # 7. export + 8. plot
         if not ledger.done("export"):
             t0 = time.perf_counter()
-            export_student(ctx, state["student"], frozen, os.path.join(workdir, EXPORT_DIR))
-            ledger.mark("export", seconds=time.perf_counter() - t0, path=os.path.join(workdir, EXPORT_DIR))
+            export_student(ctx, state["student"], frozen, files.join(workdir, EXPORT_DIR))
+            ledger.mark("export", seconds=time.perf_counter() - t0, path=files.join(workdir, EXPORT_DIR))
         writer.flush()
         if jax.process_index() == 0 and cfg.stages.lopd_steps > 0:  # nothing to plot without training steps
-            plot_run(os.path.join(workdir, "metrics.jsonl"), os.path.join(workdir, PLOT_FILE),
+            plot_run(files.join(workdir, "metrics.jsonl"), files.join(workdir, PLOT_FILE),
                      margin=cfg.steps.margin)
         if jax.process_index() == 0:
             print(f"held-out reward after: {after:.4f} (before {before:.4f})"

@@ -3,7 +3,12 @@
 :class:`MetricsWriter` writes one JSON line per record to ``<workdir>/metrics.jsonl``
 (``step``, ``stage``, wall ``time``, ``elapsed`` seconds, then the metrics), the
 numeric values as TensorBoard scalars ``<stage>/<name>`` under ``<workdir>/tb``
-(tensorboardX), and optionally a short console line. Only process 0 writes on
+(tensorboardX), and optionally a short console line. The workdir may be a ``gs://``
+URL: the JSONL file is then an :class:`lopd_jax.files.AppendFile` (the object is
+rewritten at :meth:`MetricsWriter.flush` -- every checkpoint save -- and every 30 s),
+and the TensorBoard event files are written to a local scratch directory and copied to
+``<workdir>/tb`` at the same points. (tensorboardX's own gs:// writer is not used: its
+objects upload again when garbage-collected, even after close.) Only process 0 writes on
 multi-host. :class:`Progress` is a tqdm bar with rate and ETA for a stage of known
 length. :func:`plot_run` draws the paper's Figure 4 layout from a metrics file: mean
 reward, the privilege margin Delta and the dual variable beta against the cumulative
@@ -15,17 +20,23 @@ Conventional metric names the plot reads: ``reward_mean``, ``delta``, ``beta``,
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import numbers
 import os
+import shutil
 import sys
+import tempfile
 import time
 from typing import Any, Iterable, Mapping
 
 import jax
 import numpy as np
 from tqdm import tqdm
+
+from lopd_jax import files
+from lopd_jax.paths import is_url
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -66,17 +77,22 @@ class MetricsWriter:
                  enabled: bool | None = None, filename: str = METRICS_FILE):
         self.workdir = str(workdir)
         self.enabled = jax.process_index() == 0 if enabled is None else enabled
-        self.path = os.path.join(self.workdir, filename)
+        self.path = files.join(self.workdir, filename)
         self.console = console
         self._start = time.time()
         self._file = None
         self._tb = None
+        self._tb_scratch = None  # gs:// workdirs: the local directory of the event files
         if self.enabled:
-            os.makedirs(self.workdir, exist_ok=True)
-            self._file = open(self.path, "a", buffering=1)  # line-buffered: a crash loses no record
+            files.makedirs(self.workdir)
+            self._file = files.AppendFile(self.path)  # local: line-buffered, a crash loses no record
             if tensorboard:
                 from tensorboardX import SummaryWriter
-                self._tb = SummaryWriter(logdir=os.path.join(self.workdir, "tb"))
+                logdir = files.join(self.workdir, "tb")
+                if is_url(logdir):
+                    self._tb_scratch = tempfile.mkdtemp(prefix="lopd_tb-")
+                    logdir = self._tb_scratch
+                self._tb = SummaryWriter(logdir=logdir)
 
     def write(self, step: int, stage: str, metrics: Mapping[str, Any]) -> dict[str, Any] | None:
         """Record ``metrics`` for ``step`` of ``stage``; returns the record (None if disabled)."""
@@ -98,11 +114,13 @@ class MetricsWriter:
         return record
 
     def flush(self) -> None:
-        """Push buffered TensorBoard events to disk (JSONL lines are written at once)."""
+        """Push buffered records to storage (local JSONL lines are written at once; a
+        ``gs://`` JSONL object is rewritten) and TensorBoard events."""
         if self._file is not None:
             self._file.flush()
         if self._tb is not None:
             self._tb.flush()
+            self._upload_tb()
 
     def close(self) -> None:
         """Flush and close the files."""
@@ -112,6 +130,18 @@ class MetricsWriter:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+            self._upload_tb()
+        if self._tb_scratch is not None:
+            shutil.rmtree(self._tb_scratch, ignore_errors=True)
+            self._tb_scratch = None
+
+    def _upload_tb(self) -> None:
+        """gs:// workdirs: copy the local event files to ``<workdir>/tb`` (whole files)."""
+        if self._tb_scratch is None:
+            return
+        for name in sorted(os.listdir(self._tb_scratch)):
+            with open(os.path.join(self._tb_scratch, name), "rb") as f:
+                files.write_bytes(files.join(self.workdir, "tb", name), f.read())
 
     def __enter__(self) -> "MetricsWriter":
         return self
@@ -136,8 +166,7 @@ def read_metrics(path: str | os.PathLike, stage: str | None = None) -> list[dict
 
     A torn last line (a crash mid-write) is ignored; a bad line elsewhere is an error.
     """
-    with open(path) as f:
-        lines = f.read().split("\n")
+    lines = files.read_text(os.fspath(path)).split("\n")
     out = []
     for i, line in enumerate(lines):
         if not line.strip():
@@ -269,12 +298,14 @@ def plot_run(metrics_jsonl: str | os.PathLike, out_png: str | os.PathLike, *, st
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("rollouts (cumulative trajectories)" if has_rollouts else "step")
-    fig.suptitle(title or f"{os.path.basename(os.path.dirname(os.path.abspath(metrics_jsonl)))}"
-                          f"{f' - {stage}' if stage else ''}")
+    run_dir = os.fspath(metrics_jsonl).rstrip("/").rsplit("/", 1)[0] if is_url(os.fspath(metrics_jsonl)) \
+        else os.path.dirname(os.path.abspath(metrics_jsonl))
+    fig.suptitle(title or f"{run_dir.rstrip('/').rsplit('/', 1)[-1]}{f' - {stage}' if stage else ''}")
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(out_png)), exist_ok=True)
-    fig.savefig(out_png, dpi=110)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
+    files.write_bytes(os.fspath(out_png), buf.getvalue())  # local or gs://
     return str(out_png)
 
 

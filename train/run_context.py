@@ -49,8 +49,8 @@ def run_tokenizer(cfg, family: str, source_fn):
         return tiny_tokenizer(family, vocab_size=max(512, (m.vocab_size or 512) - 32),
                               corpus=domain_corpus(source_fn(), cfg.env.train_split, family))
     if kind == "hf":
-        import transformers
-        return transformers.AutoTokenizer.from_pretrained(m.hf_path)
+        from lopd_jax.tokenizers import hf_tokenizer
+        return hf_tokenizer(m.hf_path)  # local or gs://
     if kind == "qwen3":
         from lopd_jax.tokenizers import qwen3_tokenizer
         return qwen3_tokenizer()

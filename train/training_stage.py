@@ -11,7 +11,6 @@ stage (SPEC 2); the other arms' stage is :class:`train.arms.PolicyStage`.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any, Callable
 
@@ -24,9 +23,10 @@ from train.run_context import RunContext
 ROLLOUTS_FILE = "rollouts.jsonl"  # every LOPD rollout, with rollout.log_rollouts
 
 
-def log_rollouts(path: str, stage: str, step: int, trajs, first_row: int) -> None:
+def log_rollouts(out, stage: str, step: int, trajs, first_row: int) -> None:
     """Append this step's rollouts (every host's, gathered to all, written by process 0) to
-    ``path`` (``<workdir>/rollouts.jsonl``): row, producing process, task, ids, mask, reward."""
+    ``out`` (an :class:`lopd_jax.files.AppendFile` of ``<workdir>/rollouts.jsonl``, local or
+    ``gs://``; None on other processes): row, producing process, task, ids, mask, reward."""
     import json
 
     from train import distributed
@@ -34,9 +34,8 @@ def log_rollouts(path: str, stage: str, step: int, trajs, first_row: int) -> Non
              "task_id": t.task.task_id, "tokens": t.tokens.tolist(), "mask": t.mask.tolist(),
              "reward": float(t.reward)} for j, t in enumerate(trajs)]
     rows = distributed.allgather_list(mine)
-    if jax.process_index() == 0:
-        with open(path, "a") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
+    if out is not None:
+        out.write("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def training_step_record(ctx: RunContext, writer, label: str, step: int, metrics: dict, rollout_info: dict,
@@ -157,7 +156,21 @@ class LOPDStage(TrainingStage):
         super().__init__(ctx, state, frozen, system.state_shardings(state), cfg.env.tasks_per_step,
                          cfg.env.group_size, bank_path, writer)
         self.bank = bank
-        self.rollout_log = os.path.join(cfg.workdir, ROLLOUTS_FILE) if cfg.rollout.log_rollouts else None
+        self.log_rollouts = cfg.rollout.log_rollouts
+        self.rollout_log = None  # the open AppendFile during run() (process 0)
+
+    def run(self):
+        """The LOPD steps, with ``<workdir>/rollouts.jsonl`` open when ``rollout.log_rollouts``
+        (a ``gs://`` object is rewritten every 30 s and when the stage ends)."""
+        if self.log_rollouts and jax.process_index() == 0:
+            from lopd_jax.files import AppendFile, join
+            self.rollout_log = AppendFile(join(self.ctx.cfg.workdir, ROLLOUTS_FILE))
+        try:
+            return super().run()
+        finally:
+            if self.rollout_log is not None:
+                self.rollout_log.close()
+                self.rollout_log = None
 
     def rollout(self, s: int) -> tuple[list, dict]:
         """This process's rows of step ``s``'s rollouts and every host's statistics."""
@@ -176,7 +189,7 @@ class LOPDStage(TrainingStage):
                 "reward_mean": float(np.mean([r for r, _ in stats])),
                 "success_rate": float(np.mean([r >= 1.0 for r, _ in stats])),
                 "mean_length": float(np.mean([n for _, n in stats]))}
-        if self.rollout_log:
+        if self.log_rollouts:
             log_rollouts(self.rollout_log, "lopd", s + 1, trajs, first_row)
         return trajs, info
 
