@@ -155,9 +155,9 @@ def load_policy(model_arg: str, *, seed: int = 0, dtype: str = "float32", rules=
 def sharded_params(model, rules) -> dict:
     """The sampler's parameter dict of ``model`` placed on ``rules``' mesh by each
     parameter's logical axes (the layout a training run gives theta0)."""
-    from models.lora import LoRAParam
     from flax import nnx
 
+    from models.lora import LoRAParam
     from train import mesh as mesh_lib
 
     _, states, axes = mesh_lib.split_state(model, nnx.Param, LoRAParam)
