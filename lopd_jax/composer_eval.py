@@ -39,6 +39,7 @@ class ComposerRun:
     stage: str
     step: int
     latents_fn: object = dataclasses.field(default=None, repr=False)
+    host_embed: object = dataclasses.field(default=None, repr=False)  # theta0's embedding table, numpy
 
     def base_params(self) -> dict:
         """The sampler's parameters of the base policy theta0 (LoRA slots with B = 0 are
@@ -106,7 +107,42 @@ def task_latents(run: ComposerRun, tasks: Sequence) -> jax.Array:
     exp_tokens, exp_mask = experience_arrays(ctx, instructions, hits, n)
     if run.latents_fn is None:
         run.latents_fn = jax.jit(ctx.system.latents)
-    return run.latents_fn(run.frozen, run.composer, jnp.asarray(exp_tokens), jnp.asarray(exp_mask))
+    if jax.process_count() > 1:  # the same inputs on every process, as one global replicated value
+        exp_tokens, exp_mask = (distributed_replicated(ctx, x) for x in (exp_tokens, exp_mask))
+    else:
+        exp_tokens, exp_mask = jnp.asarray(exp_tokens), jnp.asarray(exp_mask)
+    return run.latents_fn(run.frozen, run.composer, exp_tokens, exp_mask)
+
+
+def distributed_replicated(ctx, x):
+    """``x`` (numpy, equal on every process) as a global array replicated over ``ctx``'s mesh."""
+    import numpy as np
+
+    from train import mesh as mesh_lib
+    return jax.device_put(np.asarray(x), mesh_lib.replicated(ctx.rules))
+
+
+def rows_latent_context(run: ComposerRun, tasks: Sequence, lo: int, hi: int):
+    """The :class:`train.rollout.LatentContext` of ``tasks[lo:hi]``, the rows of one batch
+    ``tasks`` (the same list on every process) that this process rolls out.
+
+    On one process: :func:`latent_context` of those tasks. On several, every process
+    encodes the whole batch (one global program), takes its rows of the latents as host
+    numpy, and embeds its prompts with a host copy of theta0's embedding table, so the
+    rollout's per-process inputs are this process's rows only.
+    """
+    if jax.process_count() == 1:
+        return latent_context(run, list(tasks)[lo:hi])
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    from train.rollout import LatentContext
+
+    latents = np.asarray(multihost_utils.process_allgather(task_latents(run, tasks), tiled=True))[lo:hi]
+    if run.host_embed is None:
+        run.host_embed = np.asarray(multihost_utils.process_allgather(run.frozen["embed"], tiled=True))
+    table, dtype = run.host_embed, run.ctx.model_cfg.jnp_dtype
+    return LatentContext(eval_layout(run.ctx), latents, lambda ids: jnp.take(table, ids, axis=0).astype(dtype))
 
 
 def latent_context(run: ComposerRun, tasks: Sequence, latents=None):

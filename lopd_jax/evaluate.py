@@ -16,6 +16,13 @@ source, tokenizer and chat format (:mod:`lopd_jax.composer_eval`);
 :func:`lopd_jax.eval_stats.behaviour_stats`. The metrics are printed as JSON and, with
 ``--out``, written with per-task results. Bad arguments exit with status 2.
 
+On a pod, run the same command on every host (with ``--coordinator_address=HOST:PORT
+--num_processes=N --process_id=I`` off Cloud TPU VMs, or ``JAX_COORDINATOR_ADDRESS``,
+``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``; see ``docs/pods.md``): the policy is sharded
+over every device of every host, each batch of tasks is split across the hosts (each
+process runs the environments of the rows it owns, :func:`rollout_batch`), the
+trajectories are gathered and process 0 prints and writes the results.
+
 Argument parsing lives in :func:`build_parser` / :func:`parse_args` so training-config and
 checkpoint options (``--config``, ``--checkpoint``) can be added there later.
 """
@@ -62,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--success_threshold", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
+    from train.launch import add_launch_flags
+    add_launch_flags(p)
     return p
 
 
@@ -110,8 +119,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def load_policy(model_arg: str, *, seed: int = 0, dtype: str = "float32"):
-    """``(model, tokenizer, family)`` for ``--model``."""
+def load_policy(model_arg: str, *, seed: int = 0, dtype: str = "float32", rules=None):
+    """``(model, tokenizer, family)`` for ``--model``; ``rules`` (a :class:`models.partitioning.Rules`
+    bound to a mesh): build the model for that mesh (see :func:`sharded_params`)."""
     from flax import nnx
 
     from models.config import named_config
@@ -123,10 +133,10 @@ def load_policy(model_arg: str, *, seed: int = 0, dtype: str = "float32"):
         tok = tiny_tokenizer("qwen3")
         cfg = named_config("tiny_qwen3", dtype=dtype, param_dtype=dtype)
         cfg = cfg.replace(vocab_size=max(cfg.vocab_size, -(-len(tok) // 64) * 64))
-        return Decoder(cfg, rngs=nnx.Rngs(seed)), tok, "qwen3"
+        return Decoder(cfg, rngs=nnx.Rngs(seed), rules=rules), tok, "qwen3"
     from models import from_pretrained
 
-    model = from_pretrained(model_arg, dtype=dtype)
+    model = from_pretrained(model_arg, dtype=dtype, **({} if rules is None else {"mesh": rules.mesh, "rules": rules}))
     try:
         from lopd_jax.tokenizers import hf_tokenizer
 
@@ -143,6 +153,47 @@ def load_policy(model_arg: str, *, seed: int = 0, dtype: str = "float32"):
     return model, tok, model.cfg.family
 
 
+def sharded_params(model, rules) -> dict:
+    """The sampler's parameter dict of ``model`` placed on ``rules``' mesh by each
+    parameter's logical axes (the layout a training run gives theta0)."""
+    from flax import nnx
+
+    from models.lora import LoRAParam
+    from train import mesh as mesh_lib
+
+    _, states, axes = mesh_lib.split_state(model, nnx.Param, LoRAParam)
+    params: dict = {}
+    for state, ax in zip(states, axes):
+        params.update(mesh_lib.put(state, mesh_lib.tree_shardings(state, ax, rules)))
+    return params
+
+
+def rollout_batch(sampler, params, fmt, make_env, tasks, rng, config, sampling, latents_for=None) -> list:
+    """Trajectories of every task of ``tasks`` (one batch, the same list on every process),
+    in order, on every process.
+
+    One process rolls out the whole batch. On several (a :attr:`train.sampler.Sampler.multihost`
+    sampler) each process rolls out the rows it owns of the batch bucket and the
+    trajectories are gathered (:func:`train.distributed.allgather_list`).
+    ``latents_for(tasks, lo, hi)`` gives the :class:`train.rollout.LatentContext` of
+    ``tasks[lo:hi]`` (Base + Composer).
+    """
+    from train import distributed
+    from train.rollout import rollout
+
+    tasks = list(tasks)
+    if not sampler.multihost:
+        latents = None if latents_for is None else latents_for(tasks, 0, len(tasks))
+        return rollout(sampler, params, fmt, make_env, tasks, rng, config, sampling=sampling, latents=latents)
+    rows = sampler.batch_bucket(len(tasks))
+    lo, hi = sampler.local_rows(rows)
+    lo, hi = min(lo, len(tasks)), min(hi, len(tasks))
+    latents = None if latents_for is None else latents_for(tasks, lo, hi)
+    mine = rollout(sampler, params, fmt, make_env, tasks[lo:hi], rng, config, sampling=sampling, latents=latents,
+                   global_rows=rows)
+    return distributed.allgather_list(mine)
+
+
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     """Roll out the tasks of ``args`` and return ``{"metrics", "trajectories", "config"}``."""
     import jax
@@ -150,7 +201,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from lopd_jax.chat import make_chat_format
     from lopd_jax.envs.registry import get_task_source
     from lopd_jax.eval_stats import behaviour_stats
-    from train.rollout import RolloutConfig, rollout
+    from train.rollout import RolloutConfig
     from train.sampler import Sampler, SamplingParams
 
     run = None
@@ -165,12 +216,17 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
             source = get_task_source(args.env, **args.env_kwargs)
         except TypeError as e:
             raise ValueError(f"--env_kwargs do not fit the {args.env!r} task source: {e}") from e
-        model, tok, family = load_policy(args.model, seed=args.seed, dtype=args.dtype)
+        rules = None
+        if jax.process_count() > 1:  # the policy sharded over every host's devices
+            from train import mesh as mesh_lib
+            rules = mesh_lib.rules_for(mesh_lib.make_mesh())
+        model, tok, family = load_policy(args.model, seed=args.seed, dtype=args.dtype, rules=rules)
         # a checkpoint renders prompts with its own chat template (apply_chat_template)
         fmt = make_chat_format(args.chat_format or family, tok, enable_thinking=args.enable_thinking,
                                use_tokenizer_template=args.model != TINY and bool(getattr(tok, "chat_template", None)))
-        sampler = Sampler(model, stop_ids=fmt.stop_ids, sampling=sampling, pad_id=tok.pad_token_id or 0)
-        params = Sampler.params_of(model)
+        sampler = Sampler(model, stop_ids=fmt.stop_ids, sampling=sampling, pad_id=tok.pad_token_id or 0,
+                          rules=rules)
+        params = Sampler.params_of(model) if rules is None else sharded_params(model, rules)
     tasks = source.tasks(args.split)
     if args.num_tasks is not None:
         tasks = tasks[: args.num_tasks]
@@ -180,15 +236,14 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
                            max_total_tokens=args.max_total_tokens, env_workers=args.env_workers)
     rng = jax.random.key(args.seed)
     start = time.perf_counter()
+    latents_for = None
+    if run is not None:
+        from lopd_jax.composer_eval import rows_latent_context
+        latents_for = lambda batch, lo, hi: rows_latent_context(run, batch, lo, hi)  # noqa: E731
     trajs = []
     for i in range(0, len(tasks), args.batch_size):
-        batch = tasks[i:i + args.batch_size]
-        latents = None
-        if run is not None:
-            from lopd_jax.composer_eval import latent_context
-            latents = latent_context(run, batch)
-        trajs += rollout(sampler, params, fmt, source.make_env, batch, jax.random.fold_in(rng, i), config,
-                         sampling=sampling, latents=latents)
+        trajs += rollout_batch(sampler, params, fmt, source.make_env, tasks[i:i + args.batch_size],
+                               jax.random.fold_in(rng, i), config, sampling, latents_for)
     elapsed = time.perf_counter() - start
     metrics = behaviour_stats(trajs, success_threshold=args.success_threshold)
     metrics["rollout_seconds"] = round(elapsed, 3)
@@ -219,6 +274,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     configure_platform()  # before JAX is imported: no libtpu detection noise on CPU hosts
     args = parse_args(argv)
+    from train.launch import initialize_from_flags
+    error = initialize_from_flags(args)
+    if error is not None:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     if args.model not in (None, TINY):
         args.model = resolve_path(args.model)
     args.composer_from, args.out = resolve_path(args.composer_from), resolve_path(args.out)
@@ -227,10 +287,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(result["metrics"], indent=2))
-    if args.out:
-        from lopd_jax import files
-        files.write_text(args.out, json.dumps(result, indent=2))  # local or gs://
+    import jax
+    if jax.process_index() == 0:  # every process holds every trajectory; one writes
+        print(json.dumps(result["metrics"], indent=2))
+        if args.out:
+            from lopd_jax import files
+            files.write_text(args.out, json.dumps(result, indent=2))  # local or gs://
+    from train.distributed import sync
+    sync("evaluate_written")
     return 0
 
 

@@ -5,6 +5,12 @@ config saved in ``DIR/config.json`` and writes it as a Hugging Face checkpoint
 (safetensors + config.json + tokenizer files) that ``transformers`` loads. A LoRA-only
 student is merged into theta0 (the warm-up result when the run had one, else the base
 weights). Exit status 2 on a bad workdir / missing checkpoint.
+
+On a pod, run the same command on every host (with ``--coordinator_address=HOST:PORT
+--num_processes=N --process_id=I`` off Cloud TPU VMs, or the environment variables
+``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``; see
+``docs/pods.md``): every process takes part in the sharded restore and the gather of the
+student, process 0 writes the files once.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step", type=int, default=None, help="LOPD checkpoint step (default: the newest)")
     p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
                    help="tensor dtype in the files (default: the run's param dtype)")
+    from train.launch import add_launch_flags
+    add_launch_flags(p)
     return p
 
 
@@ -45,6 +53,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_platform()  # before JAX is imported: no libtpu detection noise on CPU hosts
     args = build_parser().parse_args(argv)
     args.workdir, args.out = resolve_path(args.workdir), resolve_path(args.out)
+    from train.launch import initialize_from_flags
+    error = initialize_from_flags(args)
+    if error is not None:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    import jax
+
     from lopd_jax.config import ConfigError
     from train.checkpoint import CheckpointError
     try:
@@ -53,8 +68,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     from train.loop import export_student
-    files = export_student(ctx, student, frozen, args.out, dtype=args.dtype)
-    print(f"wrote {len(files)} files to {args.out}: {files}")
+    from train.distributed import sync
+    files = export_student(ctx, student, frozen, args.out, dtype=args.dtype)  # process 0 writes
+    sync("export_written")  # no process reports done before the files are there
+    if jax.process_index() == 0:
+        print(f"wrote {len(files)} files to {args.out}: {files}")
     return 0
 
 

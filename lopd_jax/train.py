@@ -29,11 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lopd_jax.train", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="tiny", help="a configs/NAME.py config (default tiny)")
     p.add_argument("--workdir", default=None, help="run directory (local or gs://); default: the config's")
-    p.add_argument("--coordinator_address", default=None,
-                   help="multi-process run: HOST:PORT of process 0 (or $JAX_COORDINATOR_ADDRESS)")
-    p.add_argument("--num_processes", type=int, default=None, help="multi-process run: N (or $JAX_NUM_PROCESSES)")
-    p.add_argument("--process_id", type=int, default=None, help="multi-process run: this process, 0..N-1 "
-                   "(or $JAX_PROCESS_ID); automatic on TPU VMs")
+    from train.launch import add_launch_flags
+    add_launch_flags(p)
     p.add_argument("overrides", nargs="*", help="dotted overrides key=value")
     return p
 
@@ -116,12 +113,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from train.distributed import initialize as initialize_distributed
-    args = build_parser().parse_args(argv)
-    try:
-        initialize_distributed(args.coordinator_address, args.num_processes, args.process_id)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+    from train.launch import initialize_from_flags
+    error = initialize_from_flags(build_parser().parse_args(argv))
+    if error is not None:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     from lopd_jax.startup import describe_devices
     print(f"[lopd] {describe_devices()}", file=sys.stderr, flush=True)

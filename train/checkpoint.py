@@ -82,13 +82,25 @@ def abstract_tree(tree: Any, shardings: Any = None) -> Any:
     """``jax.ShapeDtypeStruct`` leaves for ``tree`` (arrays or ShapeDtypeStructs).
 
     ``shardings`` (a matching tree of Shardings) says where each leaf is restored; None
-    keeps each leaf's own sharding, or the first device for leaves without one.
+    keeps each leaf's own sharding, or the first device for leaves without one. With
+    several processes a leaf without a global sharding (none, or one on this process's
+    devices only, e.g. a scalar made with ``jnp.zeros``) is restored replicated over
+    every device: the first device belongs to process 0 alone, and every process must
+    restore the same global arrays.
     """
     default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    if jax.process_count() > 1:
+        default = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(jax.devices()), ("all",)),
+                                             jax.sharding.PartitionSpec())
+
+    def own(x):
+        s = getattr(x, "sharding", None)
+        if s is None or (jax.process_count() > 1 and s.is_fully_addressable):
+            return default
+        return s
 
     def leaf(x, s=None):
-        s = s if s is not None else getattr(x, "sharding", None)
-        return jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=s if s is not None else default)
+        return jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=s if s is not None else own(x))
 
     if shardings is None:
         return jax.tree.map(leaf, tree)
