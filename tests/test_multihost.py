@@ -372,3 +372,46 @@ def test_incomplete_launch_flags_are_refused(monkeypatch):
         initialize()
     monkeypatch.delenv("JAX_NUM_PROCESSES")
     assert main(["--config=tiny", "--num_processes=2"]) == 2
+
+
+_CACHE_WORKER = """
+import logging, sys
+sys.path.insert(0, {root!r})
+hits = []
+class Hits(logging.Handler):
+    def emit(self, record):
+        if "Persistent compilation cache hit" in record.getMessage():
+            hits.append(1)
+log = logging.getLogger("jax._src.compiler"); log.setLevel(logging.DEBUG); log.addHandler(Hits())
+from train.distributed import initialize
+initialize(sys.argv[1], 2, int(sys.argv[2]))
+import jax, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+mesh = jax.make_mesh((4,), ("x",))
+x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("x")), np.full(2, 1.0 + jax.process_index(), np.float32))
+total = float(jax.jit(lambda a: a.sum() * 3.0, out_shardings=NamedSharding(mesh, P()))(x))
+print("RESULT", total, len(hits))
+"""
+
+
+def test_every_process_reads_the_persistent_compilation_cache(tmp_path):
+    """On CPU, JAX's cache key includes a per-process topology fingerprint and only process
+    0 writes entries, so process 1 recompiled every program on every restart (the whole
+    first step of a resumed 2-process run). With ``share_cpu_compilation_cache`` a second
+    launch finds the program in the cache on both processes, with the same result."""
+    script = _CACHE_WORKER.format(root=ROOT)
+
+    def launch_pair():
+        port = portpicker.pick_unused_port()
+        procs = [subprocess.Popen([sys.executable, "-c", script, f"localhost:{port}", str(i)], cwd=str(tmp_path),
+                                  env=_env(2, str(tmp_path / "cc")), stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True) for i in range(2)]
+        logs = [p.communicate(timeout=300)[0] for p in procs]
+        assert [p.returncode for p in procs] == [0, 0], "\n".join(x[-3000:] for x in logs)
+        return [next(line.split()[1:] for line in x.splitlines() if line.startswith("RESULT")) for x in logs]
+
+    first = launch_pair()
+    second = launch_pair()
+    assert [float(r[0]) for r in first + second] == [18.0] * 4  # (2 x 1 + 2 x 2) x 3 on every process
+    assert [int(r[1]) for r in first] == [0, 0], first
+    assert all(int(r[1]) >= 1 for r in second), second  # process 1 too, not only process 0

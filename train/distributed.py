@@ -62,6 +62,41 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     jax.distributed.initialize(coordinator_address=address, num_processes=num, process_id=pid,
                                heartbeat_timeout_seconds=hb, initialization_timeout=120,
                                shutdown_timeout_seconds=60)
+    if address is not None and jax.config.jax_platforms and "cpu" in jax.config.jax_platforms:
+        share_cpu_compilation_cache()
+    return True
+
+
+def share_cpu_compilation_cache() -> bool:
+    """Give every process of a multi-process CPU run the same persistent-cache keys.
+
+    JAX keys its persistent compilation cache partly on the devices' topology fingerprint,
+    and on the CPU client that fingerprint differs between processes of one run. Only
+    process 0 writes cache entries, so on CPU every other process missed every entry and
+    recompiled every program on every restart (about 80 s per 2-process restart of the
+    tiny run, the whole first step). This hashes the global device layout instead: device
+    ids, their processes and kinds -- the same on every process, and still different for
+    one process with 8 devices and two with 4. TPU and GPU keys are untouched. Returns
+    whether the hook was installed (False where this JAX has no such key function; the
+    cache then simply stays per-process).
+    """
+    try:
+        from jax._src import cache_key
+    except ImportError:
+        return False
+    original = getattr(cache_key, "_hash_accelerator_config", None)
+    if original is None or getattr(original, "_lopd_shared", False):
+        return original is not None
+
+    def hash_accelerator_config(hash_obj, accelerators):
+        devices = list(accelerators.flat)
+        if not devices or any(d.platform != "cpu" for d in devices):
+            return original(hash_obj, accelerators)
+        layout = ";".join(f"{d.id}:{d.process_index}:{d.device_kind}" for d in devices)
+        hash_obj.update(layout.encode())
+
+    hash_accelerator_config._lopd_shared = True
+    cache_key._hash_accelerator_config = hash_accelerator_config
     return True
 
 
@@ -178,5 +213,5 @@ def sync(name: str) -> None:
         multihost_utils.sync_global_devices(name)
 
 
-__all__ = ["initialize", "multiprocess", "row_range", "global_array", "local_rows", "global_max", "global_any",
+__all__ = ["initialize", "share_cpu_compilation_cache", "multiprocess", "row_range", "global_array", "local_rows", "global_max", "global_any",
            "allgather_objects", "allgather_list", "sync"]
