@@ -276,6 +276,62 @@ def test_resume_on_another_process_count(one_host, two_hosts, base, cache):
     assert_finishes_like(w, one_host[0], from_step=1)
 
 
+def _cut_before_training(src: str, dst: str) -> None:
+    """A copy of run ``src`` cut back to before its training stage, for another arm to
+    continue (as ``benchmarks/miniature_core.py`` forks arms from a shared prefix): every
+    LOPD checkpoint, the ledger entries from the training stage on, their metrics and
+    rollout records, the export and the saved config (the arm is not a key a resumed run
+    may change; the continuing run saves its own) are removed."""
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("export", "plot.png"))
+    shutil.rmtree(os.path.join(dst, "checkpoints", "lopd"))
+    ledger = json.load(open(os.path.join(dst, "stages.json")))
+    for stage in ("lopd", "eval_after", "export", "plot"):
+        ledger.pop(stage, None)
+    json.dump(ledger, open(os.path.join(dst, "stages.json"), "w"))
+    kept = [line for line in open(os.path.join(dst, "metrics.jsonl"))
+            if line.strip() and json.loads(line)["stage"] not in ("lopd", "eval", "eval_after")]
+    with open(os.path.join(dst, "metrics.jsonl"), "w") as f:
+        f.writelines(kept)
+    os.remove(os.path.join(dst, "rollouts.jsonl"))
+    os.remove(os.path.join(dst, "config.json"))
+
+
+@pytest.mark.parametrize("arm", ["grpo"])
+def test_other_arm_on_two_processes_matches_one(one_host, base, cache, arm):
+    """A non-LOPD arm's training stage (2 steps, evaluation after, export) continued from
+    the 1-process run's warm-up, bank and cold start, once as 1 x 8 and once as 2 x 4:
+    the same rollouts row by row (each row produced by its owner), the same per-step
+    metrics and the same exported student within float tolerance."""
+    ws = {n: str(base / f"{arm}_x{n}") for n in (1, 2)}
+    seconds = {}
+    for n, w in ws.items():
+        _cut_before_training(one_host[0], w)
+        seconds[n] = run(w, n, cache, f"arm={arm}", "stages.lopd_steps=2")
+    print(f"\narm={arm}, 2 steps + eval + export: 1 x 8 devices {seconds[1]:.1f}s, 2 x 4 devices {seconds[2]:.1f}s")
+    for w in ws.values():
+        assert "warmup: all 2 steps already done" in _log(w), _tail(w)  # the prefix is not rerun
+        assert json.load(open(os.path.join(w, "config.json")))["arm"] == arm
+    r1, r2 = rollouts(ws[1]), rollouts(ws[2])
+    assert r1.keys() == r2.keys() and len(r1) == 2 * 8
+    for key, a in r1.items():
+        b = r2[key]
+        assert (a["task_id"], a["tokens"], a["mask"], a["reward"]) == (b["task_id"], b["tokens"], b["mask"],
+                                                                       b["reward"]), key
+        assert a["process"] == 0 and b["process"] == key[2] // 4
+    if arm == "grpo":  # G = 4 rollouts of each of 2 tasks per step
+        for step in (1, 2):
+            ids = [r1[("lopd", step, i)]["task_id"] for i in range(8)]
+            assert ids == [ids[0]] * 4 + [ids[4]] * 4, ids
+    m1, m2 = metrics(ws[1]), metrics(ws[2])
+    assert m1.keys() == m2.keys() and {("lopd", 1), ("lopd", 2), ("eval_after", 2)} <= m1.keys()
+    assert len(records(ws[2])) == len(records(ws[1]))
+    assert_metrics_close(m1, m2)
+    assert m1[("lopd", 2)]["rollouts"] == 8
+    if arm == "grpo":
+        assert "ratio_mean" in m1[("lopd", 1)] and "composer_grad_norm" not in m1[("lopd", 1)]
+    assert_params_close(export(ws[1]), export(ws[2]))
+
+
 def _log(workdir: str, offset: int = 0) -> str:
     """Process 0's log of the runs in ``workdir`` from byte ``offset`` on."""
     with open(workdir + ".p0.log", "rb") as f:

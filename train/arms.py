@@ -308,15 +308,18 @@ class UCB1:
 class PolicyStage(TrainingStage):
     """The training stage of a non-LOPD arm around an arm object (:class:`GRPOArm`,
     :class:`TextArm`): the shared resumable loop (stage name ``lopd``, so metrics, plots,
-    checkpoints and export are shared) with the arm's batch and step. One process only."""
+    checkpoints and export are shared) with the arm's batch and step.
+
+    Multi-host: each process rolls out only the rows it owns (like the LOPD stage), then
+    every row's trajectory is gathered to every process in row order, so the arm's batch
+    builder (group advantages, SDPO's sibling, Skill-SD's UCB1 choice, SDFT's
+    demonstration) runs identically on every host over all rows; each process then keeps
+    its own rows of every per-row array (:meth:`make_batch`) for the loop's global arrays.
+    The step's metrics are global (replicated), so host state updated from them (Skill-SD's
+    UCB1 counts) stays the same on every process."""
 
     def __init__(self, ctx, impl, composer0, bank_path: str, writer):
         cfg, system = ctx.cfg, ctx.system
-        if jax.process_count() > 1:
-            # the batch builders read every row's trajectory; only the LOPD stage
-            # (lopd, lopd_frozen_composer) splits rollouts and batches across hosts so far
-            raise ValueError(f"arm={cfg.arm} runs as one process; multi-process runs support arm=lopd and "
-                             "arm=lopd_frozen_composer (docs/pods.md). Rerun without --num_processes.")
         state, frozen = system.init_state(composer=composer0, seed=cfg.seed)
         state = impl.init_state(state)
         shardings = impl.shardings(state)
@@ -326,23 +329,44 @@ class PolicyStage(TrainingStage):
             raise ValueError(f"{n_roll} rollouts per step do not split over {ctx.sampler.batch_shards} batch "
                              "shards; make env.tasks_per_step * env.group_size a multiple of mesh.data * mesh.fsdp.")
         super().__init__(ctx, state, frozen, shardings, n_roll // G, G, bank_path, writer)
-        self.impl, self.label = impl, cfg.arm
+        self.impl, self.label, self.rows = impl, cfg.arm, n_roll
 
     def rollout(self, s: int) -> tuple[list, dict]:
-        """Step ``s``'s rollouts (all rows, one process) and their statistics."""
+        """Every row's trajectory of step ``s`` (each process rolls out its own rows; all are
+        gathered to every process, in row order) and their statistics."""
+        from train import distributed
         tasks = self.step_tasks(s)
         params = self.student_params()
         t0 = time.perf_counter()
-        trajs = self.ctx.rollout(params, tasks, jax.random.fold_in(self.key, s))
+        mine, first_row = self.ctx.rollout_split(params, tasks, jax.random.fold_in(self.key, s))
+        parts = distributed.allgather_objects(mine)  # every process's rows, in process (= row) order
+        trajs = [t for part in parts for t in part]
+        if len(trajs) != len(tasks):
+            raise ValueError(f"gathered {len(trajs)} of {len(tasks)} rollouts of step {s + 1}")
         info = {"rollouts": len(trajs), "rollout_seconds": time.perf_counter() - t0,
                 "reward_mean": float(np.mean([t.reward for t in trajs])),
                 "success_rate": float(np.mean([t.reward >= SUCCESS for t in trajs])),
                 "mean_length": float(np.mean([len(t) for t in trajs]))}
+        if self.log_rollouts:
+            from train.training_stage import rollout_records, write_rollouts
+            rows, row = [], 0
+            for p, part in enumerate(parts):
+                rows += rollout_records("lopd", s + 1, part, row, p)
+                row += len(part)
+            write_rollouts(self.rollout_log, rows)
         return trajs, info
 
     def make_batch(self, s: int, trajs) -> dict:
-        """The arm's batch."""
-        return self.impl.batch(s, trajs)
+        """This process's rows of the arm's batch (built from every row, the same on every
+        process; :meth:`train.sampler.Sampler.local_rows`)."""
+        batch = self.impl.batch(s, trajs)
+        lo, hi = self.ctx.sampler.local_rows(self.rows)
+        if (lo, hi) == (0, self.rows):
+            return batch
+        for k, v in batch.items():
+            if np.shape(v)[:1] != (self.rows,):
+                raise ValueError(f"batch entry {k!r} has shape {np.shape(v)}, not {self.rows} rows first")
+        return {k: np.asarray(v)[lo:hi] for k, v in batch.items()}
 
     def make_step(self, state, batch):
         """The arm's jitted step."""

@@ -20,22 +20,30 @@ import numpy as np
 from train.loop import evaluate_policy, log, run_steps
 from train.run_context import RunContext
 
-ROLLOUTS_FILE = "rollouts.jsonl"  # every LOPD rollout, with rollout.log_rollouts
+ROLLOUTS_FILE = "rollouts.jsonl"  # every training-stage rollout (any arm), with rollout.log_rollouts
+
+
+def rollout_records(stage: str, step: int, trajs, first_row: int, process: int) -> list[dict]:
+    """The ``rollouts.jsonl`` records of ``trajs``, rows ``first_row...`` produced by ``process``."""
+    return [{"stage": stage, "step": int(step), "row": first_row + j, "process": process,
+             "task_id": t.task.task_id, "tokens": t.tokens.tolist(), "mask": t.mask.tolist(),
+             "reward": float(t.reward)} for j, t in enumerate(trajs)]
+
+
+def write_rollouts(out, rows: list[dict]) -> None:
+    """Append ``rows`` (records of :func:`rollout_records`) to ``out`` (None: not process 0)."""
+    import json
+    if out is not None:
+        out.write("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def log_rollouts(out, stage: str, step: int, trajs, first_row: int) -> None:
     """Append this step's rollouts (every host's, gathered to all, written by process 0) to
     ``out`` (an :class:`lopd_jax.files.AppendFile` of ``<workdir>/rollouts.jsonl``, local or
     ``gs://``; None on other processes): row, producing process, task, ids, mask, reward."""
-    import json
-
     from train import distributed
-    mine = [{"stage": stage, "step": int(step), "row": first_row + j, "process": jax.process_index(),
-             "task_id": t.task.task_id, "tokens": t.tokens.tolist(), "mask": t.mask.tolist(),
-             "reward": float(t.reward)} for j, t in enumerate(trajs)]
-    rows = distributed.allgather_list(mine)
-    if out is not None:
-        out.write("".join(json.dumps(r) + "\n" for r in rows))
+    mine = rollout_records(stage, step, trajs, first_row, jax.process_index())
+    write_rollouts(out, distributed.allgather_list(mine))
 
 
 def training_step_record(ctx: RunContext, writer, label: str, step: int, metrics: dict, rollout_info: dict,
@@ -83,6 +91,8 @@ class TrainingStage:
         self.key = jax.random.key(ctx.cfg.seed)
         self._jitted = None
         self._rollout_info: dict[int, dict] = {}  # a step's rollout statistics, until its record
+        self.log_rollouts = ctx.cfg.rollout.log_rollouts
+        self.rollout_log = None  # the open AppendFile of rollouts.jsonl during run() (process 0)
 
     # ----- what subclasses give -----
     def rollout(self, s: int) -> tuple[list, dict]:
@@ -140,10 +150,21 @@ class TrainingStage:
         self.tasks.set_state(meta["data"])
 
     def run(self):
-        """Run (or resume) the stage's ``stages.lopd_steps`` steps; ``(state, preempted)``."""
-        return run_steps(self.ctx, "lopd", self.state, self.ctx.cfg.stages.lopd_steps, self.step, self.batch,
-                         shardings=self.shardings, extra_meta=self.meta, writer=self.writer,
-                         on_metrics=self.record, on_restore=self.restore)
+        """Run (or resume) the stage's ``stages.lopd_steps`` steps; ``(state, preempted)``.
+        With ``rollout.log_rollouts``, ``<workdir>/rollouts.jsonl`` is open meanwhile on
+        process 0 (``self.rollout_log``; a ``gs://`` object is rewritten every 30 s and when
+        the stage ends)."""
+        if self.log_rollouts and jax.process_index() == 0:
+            from lopd_jax.files import AppendFile, join
+            self.rollout_log = AppendFile(join(self.ctx.cfg.workdir, ROLLOUTS_FILE))
+        try:
+            return run_steps(self.ctx, "lopd", self.state, self.ctx.cfg.stages.lopd_steps, self.step, self.batch,
+                             shardings=self.shardings, extra_meta=self.meta, writer=self.writer,
+                             on_metrics=self.record, on_restore=self.restore)
+        finally:
+            if self.rollout_log is not None:
+                self.rollout_log.close()
+                self.rollout_log = None
 
 
 class LOPDStage(TrainingStage):
@@ -156,21 +177,6 @@ class LOPDStage(TrainingStage):
         super().__init__(ctx, state, frozen, system.state_shardings(state), cfg.env.tasks_per_step,
                          cfg.env.group_size, bank_path, writer)
         self.bank = bank
-        self.log_rollouts = cfg.rollout.log_rollouts
-        self.rollout_log = None  # the open AppendFile during run() (process 0)
-
-    def run(self):
-        """The LOPD steps, with ``<workdir>/rollouts.jsonl`` open when ``rollout.log_rollouts``
-        (a ``gs://`` object is rewritten every 30 s and when the stage ends)."""
-        if self.log_rollouts and jax.process_index() == 0:
-            from lopd_jax.files import AppendFile, join
-            self.rollout_log = AppendFile(join(self.ctx.cfg.workdir, ROLLOUTS_FILE))
-        try:
-            return super().run()
-        finally:
-            if self.rollout_log is not None:
-                self.rollout_log.close()
-                self.rollout_log = None
 
     def rollout(self, s: int) -> tuple[list, dict]:
         """This process's rows of step ``s``'s rollouts and every host's statistics."""
