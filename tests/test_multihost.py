@@ -296,12 +296,15 @@ def _cut_before_training(src: str, dst: str) -> None:
     os.remove(os.path.join(dst, "config.json"))
 
 
-@pytest.mark.parametrize("arm", ["grpo"])
+@pytest.mark.parametrize("arm", ["grpo", "skill_sd"])
 def test_other_arm_on_two_processes_matches_one(one_host, base, cache, arm):
     """A non-LOPD arm's training stage (2 steps, evaluation after, export) continued from
     the 1-process run's warm-up, bank and cold start, once as 1 x 8 and once as 2 x 4:
     the same rollouts row by row (each row produced by its owner), the same per-step
-    metrics and the same exported student within float tolerance."""
+    metrics and the same exported student within float tolerance. GRPO: groups of 4 rows
+    across the two hosts' row blocks (the tiny run's rewards are all 0, so its update is
+    zero); Skill-SD: every row distilled with a skill chosen by UCB1, whose counts (host
+    state updated from the step's per-row metrics) pick step 2's skills."""
     ws = {n: str(base / f"{arm}_x{n}") for n in (1, 2)}
     seconds = {}
     for n, w in ws.items():
@@ -329,6 +332,10 @@ def test_other_arm_on_two_processes_matches_one(one_host, base, cache, arm):
     assert m1[("lopd", 2)]["rollouts"] == 8
     if arm == "grpo":
         assert "ratio_mean" in m1[("lopd", 1)] and "composer_grad_norm" not in m1[("lopd", 1)]
+    if arm == "skill_sd":  # a real update: every row has a context
+        for step in (1, 2):
+            rec = m1[("lopd", step)]
+            assert rec["supervised_rollouts"] == 8 and rec["distill_kl"] > 0 and rec["student_grad_norm"] > 0, rec
     assert_params_close(export(ws[1]), export(ws[2]))
 
 
