@@ -12,7 +12,9 @@ Then, from copies of those two runs cut back to an LOPD checkpoint: the 2-proces
 resumes on 1 process, and the 1-process run resumes on 2 processes through a
 preemption (SIGTERM on all: save, exit 0), a kill -9 of one process (the other exits
 non-zero within 60 s) and a rerun that resumes from the newest checkpoint; both finish
-like the uninterrupted runs. A deliberately host-dependent environment shows each row's
+like the uninterrupted runs. A copy of the 1-process run cut back to before LOPD is
+continued by another arm (grpo, skill_sd) for 2 steps as 1 x 8 and as 2 x 4, with the
+same rollouts, metrics and student. A deliberately host-dependent environment shows each row's
 data comes from the host that owns it. A persistent compilation cache shared by the
 runs keeps the later runs short.
 """
