@@ -298,7 +298,11 @@ def _cut_before_training(src: str, dst: str) -> None:
     os.remove(os.path.join(dst, "config.json"))
 
 
-@pytest.mark.parametrize("arm", ["grpo", "skill_sd"])
+@pytest.mark.parametrize("arm", [
+    # grpo passes too (about 3 minutes more); its rewards are all 0 here, so it adds the group layout check only
+    pytest.param("grpo", marks=pytest.mark.skipif(not os.environ.get("LOPD_MULTIHOST_ALL_ARMS"),
+                                                  reason="set LOPD_MULTIHOST_ALL_ARMS=1 (suite time)")),
+    "skill_sd"])
 def test_other_arm_on_two_processes_matches_one(one_host, base, cache, arm):
     """A non-LOPD arm's training stage (2 steps, evaluation after, export) continued from
     the 1-process run's warm-up, bank and cold start, once as 1 x 8 and once as 2 x 4:
