@@ -125,6 +125,17 @@ def export(workdir: str) -> dict:
     return out
 
 
+def assert_same_rollouts(r1: dict, r2: dict) -> None:
+    """The 1-process rollouts ``r1`` and the 2-process ``r2`` agree row by row (task,
+    tokens, mask, reward), and each 2-process row came from its owner (rows 0-3: process
+    0, rows 4-7: process 1)."""
+    for key, a in r1.items():
+        b = r2[key]
+        assert (a["task_id"], a["tokens"], a["mask"], a["reward"]) == (b["task_id"], b["tokens"], b["mask"],
+                                                                       b["reward"]), key
+        assert a["process"] == 0 and b["process"] == key[2] // 4
+
+
 def assert_metrics_close(a: dict, b: dict, keys=None, rtol=1e-3, atol=1e-5, loose=("anchor", "composer_grad_norm",
                                                                                     "loss")):
     """Equal per-step metrics; composer-side values within 5% (Adam's normalised update of
@@ -176,11 +187,7 @@ def test_two_processes_match_one(one_host, two_hosts):
     # the same rollouts, row by row; in the 2-process run each row came from its owner
     r1, r2 = rollouts(w1), rollouts(w2)
     assert r1.keys() == r2.keys() and len(r1) == 3 * 8
-    for key, a in r1.items():
-        b = r2[key]
-        assert (a["task_id"], a["tokens"], a["mask"], a["reward"]) == (b["task_id"], b["tokens"], b["mask"],
-                                                                       b["reward"]), key
-        assert a["process"] == 0 and b["process"] == key[2] // 4
+    assert_same_rollouts(r1, r2)
     # the same bank (every host's admitted rollouts, in row order)
     e1 = [json.loads(x) for x in open(os.path.join(w1, "bank", "entries.jsonl"))]
     e2 = [json.loads(x) for x in open(os.path.join(w2, "bank", "entries.jsonl"))]
@@ -322,11 +329,7 @@ def test_other_arm_on_two_processes_matches_one(one_host, base, cache, arm):
         assert json.load(open(os.path.join(w, "config.json")))["arm"] == arm
     r1, r2 = rollouts(ws[1]), rollouts(ws[2])
     assert r1.keys() == r2.keys() and len(r1) == 2 * 8
-    for key, a in r1.items():
-        b = r2[key]
-        assert (a["task_id"], a["tokens"], a["mask"], a["reward"]) == (b["task_id"], b["tokens"], b["mask"],
-                                                                       b["reward"]), key
-        assert a["process"] == 0 and b["process"] == key[2] // 4
+    assert_same_rollouts(r1, r2)
     if arm == "grpo":  # G = 4 rollouts of each of 2 tasks per step
         for step in (1, 2):
             ids = [r1[("lopd", step, i)]["task_id"] for i in range(8)]
