@@ -77,9 +77,12 @@ def main(argv=None):
                                        scan_layers=args.layers_impl == "scan")
 
     def loss_fn(m, x):
+        # Cross-entropy as logsumexp minus the target's logit, the form the library's losses
+        # use (and what torch's fused cross_entropy computes): the gradient is softmax minus a
+        # one-hot, without a [B, T, V] log-softmax tensor kept for the backward pass.
         logits = m(x[:, :-1]).astype(jnp.float32)
-        logp = jax.nn.log_softmax(logits)
-        return -jnp.mean(jnp.take_along_axis(logp, x[:, 1:, None], axis=-1))
+        target = jnp.take_along_axis(logits, x[:, 1:, None], axis=-1)[..., 0]
+        return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - target)
 
     graphdef, params = nnx.split(model)
     step = jax.jit(jax.value_and_grad(lambda p, x: loss_fn(nnx.merge(graphdef, p), x)))
