@@ -159,6 +159,10 @@ def main(argv=None) -> int:
     p.add_argument("--report_only", action="store_true", help="only collect finished runs and write the reports")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args(argv)
+    sys.path.insert(0, ROOT)
+    from lopd_jax.startup import configure_platform
+
+    configure_platform()  # before JAX is imported (here and in the runs it starts): no libtpu noise on CPU
     arms, seeds = args.arms.split(","), [int(s) for s in args.seeds.split(",")]
     W = os.path.abspath(args.workdir)
     os.makedirs(os.path.join(W, "runs"), exist_ok=True)

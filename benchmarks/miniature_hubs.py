@@ -26,6 +26,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def main(argv=None) -> int:
     sys.path.insert(0, ROOT)
+    from lopd_jax.startup import configure_platform
+
+    configure_platform()  # before JAX is imported: no libtpu detection noise on CPU hosts
     from configs.miniature import CONFIG
     from lopd_jax.envs.synthetic import SyntheticTaskSource
     from lopd_jax.evaluate import evaluate, parse_args
