@@ -151,3 +151,24 @@ def test_hf_path_architecture_check(tmp_path):
     for order in ([f"model.hf_path={tmp_path}", "model.vocab_size=none", "model.tokenizer=hf"],
                   ["model.tokenizer=hf", "model.vocab_size=none", f"model.hf_path={tmp_path}"]):
         assert apply_overrides(tiny, order).model.tokenizer == "hf"
+
+
+def test_warmup_lr_schedule():
+    """``stages.warmup_lr_schedule``: constant by default; cosine ramps up over 5% of the
+    steps, peaks at ``warmup_lr`` and decays to 10% of it; a typo names the choices."""
+    import pytest
+
+    from lopd_jax.config import ConfigError
+    from lopd_jax.train import resolve_config
+    from train.warmup import learning_rate
+
+    base = ["--config=tiny", "stages.warmup_steps=200", "stages.warmup_lr=4e-3"]
+    assert learning_rate(resolve_config(base).stages) == 4e-3
+    sched = learning_rate(resolve_config([*base, "stages.warmup_lr_schedule=cosine"]).stages)
+    assert float(sched(0)) == 0.0
+    assert abs(float(sched(5)) - 2e-3) < 1e-9  # halfway up the 10-step ramp
+    assert abs(float(sched(10)) - 4e-3) < 1e-9
+    assert 4e-4 < float(sched(105)) < 4e-3
+    assert abs(float(sched(200)) - 4e-4) < 1e-9
+    with pytest.raises(ConfigError, match="warmup_lr_schedule='cos'.*'cosine'"):
+        resolve_config([*base, "stages.warmup_lr_schedule=cos"])

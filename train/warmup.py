@@ -110,9 +110,21 @@ def sft_loss(system, params, lora0, batch):
     return nll, {"nll": nll, "tokens": jnp.sum(mask)}
 
 
-def make_sft_step(system, lr: float, clip: float = 1.0):
+def learning_rate(stages):
+    """The warm-up's learning rate from a :class:`lopd_jax.config.StagesSection`: the constant
+    ``warmup_lr``, or with ``warmup_lr_schedule="cosine"`` a linear ramp from 0 over the first
+    5% of ``warmup_steps`` to ``warmup_lr``, then a cosine decay to 10% of it at the end."""
+    if stages.warmup_lr_schedule == "constant":
+        return stages.warmup_lr
+    ramp = max(1, round(0.05 * stages.warmup_steps))
+    return optax.warmup_cosine_decay_schedule(0.0, stages.warmup_lr, ramp, max(stages.warmup_steps, ramp + 1),
+                                              end_value=0.1 * stages.warmup_lr)
+
+
+def make_sft_step(system, lr, clip: float = 1.0):
     """``(optimizer, step)``: a jitted ``(state, lora0, batch) -> (state, metrics)`` with
-    ``state = {"step", "params", "opt"}`` (params sharded like theta0, state donated)."""
+    ``state = {"step", "params", "opt"}`` (params sharded like theta0, state donated).
+    ``lr``: a float or an optax schedule (:func:`learning_rate`)."""
     opt = optax.chain(optax.clip_by_global_norm(clip), optax.adamw(lr, weight_decay=0.0))
 
     def step(state, lora0, batch):
