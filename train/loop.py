@@ -192,7 +192,7 @@ def warmup_stage(ctx: RunContext, writer):
         arr["mask"][real:] = 0  # padding rows carry no supervision
         return {"tokens": arr["tokens"], "attention_mask": arr["attention_mask"], "loss_mask": arr["mask"]}
 
-    opt, step = warmup.make_sft_step(system, warmup.learning_rate(cfg.stages))
+    opt, step = warmup.make_sft_step(system, cfg.stages)
     state = {"step": jnp.zeros((), jnp.int32), "params": jax.tree.map(jnp.copy, theta0)}
     state["opt"] = opt.init(state["params"])
     jitted, state_sh = warmup.jit_sft_step(system, opt, step, state, batch_fn(0))

@@ -95,7 +95,7 @@ class Run:
         theta = system.initial_params()[0]
         if cfg.stages.warmup_steps > 0:
             from train import warmup
-            opt, _ = warmup.make_sft_step(system, warmup.learning_rate(cfg.stages))
+            opt, _ = warmup.make_sft_step(system, cfg.stages)
             target = {"step": jnp.zeros((), jnp.int32), "params": theta, "opt": jax.eval_shape(opt.init, theta)}
             warm, _ = _restore_stage(ctx, "warmup", target)
             if warm is None:

@@ -121,11 +121,13 @@ def learning_rate(stages):
                                               end_value=0.1 * stages.warmup_lr)
 
 
-def make_sft_step(system, lr, clip: float = 1.0):
+def make_sft_step(system, stages, clip: float = 1.0):
     """``(optimizer, step)``: a jitted ``(state, lora0, batch) -> (state, metrics)`` with
     ``state = {"step", "params", "opt"}`` (params sharded like theta0, state donated).
-    ``lr``: a float or an optax schedule (:func:`learning_rate`)."""
-    opt = optax.chain(optax.clip_by_global_norm(clip), optax.adamw(lr, weight_decay=0.0))
+    ``stages``: the run's :class:`lopd_jax.config.StagesSection`; its learning rate
+    (:func:`learning_rate`) also fixes the optimizer state's structure, so the warm-up and
+    every reader of its checkpoint build the same one here."""
+    opt = optax.chain(optax.clip_by_global_norm(clip), optax.adamw(learning_rate(stages), weight_decay=0.0))
 
     def step(state, lora0, batch):
         (loss, metrics), grads = jax.value_and_grad(lambda p: sft_loss(system, p, lora0, batch), has_aux=True)(
