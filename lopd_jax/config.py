@@ -238,6 +238,8 @@ class StagesSection:
     with the oracle hint in the prompt (:func:`train.warmup.warmup_pool`).
     ``warmup_lr_schedule``: ``"constant"`` (``warmup_lr`` throughout) or ``"cosine"`` (a
     linear ramp over the first 5% of the steps, then cosine decay to 10% of ``warmup_lr``).
+    ``warmup_hint_token_weight``: loss weight, in the hinted copies, of the supervised tokens
+    only the hint supplies (:func:`train.warmup.weigh_hint_tokens`; 1: unweighted).
     """
 
     warmup_steps: int = 0
@@ -245,6 +247,7 @@ class StagesSection:
     warmup_lr: float = 1e-3
     warmup_hint_fraction: float = 0.0
     warmup_lr_schedule: str = "constant"
+    warmup_hint_token_weight: float = 1.0
     cold_start_steps: int = 1000
     cold_start_batch: int = 8
     lopd_steps: int = 50
@@ -258,6 +261,8 @@ class StagesSection:
         _positive(self, "stages", "warmup_batch", "cold_start_batch")
         if not 0.0 <= self.warmup_hint_fraction <= 1.0:
             raise ConfigError(f"stages.warmup_hint_fraction={self.warmup_hint_fraction} must be in [0, 1].")
+        if self.warmup_hint_token_weight <= 0:
+            raise ConfigError(f"stages.warmup_hint_token_weight={self.warmup_hint_token_weight} must be > 0.")
         if self.warmup_lr_schedule not in ("constant", "cosine"):
             raise ConfigError(f"stages.warmup_lr_schedule={self.warmup_lr_schedule!r}: use 'constant' or 'cosine'.")
         if self.eval_tasks is not None and self.eval_tasks < 1:

@@ -33,6 +33,7 @@ __all__ = [
     "scan_sequence_chunks",
     "topm_tail_reverse_kl",
     "masked_token_mean",
+    "weighted_token_mean",
     "rollout_mean",
     "privilege_delta",
     "advantages_from_rewards",
@@ -89,6 +90,15 @@ def masked_token_mean(x: jax.Array, mask: jax.Array, total_tokens=None) -> jax.A
     total = jnp.sum(jnp.where(m, x.astype(jnp.float32), 0.0))
     denom = jnp.sum(m, dtype=jnp.float32) if total_tokens is None else total_tokens
     return total / jnp.maximum(denom, 1.0)
+
+
+def weighted_token_mean(x: jax.Array, weight: jax.Array) -> jax.Array:
+    """sum(weight * x) / sum(weight) over the tokens with ``weight > 0`` (float ``[B, S]``);
+    0 when no token has weight. With 0/1 weights it is :func:`masked_token_mean`."""
+    w = weight.astype(jnp.float32)
+    _check_mask(x, w)
+    total = jnp.sum(jnp.where(w > 0, x.astype(jnp.float32), 0.0) * w)
+    return total / jnp.maximum(jnp.sum(jnp.where(w > 0, w, 0.0)), 1e-9)
 
 
 def rollout_mean(x: jax.Array, mask: jax.Array, total_rollouts=None) -> jax.Array:

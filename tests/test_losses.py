@@ -172,6 +172,24 @@ def test_masked_means_and_empty_rows():
         L.masked_token_mean(jnp.zeros((2, 3)), jnp.zeros((2, 4)))
 
 
+def test_weighted_token_mean_matches_numpy():
+    rng = np.random.default_rng(5)
+    x = f32(rng.normal(size=(3, 7)))
+    w = np.zeros((3, 7), np.float32)
+    w[0, :4] = 1.0
+    w[0, 2] = 10.0  # one up-weighted token
+    w[2, 3:] = rng.uniform(0.5, 3.0, size=4)
+    x_bad = x.copy()
+    x_bad[1] = np.nan  # unsupervised row
+    got = float(L.weighted_token_mean(jnp.asarray(x_bad), jnp.asarray(w)))
+    np.testing.assert_allclose(got, float((x * w).sum() / w.sum()), rtol=1e-6)
+    ones = (w > 0).astype(np.float32)
+    np.testing.assert_allclose(float(L.weighted_token_mean(jnp.asarray(x), jnp.asarray(ones))),
+                               float(L.masked_token_mean(jnp.asarray(x), jnp.asarray(ones))), rtol=1e-6)
+    val, grad = jax.value_and_grad(L.weighted_token_mean)(jnp.asarray(x), jnp.zeros((3, 7)))
+    assert float(val) == 0.0 and np.all(np.isfinite(np.asarray(grad)))
+
+
 def test_privilege_delta_matches_numpy():
     rng = np.random.default_rng(5)
     t = f32(rng.normal(size=(3, 5)))

@@ -48,7 +48,7 @@ def test_warmup_pool_adds_hinted_demonstrations():
     src = SyntheticTaskSource(n_train_per_family=2, n_heldout_per_family=1)
     tok = tiny_tokenizer("qwen3")
     ctx = SimpleNamespace(fmt=make_chat_format("qwen3", tok), source=src, train_tasks=src.tasks("train"),
-                          cfg=SimpleNamespace(seed=0, stages=SimpleNamespace(warmup_hint_fraction=0.5)))
+                          cfg=SimpleNamespace(seed=0, stages=SimpleNamespace(warmup_hint_fraction=0.5, warmup_hint_token_weight=1.0)))
     pool = warmup_pool(ctx)
     n = len(ctx.train_tasks)
     assert len(pool) == n + 9 and len({d.task.task_id for d in pool[n:]}) == 9
@@ -74,10 +74,39 @@ def test_warmup_pool_uses_the_sources_separate_warmup_tasks():
                               n_warmup_per_family=6)
     ctx = SimpleNamespace(fmt=make_chat_format("qwen3", tiny_tokenizer("qwen3")), source=src,
                           train_tasks=src.tasks("train"),
-                          cfg=SimpleNamespace(seed=0, stages=SimpleNamespace(warmup_hint_fraction=1.0)))
+                          cfg=SimpleNamespace(seed=0, stages=SimpleNamespace(warmup_hint_fraction=1.0, warmup_hint_token_weight=1.0)))
     pool = warmup_pool(ctx)
     assert len(pool) == 12 and {d.task.task_id for d in pool} == {t.task_id for t in src.warmup_tasks()}
     assert not {d.task.instruction for d in pool} & {t.instruction for t in src.tasks("train")}
+
+
+def test_hint_token_weight_scales_only_the_tokens_the_hint_supplies():
+    from types import SimpleNamespace
+
+    from lopd_jax.chat import make_chat_format
+    from lopd_jax.tokenizers import tiny_tokenizer
+    from train.warmup import warmup_pool
+
+    src = SyntheticTaskSource(n_train_per_family=4, n_heldout_per_family=2, families=["dispatch"],
+                              n_warmup_per_family=6)
+    tok = tiny_tokenizer("qwen3")
+    stages = SimpleNamespace(warmup_hint_fraction=1.0, warmup_hint_token_weight=1.0)
+    ctx = SimpleNamespace(fmt=make_chat_format("qwen3", tok), source=src, train_tasks=src.tasks("train"),
+                          cfg=SimpleNamespace(seed=0, stages=stages))
+    unweighted = warmup_pool(ctx)
+    stages.warmup_hint_token_weight = 10.0
+    weighted = warmup_pool(ctx)
+    for a, b in zip(unweighted[:6], weighted[:6]):  # plain copies untouched
+        np.testing.assert_array_equal(a.mask, b.mask)
+    for a, b in zip(unweighted[6:], weighted[6:]):
+        np.testing.assert_array_equal(a.tokens, b.tokens)
+        up = b.mask == 10.0
+        # exactly the hub's city token, in the call and in the final answer
+        words = [tok.decode([int(t)]) for t in b.tokens[up]]
+        assert len(words) == 2 and words[0] == words[1]
+        assert f'"hub": "{words[0]}"' in src.oracle_hint(b.task) and words[0] not in b.task.instruction
+        np.testing.assert_array_equal(b.mask[~up], a.mask[~up])
+        assert a.mask[up].tolist() == [1, 1]
 
 
 def test_premise_cli_prints_three_rows(tmp_path):

@@ -10,6 +10,7 @@ NLL on the assistant tokens (AdamW). Real checkpoints skip it (``stages.warmup_s
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import jax
@@ -94,20 +95,43 @@ def warmup_pool(ctx) -> list[Trajectory]:
     n = round(ctx.cfg.stages.warmup_hint_fraction * len(tasks))
     if n:
         chosen = random.Random(f"warmup-hints:{ctx.cfg.seed}").sample(tasks, n)
-        demos += demonstrations(ctx, chosen, HintedTaskSource(ctx.source))
+        plain = {d.task.task_id: d for d in demos}
+        weight = ctx.cfg.stages.warmup_hint_token_weight
+        demos += [weigh_hint_tokens(plain[h.task.task_id], h, weight)
+                  for h in demonstrations(ctx, chosen, HintedTaskSource(ctx.source))]
     return demos
 
 
+def _prompt_ids(traj: Trajectory) -> np.ndarray:
+    supervised = np.flatnonzero(traj.mask)
+    return traj.tokens[:supervised[0] if supervised.size else len(traj.tokens)]
+
+
+def weigh_hint_tokens(plain: Trajectory, hinted: Trajectory, weight: float) -> Trajectory:
+    """``hinted`` with its supervision mask scaled by ``weight`` on the tokens only the hint
+    supplies: supervised tokens whose id occurs in the hinted prompt but nowhere in the plain
+    prompt of the same task (for ``dispatch.ship``, the hub's city token). The warm-up's loss
+    is a weighted token mean, so this raises the share of the gradient that only reading the
+    hint can reduce (``stages.warmup_hint_token_weight``; 1 leaves ``hinted`` unchanged)."""
+    if weight == 1.0:
+        return hinted
+    added = np.setdiff1d(_prompt_ids(hinted), _prompt_ids(plain))
+    scale = np.where(np.isin(hinted.tokens, added), np.float32(weight), np.float32(1.0))
+    return dataclasses.replace(hinted, mask=hinted.mask.astype(np.float32) * scale)
+
+
 def sft_loss(system, params, lora0, batch):
-    """Token-mean NLL of the supervised (assistant) tokens under backbone ``params``."""
+    """Token-mean NLL of the supervised (assistant) tokens under backbone ``params``, each
+    token weighted by its ``loss_mask`` value (1, or :func:`weigh_hint_tokens`' weight)."""
     model = system.backbone(params, jax.lax.stop_gradient(lora0))
     tokens, amask = batch["tokens"], batch["attention_mask"].astype(bool)
     hidden = model(tokens, attention_mask=amask, return_hidden=True)
     logp = chunked_token_logp(hidden[:, :-1], model.lm_head_kernel(), tokens[:, 1:],
                               chunk_size=system.step_cfg.logits_chunk, compute_dtype=system.model_cfg.jnp_dtype)
-    mask = batch["loss_mask"][:, 1:].astype(jnp.float32)
-    nll = losses.nll_token_mean(logp, mask)
-    return nll, {"nll": nll, "tokens": jnp.sum(mask)}
+    weight = batch["loss_mask"][:, 1:].astype(jnp.float32)
+    nll = losses.nll_token_mean(logp, weight)  # unweighted, the logged metric
+    loss = losses.weighted_token_mean(-logp, weight)
+    return loss, {"nll": nll, "tokens": jnp.sum(weight > 0, dtype=jnp.float32)}
 
 
 def learning_rate(stages):
