@@ -210,6 +210,9 @@ def named_config(name: str, **overrides: Any) -> ModelConfig:
         # tiny sizes for tests and the CPU default; head_dim != hidden / heads on purpose
         "tiny_qwen3": lambda: qwen3(64, 128, 2, 4, 2, tie=True, vocab=512, head_dim=24,
                                     max_position_embeddings=4096),
+        # 4 layers, twice as wide: the CPU miniature's capacity check (docs/miniature.md)
+        "small_qwen3": lambda: qwen3(128, 384, 4, 4, 2, tie=True, vocab=512, head_dim=32,
+                                     max_position_embeddings=4096),
         "tiny_olmo3": lambda: olmo3(64, 128, 4, 4, 4, vocab=512, head_dim=16, sliding_window=8,
                                     full_rope=dataclasses.replace(OLMO3_YARN, original_max_position_embeddings=64)),
     }
