@@ -38,17 +38,24 @@ def test_hinted_source_prefixes_the_first_user_message_and_keeps_the_reward():
     assert hint_block("H", "B", "A") == "B\nH\nA\n\n"
 
 
-def test_warmup_pool_adds_hinted_demonstrations():
+def _pool_ctx(src, tok, hint_fraction, hint_token_weight=1.0):
+    """The slice of a run context that :func:`train.warmup.warmup_pool` reads."""
     from types import SimpleNamespace
 
     from lopd_jax.chat import make_chat_format
+
+    stages = SimpleNamespace(warmup_hint_fraction=hint_fraction, warmup_hint_token_weight=hint_token_weight)
+    return SimpleNamespace(fmt=make_chat_format("qwen3", tok), source=src, train_tasks=src.tasks("train"),
+                           cfg=SimpleNamespace(seed=0, stages=stages))
+
+
+def test_warmup_pool_adds_hinted_demonstrations():
     from lopd_jax.tokenizers import tiny_tokenizer
     from train.warmup import warmup_pool
 
     src = SyntheticTaskSource(n_train_per_family=2, n_heldout_per_family=1)
     tok = tiny_tokenizer("qwen3")
-    ctx = SimpleNamespace(fmt=make_chat_format("qwen3", tok), source=src, train_tasks=src.tasks("train"),
-                          cfg=SimpleNamespace(seed=0, stages=SimpleNamespace(warmup_hint_fraction=0.5, warmup_hint_token_weight=1.0)))
+    ctx = _pool_ctx(src, tok, 0.5)
     pool = warmup_pool(ctx)
     n = len(ctx.train_tasks)
     assert len(pool) == n + 9 and len({d.task.task_id for d in pool[n:]}) == 9
@@ -64,38 +71,26 @@ def test_warmup_pool_adds_hinted_demonstrations():
 
 
 def test_warmup_pool_uses_the_sources_separate_warmup_tasks():
-    from types import SimpleNamespace
-
-    from lopd_jax.chat import make_chat_format
     from lopd_jax.tokenizers import tiny_tokenizer
     from train.warmup import warmup_pool
 
     src = SyntheticTaskSource(n_train_per_family=4, n_heldout_per_family=2, families=["dispatch"],
                               n_warmup_per_family=6)
-    ctx = SimpleNamespace(fmt=make_chat_format("qwen3", tiny_tokenizer("qwen3")), source=src,
-                          train_tasks=src.tasks("train"),
-                          cfg=SimpleNamespace(seed=0, stages=SimpleNamespace(warmup_hint_fraction=1.0, warmup_hint_token_weight=1.0)))
+    ctx = _pool_ctx(src, tiny_tokenizer("qwen3"), 1.0)
     pool = warmup_pool(ctx)
     assert len(pool) == 12 and {d.task.task_id for d in pool} == {t.task_id for t in src.warmup_tasks()}
     assert not {d.task.instruction for d in pool} & {t.instruction for t in src.tasks("train")}
 
 
 def test_hint_token_weight_scales_only_the_tokens_the_hint_supplies():
-    from types import SimpleNamespace
-
-    from lopd_jax.chat import make_chat_format
     from lopd_jax.tokenizers import tiny_tokenizer
     from train.warmup import warmup_pool
 
     src = SyntheticTaskSource(n_train_per_family=4, n_heldout_per_family=2, families=["dispatch"],
                               n_warmup_per_family=6)
     tok = tiny_tokenizer("qwen3")
-    stages = SimpleNamespace(warmup_hint_fraction=1.0, warmup_hint_token_weight=1.0)
-    ctx = SimpleNamespace(fmt=make_chat_format("qwen3", tok), source=src, train_tasks=src.tasks("train"),
-                          cfg=SimpleNamespace(seed=0, stages=stages))
-    unweighted = warmup_pool(ctx)
-    stages.warmup_hint_token_weight = 10.0
-    weighted = warmup_pool(ctx)
+    unweighted = warmup_pool(_pool_ctx(src, tok, 1.0))
+    weighted = warmup_pool(_pool_ctx(src, tok, 1.0, hint_token_weight=10.0))
     for a, b in zip(unweighted[:6], weighted[:6]):  # plain copies untouched
         np.testing.assert_array_equal(a.mask, b.mask)
     for a, b in zip(unweighted[6:], weighted[6:]):
