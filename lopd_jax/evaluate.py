@@ -5,7 +5,11 @@
 
 ``--model`` is a Hugging Face checkpoint directory (or ``gs://`` prefix) with its tokenizer
 files, or ``tiny``: the ``tiny_qwen3`` backbone with random weights (seeded by ``--seed``)
-and the tiny Qwen3-format tokenizer, for smoke runs.
+and the tiny Qwen3-format tokenizer, for smoke runs. A run's export (``<workdir>/export``
+or ``python -m lopd_jax.export``) carries the run's task source and episode caps
+(``lopd_run.json``); options left unset take them from there (:func:`fill_run_defaults`), so
+the tiny run's student is evaluated with its 96-token turns rather than a real model's
+2,048. A progress bar counts finished episodes, with rate and ETA.
 
 ``--composer_from=WORKDIR`` (instead of ``--model``) evaluates the paper's "Base + Composer"
 row: the run's base policy theta0 with its composer's latents (from ``n_ret`` experiences
@@ -43,6 +47,8 @@ TINY = "tiny"
 
 def build_parser() -> argparse.ArgumentParser:
     """The command-line options."""
+    from train.rollout import RolloutConfig
+
     p = argparse.ArgumentParser(prog="python -m lopd_jax.evaluate", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="Hugging Face checkpoint dir / gs:// prefix, or 'tiny'")
     p.add_argument("--composer_from", default=None,
@@ -52,20 +58,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env", default=None,
                    help=f"task source, one of {known_task_sources()} (default synthetic; with --composer_from "
                         "the run's own source)")
-    p.add_argument("--env_kwargs", default="{}", help="JSON object of task-source arguments")
+    p.add_argument("--env_kwargs", default=None,
+                   help="JSON object of task-source arguments (default: the run's, for a run's export on its own "
+                        "source; else {})")
     p.add_argument("--split", default="heldout", choices=("train", "heldout"))
     p.add_argument("--num_tasks", type=int, default=None, help="evaluate the first N tasks (default: all)")
     p.add_argument("--out", default=None, help="write the metrics and per-task results here (JSON)")
     p.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
     p.add_argument("--top_p", type=float, default=0.95)
     p.add_argument("--top_k", type=int, default=20, help="0 = off")
-    p.add_argument("--max_steps", type=int, default=30, help="environment steps per episode")
-    p.add_argument("--max_turn_tokens", type=int, default=2048)
-    p.add_argument("--max_total_tokens", type=int, default=40_960)
+    caps = RolloutConfig()
+    p.add_argument("--max_steps", type=int, default=None,
+                   help=f"environment steps per episode (default: the run's; else {caps.max_env_steps})")
+    p.add_argument("--max_turn_tokens", type=int, default=None,
+                   help=f"tokens per model turn (default: the run's; else {caps.max_turn_tokens})")
+    p.add_argument("--max_total_tokens", type=int, default=None,
+                   help=f"tokens per episode (default: the run's; else {caps.max_total_tokens})")
     p.add_argument("--batch_size", type=int, default=32, help="trajectories sampled together")
     p.add_argument("--env_workers", type=int, default=0, help="threads for environment steps")
     p.add_argument("--chat_format", default=None, help="chat format family (default: the model's family)")
-    p.add_argument("--enable_thinking", action="store_true", help="let the model open a <think> block")
+    p.add_argument("--enable_thinking", action="store_true", default=None,
+                   help="let the model open a <think> block (default: the run's setting for its export)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--success_threshold", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
@@ -88,24 +101,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             parser.error("--env does not apply with --composer_from (the run's own task source is used)")
     elif args.model != TINY and not args.model.startswith("gs://") and not os.path.isdir(args.model):
         parser.error(f"--model={args.model!r} is neither 'tiny' nor an existing checkpoint directory")
-    if args.composer_from is None and args.env is None:
-        args.env = "synthetic"
     if args.env is not None and args.env not in known_task_sources():
         parser.error(f"--env={args.env!r} is unknown; choose one of {known_task_sources()}")
-    try:
-        args.env_kwargs = json.loads(args.env_kwargs)
-    except json.JSONDecodeError as e:
-        parser.error(f"--env_kwargs is not valid JSON ({e.msg}); pass e.g. '{{\"n_heldout_per_family\": 4}}'")
-    if not isinstance(args.env_kwargs, dict):
-        parser.error("--env_kwargs must be a JSON object")
+    if args.env_kwargs is not None:
+        try:
+            args.env_kwargs = json.loads(args.env_kwargs)
+        except json.JSONDecodeError as e:
+            parser.error(f"--env_kwargs is not valid JSON ({e.msg}); pass e.g. '{{\"n_heldout_per_family\": 4}}'")
+        if not isinstance(args.env_kwargs, dict):
+            parser.error("--env_kwargs must be a JSON object")
     checks = [
         (args.num_tasks is None or args.num_tasks >= 1, "--num_tasks must be >= 1"),
         (args.temperature >= 0, "--temperature must be >= 0 (0 = greedy)"),
         (0 < args.top_p <= 1, "--top_p must be in (0, 1]"),
         (args.top_k >= 0, "--top_k must be >= 0 (0 = off)"),
-        (args.max_steps >= 1, "--max_steps must be >= 1"),
-        (args.max_turn_tokens >= 1, "--max_turn_tokens must be >= 1"),
-        (args.max_total_tokens >= 2, "--max_total_tokens must be >= 2"),
+        (args.max_steps is None or args.max_steps >= 1, "--max_steps must be >= 1"),
+        (args.max_turn_tokens is None or args.max_turn_tokens >= 1, "--max_turn_tokens must be >= 1"),
+        (args.max_total_tokens is None or args.max_total_tokens >= 2, "--max_total_tokens must be >= 2"),
         (args.batch_size >= 1, "--batch_size must be >= 1"),
         (args.env_workers >= 0, "--env_workers must be >= 0"),
     ]
@@ -168,7 +180,8 @@ def sharded_params(model, rules) -> dict:
     return params
 
 
-def rollout_batch(sampler, params, fmt, make_env, tasks, rng, config, sampling, latents_for=None) -> list:
+def rollout_batch(sampler, params, fmt, make_env, tasks, rng, config, sampling, latents_for=None,
+                  on_turn=None) -> list:
     """Trajectories of every task of ``tasks`` (one batch, the same list on every process),
     in order, on every process.
 
@@ -176,7 +189,8 @@ def rollout_batch(sampler, params, fmt, make_env, tasks, rng, config, sampling, 
     sampler) each process rolls out the rows it owns of the batch bucket and the
     trajectories are gathered (:func:`train.distributed.allgather_list`).
     ``latents_for(tasks, lo, hi)`` gives the :class:`train.rollout.LatentContext` of
-    ``tasks[lo:hi]`` (Base + Composer).
+    ``tasks[lo:hi]`` (Base + Composer); ``on_turn`` is :func:`train.rollout.rollout`'s
+    progress callback (this process's episodes).
     """
     from train import distributed
     from train.rollout import rollout
@@ -184,14 +198,58 @@ def rollout_batch(sampler, params, fmt, make_env, tasks, rng, config, sampling, 
     tasks = list(tasks)
     if not sampler.multihost:
         latents = None if latents_for is None else latents_for(tasks, 0, len(tasks))
-        return rollout(sampler, params, fmt, make_env, tasks, rng, config, sampling=sampling, latents=latents)
+        return rollout(sampler, params, fmt, make_env, tasks, rng, config, sampling=sampling, latents=latents,
+                       on_turn=on_turn)
     rows = sampler.batch_bucket(len(tasks))
     lo, hi = sampler.local_rows(rows)
     lo, hi = min(lo, len(tasks)), min(hi, len(tasks))
     latents = None if latents_for is None else latents_for(tasks, lo, hi)
     mine = rollout(sampler, params, fmt, make_env, tasks[lo:hi], rng, config, sampling=sampling, latents=latents,
-                   global_rows=rows)
+                   global_rows=rows, on_turn=on_turn)
     return distributed.allgather_list(mine)
+
+
+def fill_run_defaults(args: argparse.Namespace, run_cfg=None) -> str | None:
+    """Fill the options left unset (``None``) in ``args``: the task source, its kwargs, the
+    episode caps and ``enable_thinking``. They come from the run that made the policy --
+    ``run_cfg`` (the saved config of ``--composer_from``) or the
+    :data:`train.run_reader.EXPORT_RUN_FILE` of a run's export given as ``--model`` -- so a
+    run's policy is evaluated on the episodes it was trained on (the tiny run's are 96
+    tokens per turn, not a real model's 2,048); otherwise the ``synthetic`` source and
+    :class:`train.rollout.RolloutConfig`'s defaults. The run's task-source kwargs apply
+    only to its own source. Returns a line saying what came from a run, or None."""
+    from train.rollout import RolloutConfig
+    from train.run_reader import export_run_info, read_export_run_info
+
+    if run_cfg is not None:
+        info, origin = export_run_info(run_cfg), f"the run in {args.composer_from}"
+    elif args.model not in (None, TINY):
+        info, origin = read_export_run_info(args.model), f"the run that exported {args.model}"
+    else:
+        info, origin = None, None
+    info = info or {}
+    env, caps = info.get("env", {}), info.get("rollout", {})
+    taken = []
+    if args.composer_from is None and args.env is None:
+        args.env = env.get("source", "synthetic")
+        taken += ["env"] if "source" in env else []
+    if args.env_kwargs is None:
+        same_source = args.composer_from is not None or args.env == env.get("source")
+        args.env_kwargs = dict(env.get("kwargs", {})) if same_source else {}
+        taken += ["env_kwargs"] if same_source and "kwargs" in env else []
+    default = RolloutConfig()
+    for flag, key in (("max_steps", "max_env_steps"), ("max_turn_tokens", "max_turn_tokens"),
+                      ("max_total_tokens", "max_total_tokens")):
+        if getattr(args, flag) is None:
+            setattr(args, flag, int(caps.get(key, getattr(default, key))))
+            taken += [flag] if key in caps else []
+    if args.enable_thinking is None:
+        args.enable_thinking = bool(info.get("chat", {}).get("enable_thinking", False))
+    if not taken:
+        return None
+    return (f"settings from {origin} ({', '.join(taken)}; flags override): env {args.env or 'run'} "
+            f"{json.dumps(args.env_kwargs)}, max_steps {args.max_steps}, max_turn_tokens {args.max_turn_tokens}, "
+            f"max_total_tokens {args.max_total_tokens}")
 
 
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
@@ -202,6 +260,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from lopd_jax.envs.registry import get_task_source
     from lopd_jax.eval_stats import behaviour_stats
     from train.rollout import RolloutConfig
+    from train.metrics import Progress
     from train.sampler import Sampler, SamplingParams
 
     run = None
@@ -211,7 +270,9 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
 
         run = load_composer_run(args.composer_from, args.composer_stage)
         source, fmt, sampler, params = run.ctx.source, run.ctx.fmt, run.ctx.sampler, run.base_params()
+        _note(fill_run_defaults(args, run.ctx.cfg))
     else:
+        _note(fill_run_defaults(args))
         try:
             source = get_task_source(args.env, **args.env_kwargs)
         except TypeError as e:
@@ -241,9 +302,11 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         from lopd_jax.composer_eval import rows_latent_context
         latents_for = lambda batch, lo, hi: rows_latent_context(run, batch, lo, hi)  # noqa: E731
     trajs = []
-    for i in range(0, len(tasks), args.batch_size):
-        trajs += rollout_batch(sampler, params, fmt, source.make_env, tasks[i:i + args.batch_size],
-                               jax.random.fold_in(rng, i), config, sampling, latents_for)
+    with Progress(len(tasks), "evaluate", unit="episode") as bar:
+        # each process reports the episodes it rolls out: on a pod process 0's bar is its share
+        for i in range(0, len(tasks), args.batch_size):
+            trajs += rollout_batch(sampler, params, fmt, source.make_env, tasks[i:i + args.batch_size],
+                                   jax.random.fold_in(rng, i), config, sampling, latents_for, on_turn=bar.update)
     elapsed = time.perf_counter() - start
     metrics = behaviour_stats(trajs, success_threshold=args.success_threshold)
     metrics["rollout_seconds"] = round(elapsed, 3)
@@ -258,6 +321,13 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
                                "latent_slots": eval_layout(run.ctx).num_slots,
                                "block_tokens": eval_layout(run.ctx).length}
     return {"config": vars(args), "metrics": metrics, "trajectories": per_task}
+
+
+def _note(line: str | None) -> None:
+    """Print ``line`` (if any) to stderr on process 0."""
+    import jax
+    if line and jax.process_index() == 0:
+        print(f"[lopd] evaluate: {line}", file=sys.stderr, flush=True)
 
 
 def _mean_generated(values, mask) -> float:

@@ -340,10 +340,18 @@ def run(cfg, resumed: bool = False) -> str | dict:
 
 
 def export_student(ctx: RunContext, student, frozen, out_dir: str, dtype: str | None = None) -> list[str]:
-    """Write the student as a Hugging Face checkpoint (with the tokenizer) to ``out_dir``."""
+    """Write the student as a Hugging Face checkpoint (with the tokenizer) to ``out_dir``,
+    plus the run's :data:`train.run_reader.EXPORT_RUN_FILE` (task source, episode caps)."""
+    import json
+
     from models import save_pretrained
+    from train.run_reader import EXPORT_RUN_FILE, export_run_info
     model = ctx.student_model(student, frozen)
     dtype = dtype or ctx.cfg.model.param_dtype
-    return save_pretrained(model, out_dir, dtype=dtype, tokenizer=ctx.tokenizer, merge_lora=True,
-                           extra_config={"eos_token_id": ctx.fmt.end_of_turn_id,
-                                         "pad_token_id": ctx.tokenizer.pad_token_id})
+    written = save_pretrained(model, out_dir, dtype=dtype, tokenizer=ctx.tokenizer, merge_lora=True,
+                              extra_config={"eos_token_id": ctx.fmt.end_of_turn_id,
+                                            "pad_token_id": ctx.tokenizer.pad_token_id})
+    if jax.process_index() == 0:
+        files.write_text(files.join(out_dir, EXPORT_RUN_FILE), json.dumps(export_run_info(ctx.cfg), indent=2))
+        written.append(EXPORT_RUN_FILE)
+    return written

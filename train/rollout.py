@@ -207,7 +207,7 @@ def _advance(ep: _Episode, ids: np.ndarray, lps: np.ndarray, raws: np.ndarray, f
 def rollout(sampler: Sampler, params, fmt: ChatFormat, make_env: Callable[[], Environment],
             tasks: Sequence[Task], rng: jax.Array, config: RolloutConfig = RolloutConfig(),
             sampling: SamplingParams | None = None, latents: LatentContext | None = None,
-            global_rows: int | None = None) -> list[Trajectory]:
+            global_rows: int | None = None, on_turn: Callable[[int], None] | None = None) -> list[Trajectory]:
     """Run one episode per task (repeat a task for a group) with all of them batched.
 
     Args:
@@ -223,6 +223,8 @@ def rollout(sampler: Sampler, params, fmt: ChatFormat, make_env: Callable[[], En
         policy on composer latents (see the module docstring).
       global_rows: multi-host only: the rows of the whole batch over all processes
         (``tasks`` are this process's share; see the module docstring).
+      on_turn: called after every turn with the number of this process's episodes that
+        finished in it (progress reporting).
 
     Returns:
       One :class:`Trajectory` per task (this process's), in order.
@@ -292,7 +294,10 @@ def rollout(sampler: Sampler, params, fmt: ChatFormat, make_env: Callable[[], En
                     _advance(*a)
             else:
                 list(pool.map(lambda a: _advance(*a), args))
+            before = sum(i is not None for i in rows)
             rows = [None if i is None or episodes[i].finish_reason is not None else i for i in rows]
+            if on_turn is not None:
+                on_turn(before - sum(i is not None for i in rows))
             live = [r for r, i in enumerate(rows) if i is not None]
             if live and not multihost and sampler.batch_bucket(len(live)) < cache.batch:
                 cache = sampler.compact(cache, live)

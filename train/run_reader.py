@@ -153,3 +153,39 @@ def open_run(workdir: str, cfg) -> Run:
     :func:`lopd_jax.run_config.load_run_config`, which raises
     :class:`lopd_jax.errors.ConfigError` when there is none or it does not load)."""
     return Run(workdir, dataclasses.replace(cfg, workdir=workdir))  # the run may have moved
+
+
+# A Hugging Face export of a run's student carries this file: where the policy came from
+# and the episode settings it was trained and evaluated with, so that
+# ``python -m lopd_jax.evaluate --model=EXPORT`` evaluates it the way the run did.
+EXPORT_RUN_FILE = "lopd_run.json"
+
+
+def export_run_info(cfg) -> dict[str, Any]:
+    """The :data:`EXPORT_RUN_FILE` record of a run with config ``cfg``: its workdir, task
+    source (name and kwargs), episode caps and chat settings."""
+    r = cfg.rollout
+    return {"workdir": cfg.workdir,
+            "env": {"source": cfg.env.source, "kwargs": dict(cfg.env.kwargs)},
+            "rollout": {"max_env_steps": r.max_env_steps, "max_turn_tokens": r.max_turn_tokens,
+                        "max_total_tokens": r.max_total_tokens},
+            "chat": {"enable_thinking": r.enable_thinking}}
+
+
+def read_export_run_info(model_dir: str) -> dict[str, Any] | None:
+    """The :data:`EXPORT_RUN_FILE` record of a Hugging Face checkpoint directory (local or
+    ``gs://``), or None when it is not a run's export."""
+    import json
+
+    from lopd_jax import files
+    path = files.join(model_dir, EXPORT_RUN_FILE)
+    if not files.exists(path):
+        return None
+    try:
+        info = json.loads(files.read_text(path))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON ({e.msg}); delete it to evaluate {model_dir!r} with "
+                         "the command-line defaults") from e
+    if not isinstance(info, dict):
+        raise ValueError(f"{path} must hold a JSON object; delete it to use the command-line defaults")
+    return info
