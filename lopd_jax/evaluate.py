@@ -97,8 +97,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         from lopd_jax import files
         if not files.exists(files.join(args.composer_from, "config.json")):  # local or gs://
             parser.error(f"--composer_from={args.composer_from!r} is not a training run directory (no config.json)")
-        if args.env is not None:
-            parser.error("--env does not apply with --composer_from (the run's own task source is used)")
+        if args.env is not None or args.env_kwargs is not None:
+            parser.error("--env and --env_kwargs do not apply with --composer_from (the run's own task source is used)")
     elif args.model != TINY and not args.model.startswith("gs://") and not os.path.isdir(args.model):
         parser.error(f"--model={args.model!r} is neither 'tiny' nor an existing checkpoint directory")
     if args.env is not None and args.env not in known_task_sources():
@@ -230,11 +230,13 @@ def fill_run_defaults(args: argparse.Namespace, run_cfg=None) -> str | None:
     info = info or {}
     env, caps = info.get("env", {}), info.get("rollout", {})
     taken = []
-    if args.composer_from is None and args.env is None:
+    if args.composer_from is not None:  # the run's own task source, as it is (parse_args forbids --env)
+        args.env, args.env_kwargs = env["source"], dict(env["kwargs"])
+    if args.env is None:
         args.env = env.get("source", "synthetic")
         taken += ["env"] if "source" in env else []
     if args.env_kwargs is None:
-        same_source = args.composer_from is not None or args.env == env.get("source")
+        same_source = args.env == env.get("source")
         args.env_kwargs = dict(env.get("kwargs", {})) if same_source else {}
         taken += ["env_kwargs"] if same_source and "kwargs" in env else []
     default = RolloutConfig()
@@ -247,7 +249,7 @@ def fill_run_defaults(args: argparse.Namespace, run_cfg=None) -> str | None:
         args.enable_thinking = bool(info.get("chat", {}).get("enable_thinking", False))
     if not taken:
         return None
-    return (f"settings from {origin} ({', '.join(taken)}; flags override): env {args.env or 'run'} "
+    return (f"settings from {origin} ({', '.join(taken)}; flags override): env {args.env} "
             f"{json.dumps(args.env_kwargs)}, max_steps {args.max_steps}, max_turn_tokens {args.max_turn_tokens}, "
             f"max_total_tokens {args.max_total_tokens}")
 

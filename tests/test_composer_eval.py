@@ -79,7 +79,8 @@ def test_evaluate_composer_from_run(tmp_path_factory, tmp_path):
 
     workdir, _ = ensure_full_run(tmp_path_factory)
     for bad in ([f"--composer_from={tmp_path}"], [f"--composer_from={workdir}", "--model=tiny"],
-                [f"--composer_from={workdir}", "--env=synthetic"], []):
+                [f"--composer_from={workdir}", "--env=synthetic"], [f"--composer_from={workdir}", "--env_kwargs={}"],
+                []):
         with pytest.raises(SystemExit) as e:
             parse_args(bad)
         assert e.value.code == 2

@@ -3,7 +3,8 @@
 The commands are read from the README's block between ``<!-- quickstart -->`` and
 ``<!-- /quickstart -->``, so the README cannot drift from what works. Each runs as
 written, relative workdir included, with the tiny run shortened by dotted overrides
-appended to the train command (and fewer, shorter tasks to the evaluations). JAX_PLATFORMS is
+appended to the train command (and fewer tasks to the evaluations, which take the
+shortened run's episode caps from it). JAX_PLATFORMS is
 left unset, as a new user's shell has it: the output must carry no libtpu TPU-detection
 noise and must start by saying which devices and processes the run uses.
 """
@@ -25,7 +26,8 @@ SHORT = ["stages.warmup_steps=3", "stages.warmup_batch=4", "stages.cold_start_st
          "env.kwargs.n_train_per_family=1", "env.kwargs.n_heldout_per_family=1", "bank.min_reward=0.0",
          "checkpoint.every_steps=1", "composer.max_experience_tokens=64", "rollout.max_env_steps=2",
          "rollout.max_turn_tokens=32"]
-EVAL_SHORT = ["--num_tasks=2", "--max_turn_tokens=32", "--max_steps=2"]
+# the evaluations take the (shortened) run's episode caps themselves: only fewer tasks here
+EVAL_SHORT = ["--num_tasks=2"]
 # what libtpu prints when it looks for a TPU on a host without one
 TPU_NOISE = re.compile(r"libtpu|TPU accelerator type|host bounds|worker hostname|TPU_WORKER_HOSTNAMES|^E0000"
                        r"|PyTorch was not found", re.M | re.I)
@@ -80,13 +82,15 @@ def test_readme_quickstart_runs_verbatim(tmp_path):
     saved = json.loads((workdir / "config.json").read_text())
     assert saved["workdir"] == str(workdir)  # relative workdir made absolute (Orbax needs it)
     assert (workdir / "checkpoints" / "lopd").is_dir()
-    for argv, stdout, _ in outputs[1:]:
+    for argv, stdout, stderr in outputs[1:]:
         if argv[2] == "lopd_jax.export":
             out = [a.split("=", 1)[1] for a in argv if a.startswith("--out=")][0]
             assert (cwd / out / "config.json").is_file() and list((cwd / out).glob("*.safetensors"))
-        else:  # evaluate prints its metrics as JSON
+        else:  # evaluate prints its metrics as JSON, and the run's caps and its progress to stderr
             metrics = json.loads(stdout[stdout.index("{"):])
             assert 0.0 <= metrics["mean_reward"] <= 1.0
+            assert "max_steps 2, max_turn_tokens 32, max_total_tokens 512" in stderr, stderr[-2000:]
+            assert re.search(r"evaluate: 100%.*2/2", stderr), stderr[-2000:]
 
 
 def test_quickstart_block_is_found(tmp_path):

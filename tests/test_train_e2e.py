@@ -144,3 +144,48 @@ def test_empty_bank_stops_with_explanation(tmp_path):
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert "experience bank is empty" in proc.stderr and "bank.min_reward" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_evaluate_of_the_export_replays_the_runs_own_episodes(full_run, tmp_path):
+    """``evaluate --model=<run>/export`` with no episode flags uses the run's task source and
+    caps (from the export's lopd_run.json) and, greedy, reproduces the episodes the run's
+    own machinery rolls out with the student: the exported weights, tokenizer and chat
+    template render and decode exactly what training saw."""
+    import jax
+
+    from lopd_jax.evaluate import main
+    from lopd_jax.run_config import load_run_config
+    from train.rollout import rollout
+    from train.run_reader import EXPORT_RUN_FILE, open_run
+    from train.sampler import SamplingParams
+
+    workdir, _ = full_run
+    info = json.load(open(os.path.join(workdir, "export", EXPORT_RUN_FILE)))
+    assert info["rollout"] == {"max_env_steps": 2, "max_turn_tokens": 32, "max_total_tokens": 512}
+    out = tmp_path / "eval.json"
+    assert main([f"--model={workdir}/export", "--split=heldout", "--temperature=0", "--num_tasks=3",
+                 f"--out={out}"]) == 0
+    result = json.loads(out.read_text())
+    cfg = result["config"]
+    assert (cfg["env"], cfg["max_steps"], cfg["max_turn_tokens"], cfg["max_total_tokens"]) == ("synthetic", 2, 32, 512)
+    assert cfg["env_kwargs"] == info["env"]["kwargs"] and cfg["env_kwargs"]["n_heldout_per_family"] == 1
+    # a flag still wins over the run's setting
+    out2 = tmp_path / "eval2.json"
+    assert main([f"--model={workdir}/export", "--temperature=0", "--num_tasks=1", "--max_turn_tokens=4",
+                 f"--out={out2}"]) == 0
+    again = json.loads(out2.read_text())
+    assert again["config"]["max_turn_tokens"] == 4 and max(again["trajectories"][0]["turn_lengths"]) <= 4
+
+    run = open_run(workdir, load_run_config(workdir))
+    ctx = run.ctx
+    tasks = ctx.source.tasks("heldout")[:3]
+    greedy = SamplingParams(temperature=0.0, top_p=ctx.cfg.rollout.top_p, top_k=ctx.cfg.rollout.top_k)
+    own = rollout(ctx.sampler, ctx.policy_params(run.student(), run.theta0()), ctx.fmt, ctx.source.make_env, tasks,
+                  jax.random.key(0), ctx.cfg.rollout.rollout_config(), greedy)
+    for mine, theirs in zip(own, result["trajectories"]):
+        assert theirs["task_id"] == mine.task.task_id
+        assert (theirs["turn_lengths"], theirs["finish_reason"], theirs["reward"]) == \
+            (list(mine.turn_lengths), mine.finish_reason, mine.reward)
+        gen = np.asarray(mine.mask) > 0
+        np.testing.assert_allclose(theirs["mean_raw_logprob"], float(np.asarray(mine.raw_logprobs)[gen].mean()),
+                                   atol=1e-4)
