@@ -21,6 +21,11 @@ What is compared, and how:
   temporaries on every call), while PyTorch's first call after JAX was not slower.
   ``--settle 0`` times the switch. The minor page faults per timed call are printed.
 
+Attention: ``--attention causal_plain`` (default here; tiles of ``--attention_block`` 128)
+computes the scores of the causal lower-triangle tiles only -- what PyTorch's SDPA does
+for a causal mask -- and is exact for the default positions (``models.attention``);
+``plain`` computes every score and masks.
+
 Layers: ``--layers_impl unrolled`` (default here) traces each layer separately, which
 lets XLA fuse and schedule across layer boundaries on the CPU; ``scan`` runs the layers
 in ``jax.lax.scan`` as the TPU configs do (smaller programs, faster compiles for deep
@@ -60,6 +65,9 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch intra-op threads")
     p.add_argument("--remat", default="none")
     p.add_argument("--layers_impl", default="unrolled", choices=("unrolled", "scan"))
+    p.add_argument("--attention", default="causal_plain", choices=("plain", "causal_plain", "blockwise"),
+                   help="our attention (causal_plain: plain attention over the causal lower-triangle tiles)")
+    p.add_argument("--attention_block", type=int, default=128, help="tile size of causal_plain / blockwise")
     args = p.parse_args(argv)
 
     import jax
@@ -84,7 +92,8 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as d:
         hm.save_pretrained(d)
         model = models.from_pretrained(d, dtype="float32", remat_policy=args.remat,
-                                       scan_layers=args.layers_impl == "scan")
+                                       scan_layers=args.layers_impl == "scan", attention_impl=args.attention,
+                                       attention_block_q=args.attention_block, attention_block_kv=args.attention_block)
 
     def loss_fn(m, x):
         # Cross-entropy as logsumexp minus the target's logit, the form the library's losses
@@ -121,7 +130,7 @@ def main(argv=None):
 
     load0 = os.getloadavg()[0]
     print(f"model: {n_params / 1e6:.1f}M params (hidden {args.hidden}, {args.layers} layers {args.layers_impl}, "
-          f"vocab {args.vocab}, fp32); batch {args.batch} x {args.seq} tokens; torch threads "
+          f"vocab {args.vocab}, fp32, attention {args.attention}/{args.attention_block} vs sdpa); batch {args.batch} x {args.seq} tokens; torch threads "
           f"{torch.get_num_threads()}; load average {load0:.2f} on {os.cpu_count()} CPUs", flush=True)
     t0 = time.perf_counter()
     out = jax_step()  # warm-up: compiles

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import jax.numpy as jnp
 
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch", "save_attn_out")
-ATTENTION_IMPLS = ("plain", "blockwise", "splash")
+ATTENTION_IMPLS = ("plain", "causal_plain", "blockwise", "splash")
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 
 

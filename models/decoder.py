@@ -194,10 +194,13 @@ class Decoder(nnx.Module):
         if attention_mask is None:
             attention_mask = jnp.ones((B, S), bool)
         attention_mask = attention_mask.astype(bool)
-        # splash masks are index-based: exact only for default positions and no cache
+        # splash masks and causal_plain's skipped tiles are index-based: exact only for default
+        # positions and no cache
         impl = cfg.attention_impl
         if impl == "splash" and (positions is not None or cache is not None):
             impl = "blockwise" if cache is None else "plain"
+        if impl == "causal_plain" and (positions is not None or cache is not None):
+            impl = "plain"
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S))
             if cache is not None:

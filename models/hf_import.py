@@ -163,7 +163,7 @@ def from_pretrained(path: str | os.PathLike | Storage, dtype: str = "float32", m
         tuple for :class:`Rules`, or a :class:`Rules`; default rules when None). Without a
         mesh, parameters go to the first local device.
       lora: add fresh LoRA adapters (A random with ``lora_seed``, B zero).
-      attention_impl: ``"plain"`` or ``"blockwise"``.
+      attention_impl: ``"plain"``, ``"causal_plain"``, ``"blockwise"`` or ``"splash"`` (:mod:`models.attention`).
       yarn_on_sliding_layers: Olmo-3: also apply the full-attention YaRN RoPE to sliding
         layers (older transformers behaviour); default is per-layer-type RoPE.
       **config_overrides: further :class:`ModelConfig` fields (remat_policy, scan_layers, ...).

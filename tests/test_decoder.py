@@ -31,8 +31,9 @@ def models():
     return out
 
 
+@pytest.mark.parametrize("impl", ["blockwise", "causal_plain"])
 @pytest.mark.parametrize("window", [0, 5])
-def test_blockwise_attention_matches_plain_values_and_grads(window):
+def test_blockwise_attention_matches_plain_values_and_grads(window, impl):
     rng = np.random.RandomState(0)
     B, S, KV, G, hd = 2, 19, 2, 2, 8
     q = jnp.asarray(rng.randn(B, S, KV, G, hd), jnp.float32)
@@ -47,10 +48,41 @@ def test_blockwise_attention_matches_plain_values_and_grads(window):
         return jnp.sum(o * w)
 
     plain = jax.value_and_grad(lambda *a: loss("plain", *a), argnums=(0, 1, 2))(q, k, v)
-    block = jax.value_and_grad(lambda *a: loss("blockwise", *a), argnums=(0, 1, 2))(q, k, v)
+    block = jax.value_and_grad(lambda *a: loss(impl, *a), argnums=(0, 1, 2))(q, k, v)
     np.testing.assert_allclose(block[0], plain[0], rtol=1e-5, atol=1e-5)
     for gb, gp in zip(block[1], plain[1]):
         np.testing.assert_allclose(gb, gp, rtol=1e-4, atol=1e-5)
+
+
+def test_causal_plain_decoder_matches_plain_and_falls_back_off_default_positions(models):
+    """``causal_plain`` skips the key tiles after each query tile: exact for the default
+    positions (values and gradients), and the decoder uses plain attention whenever positions
+    are given (with other positions the skipped keys could be visible)."""
+    base = models["tiny_qwen3"]
+    graphdef, state = nnx.split(base)
+    causal = nnx.merge(graphdef, state)
+    causal.cfg = base.cfg.replace(attention_impl="causal_plain", attention_block_q=4)
+    plain = nnx.merge(graphdef, state)
+    ids = jnp.asarray(np.random.RandomState(3).randint(0, base.cfg.vocab_size, (2, 13)))
+    mask = jnp.asarray(np.arange(13)[None] < np.array([[13], [9]]))
+
+    def loss(m):
+        return jnp.sum(jax.nn.log_softmax(m(ids, attention_mask=mask)) * mask[..., None])
+
+    (lc, gc), (lp, gp) = nnx.value_and_grad(loss)(causal), nnx.value_and_grad(loss)(plain)
+    np.testing.assert_allclose(lc, lp, rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(gc), jax.tree.leaves(gp)):
+        # the same sums in other matmul shapes: fp32 rounding, relative to the leaf's scale
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5 * max(1.0, float(jnp.abs(b).max())))
+    # reversed positions: the tiles causal_plain would skip hold visible keys; the decoder
+    # must see that and attend with plain attention
+    rev = jnp.broadcast_to(jnp.arange(13)[::-1], (2, 13))
+    np.testing.assert_allclose(causal(ids, positions=rev), plain(ids, positions=rev), rtol=1e-5, atol=1e-5)
+    q = jnp.asarray(np.random.RandomState(4).randn(1, 8, 1, 1, 4), jnp.float32)
+    kv = jnp.asarray(np.random.RandomState(5).randn(1, 8, 1, 4), jnp.float32)
+    pos, ok = jnp.arange(8)[None, ::-1], jnp.ones((1, 8), bool)
+    skipped = A.attention(q, kv, kv, pos, pos, ok, 0, 0.5, impl="causal_plain", block_q=4)
+    assert not np.allclose(skipped, A.attention(q, kv, kv, pos, pos, ok, 0, 0.5, impl="plain"), atol=1e-3)
 
 
 @pytest.mark.parametrize("name", ["tiny_qwen3", "tiny_olmo3"])
