@@ -68,6 +68,10 @@ def main(argv=None):
     p.add_argument("--attention", default="causal_plain", choices=("plain", "causal_plain", "blockwise"),
                    help="our attention (causal_plain: plain attention over the causal lower-triangle tiles)")
     p.add_argument("--attention_block", type=int, default=128, help="tile size of causal_plain / blockwise")
+    p.add_argument("--loss", default="fused", choices=("fused", "plain"),
+                   help="our loss: fused (lopd_jax.linear_nll, gradient formed chunk by chunk in the forward "
+                        "pass) or plain (full [B, S, V] logits, autodiff)")
+    p.add_argument("--loss_chunk", type=int, default=128, help="sequence positions per chunk of the fused loss")
     args = p.parse_args(argv)
 
     import jax
@@ -78,6 +82,7 @@ def main(argv=None):
     from flax import nnx
 
     import models
+    from lopd_jax.linear_nll import weighted_linear_nll
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -95,7 +100,15 @@ def main(argv=None):
                                        scan_layers=args.layers_impl == "scan", attention_impl=args.attention,
                                        attention_block_q=args.attention_block, attention_block_kv=args.attention_block)
 
-    def loss_fn(m, x):
+    def fused_loss(m, x):
+        # The library's fused LM head + NLL (what the warm-up runs on one device): the same
+        # loss and gradients, with no [B, S, V] tensor and no recomputed logits.
+        hidden = m(x[:, :-1], return_hidden=True)
+        targets = x[:, 1:]
+        return weighted_linear_nll(hidden, m.lm_head_kernel(), targets, jnp.ones(targets.shape, jnp.float32),
+                                   chunk_size=args.loss_chunk)[0]
+
+    def plain_loss(m, x):
         # Cross-entropy as logsumexp minus the target's logit, the form the library's losses
         # use (and what torch's fused cross_entropy computes): the gradient is softmax minus a
         # one-hot, without a [B, T, V] log-softmax tensor kept for the backward pass.
@@ -103,6 +116,7 @@ def main(argv=None):
         target = jnp.take_along_axis(logits, x[:, 1:, None], axis=-1)[..., 0]
         return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - target)
 
+    loss_fn = fused_loss if args.loss == "fused" else plain_loss
     graphdef, params = nnx.split(model)
     step = jax.jit(jax.value_and_grad(lambda p, x: loss_fn(nnx.merge(graphdef, p), x)))
     x = jnp.asarray(ids)
@@ -128,6 +142,17 @@ def main(argv=None):
         loss.backward()
         return loss
 
+    def grad_difference(grads):
+        """max over the compared tensors of max|g_jax - g_torch| / max|g_torch|."""
+        flat = {path[0]: np.asarray(v.get_value()) for path, v in nnx.to_flat_state(grads)}
+        layers = hm.model.layers
+        pairs = [(flat["embed"], hm.model.embed_tokens.weight.grad), (flat["lm_head"].T, hm.lm_head.weight.grad)]
+        for i, layer in enumerate(layers):
+            pairs += [(flat["q"][i].reshape(args.hidden, -1).T, layer.self_attn.q_proj.weight.grad),
+                      (flat["gate"][i].T, layer.mlp.gate_proj.weight.grad),
+                      (flat["down"][i].T, layer.mlp.down_proj.weight.grad)]
+        return max(float(np.max(np.abs(a - b.numpy())) / np.max(np.abs(b.numpy()))) for a, b in pairs)
+
     load0 = os.getloadavg()[0]
     print(f"model: {n_params / 1e6:.1f}M params (hidden {args.hidden}, {args.layers} layers {args.layers_impl}, "
           f"vocab {args.vocab}, fp32, attention {args.attention}/{args.attention_block} vs sdpa); batch {args.batch} x {args.seq} tokens; torch threads "
@@ -142,7 +167,9 @@ def main(argv=None):
         tl = timed(torch_step, t_torch, f_torch)
     mj, mt = statistics.median(t_jax), statistics.median(t_torch)
     tokens = args.batch * (args.seq - 1)
-    print(f"loss jax {float(out[0]):.5f} torch {float(tl):.5f}")
+    print(f"loss jax {float(out[0]):.5f} torch {float(tl.detach()):.5f}; largest gradient difference relative "
+          f"to the tensor's largest entry: {grad_difference(out[1]):.1e} (embedding, LM head, every layer's q / "
+          f"gate / down)")
     print(f"JAX     {tokens / mj:8.0f} tokens/s  (median {mj * 1000:.0f} ms/step, best {min(t_jax) * 1000:.0f} ms; "
           f"first call incl. compile {first:.1f} s; {statistics.median(f_jax):.0f} minor page faults/step)")
     print(f"PyTorch {tokens / mt:8.0f} tokens/s  (median {mt * 1000:.0f} ms/step, best {min(t_torch) * 1000:.0f} ms; "

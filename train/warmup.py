@@ -19,6 +19,7 @@ import numpy as np
 import optax
 
 from lopd_jax import losses
+from lopd_jax.linear_nll import weighted_linear_nll
 from lopd_jax.losses_kl import chunked_token_logp
 from lopd_jax.types import Task
 from train.rollout import Trajectory
@@ -126,11 +127,17 @@ def sft_loss(system, params, lora0, batch):
     model = system.backbone(params, jax.lax.stop_gradient(lora0))
     tokens, amask = batch["tokens"], batch["attention_mask"].astype(bool)
     hidden = model(tokens, attention_mask=amask, return_hidden=True)
-    logp = chunked_token_logp(hidden[:, :-1], model.lm_head_kernel(), tokens[:, 1:],
-                              chunk_size=system.step_cfg.logits_chunk, compute_dtype=system.model_cfg.jnp_dtype)
     weight = batch["loss_mask"][:, 1:].astype(jnp.float32)
+    head_args = (hidden[:, :-1], model.lm_head_kernel(), tokens[:, 1:])
+    chunking = dict(chunk_size=system.step_cfg.logits_chunk, compute_dtype=system.model_cfg.jnp_dtype)
+    if system.rules is None or system.rules.mesh.size == 1:
+        # One device: the fused head + NLL (three head matmuls, no recomputed logits).
+        loss, logp = weighted_linear_nll(*head_args, weight, **chunking)
+    else:
+        # Sharded: the head's gradient must be reduced across devices once, not per chunk.
+        logp = chunked_token_logp(*head_args, **chunking)
+        loss = losses.weighted_token_mean(-logp, weight)
     nll = losses.nll_token_mean(logp, weight)  # unweighted, the logged metric
-    loss = losses.weighted_token_mean(-logp, weight)
     return loss, {"nll": nll, "tokens": jnp.sum(weight > 0, dtype=jnp.float32)}
 
 

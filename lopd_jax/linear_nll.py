@@ -1,0 +1,138 @@
+"""Fused LM-head + weighted NLL with the gradient formed in the forward pass.
+
+:func:`weighted_linear_nll` computes ``sum(w * -log pi(target)) / sum(w)`` from final
+hidden states and the LM-head kernel, chunk by chunk over the sequence, and computes the
+loss's gradients with respect to the hidden states and the head in the same pass: for a
+token with normalized weight ``c``, d loss / d logits = ``c * (softmax - onehot(target))``,
+known as soon as the chunk's logits are. The backward pass only scales the two saved
+gradients by the incoming cotangent. So one step runs three LM-head matmuls (logits,
+``dlogits @ head^T``, ``hidden^T @ dlogits``), as plain autodiff does, while no
+``[B, S, V]`` tensor is ever held: each chunk's ``[B, C, V]`` buffers are reused. Against
+:func:`lopd_jax.losses_kl.chunked_token_logp` (remat: four matmuls) it saves the
+recomputed logits; against materialized logits it saves ``[B, S, V]`` memory traffic.
+
+Scope: the head's gradient is accumulated across chunks inside the loop. With the batch
+split over several devices, GSPMD would all-reduce that ``[D, V]`` partial sum once per
+chunk, so sharded steps keep :func:`chunked_token_logp` (whose head gradient is reduced
+once); the warm-up uses this function when its mesh has a single device.
+
+The weights are data (no gradient). ``log pi(target)`` is also returned, without
+gradient, for metrics.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from lopd_jax.losses_kl import project_logits
+
+
+def weighted_linear_nll(
+    hidden: jax.Array,
+    head: jax.Array,
+    targets: jax.Array,
+    weights: jax.Array,
+    *,
+    chunk_size: int = 512,
+    compute_dtype=jnp.float32,
+    logits_dtype=jnp.float32,
+) -> tuple[jax.Array, jax.Array]:
+    """``(loss, logp)``: the weighted token-mean NLL and ``log pi(target)`` per position.
+
+    Args:
+      hidden: ``[B, S, D]`` final hidden states (after the final norm).
+      head: LM-head kernel ``[D, V]`` (``embedding.T`` for tied heads).
+      targets: ``[B, S]`` int token ids.
+      weights: ``[B, S]`` float token weights; tokens with weight <= 0 are left out, as in
+        :func:`lopd_jax.losses.weighted_token_mean` (loss 0 when no token has weight).
+      chunk_size: sequence positions per chunk (one chunk holds ``B * chunk_size`` rows of
+        ``V`` logits). ``S`` is padded up to a multiple internally.
+      compute_dtype, logits_dtype: as :func:`lopd_jax.losses_kl.project_logits`.
+
+    Returns:
+      ``loss`` (fp32 scalar, differentiable in ``hidden`` and ``head``) and ``logp``
+      (``[B, S]`` fp32, stop-gradient).
+    """
+    if hidden.ndim != 3 or head.ndim != 2 or hidden.shape[-1] != head.shape[0]:
+        raise ValueError(
+            f"weighted_linear_nll: hidden {hidden.shape} must be [B, S, D] and head {head.shape} "
+            "[D, V] with matching D; pass the LM-head kernel (embedding.T for tied heads).")
+    if targets.shape != hidden.shape[:2] or not jnp.issubdtype(targets.dtype, jnp.integer):
+        raise ValueError(f"targets {targets.shape} {targets.dtype} must be int [B, S] = {hidden.shape[:2]}.")
+    if weights.shape != targets.shape:
+        raise ValueError(f"weights {weights.shape} must be [B, S] = {targets.shape}.")
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size={chunk_size!r} must be a positive int (e.g. 512).")
+    w = jax.lax.stop_gradient(weights.astype(jnp.float32))
+    w = jnp.where(w > 0, w, 0.0)
+    coef = w / jnp.maximum(jnp.sum(w), 1e-9)
+    loss, logp = _fused(hidden, head, targets, coef, chunk_size, jnp.dtype(compute_dtype), jnp.dtype(logits_dtype))
+    return loss, jax.lax.stop_gradient(logp)
+
+
+def _forward(hidden, head, targets, coef, chunk_size, compute_dtype, logits_dtype, with_grads):
+    """Loss, per-token log-probs and (``with_grads``) the loss's gradients (hidden, head)."""
+    B, S, D = hidden.shape
+    chunk = min(chunk_size, S)
+    n = -(-S // chunk)
+    pad = n * chunk - S
+    w = head.astype(compute_dtype)
+
+    def to_chunks(x):
+        x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+        return jnp.moveaxis(x.reshape((B, n, chunk) + x.shape[2:]), 1, 0)
+
+    def body(d_head, xs):
+        h, tgt, c = xs
+        h = h.astype(compute_dtype)
+        logits = project_logits(h, w, compute_dtype, logits_dtype)  # [B, C, V] fp32
+        row_max = jnp.max(logits, axis=-1, keepdims=True)
+        e = jnp.exp(logits - row_max)
+        total = jnp.sum(e, axis=-1, keepdims=True)
+        lse = (row_max + jnp.log(total))[..., 0]
+        logp = jnp.take_along_axis(logits, tgt[..., None], axis=-1)[..., 0] - lse
+        if not with_grads:
+            return d_head, (jnp.sum(c * -logp), logp)
+        onehot = jax.lax.broadcasted_iota(jnp.int32, logits.shape, 2) == tgt[..., None]
+        d_logits = (c[..., None] * (e / total - onehot.astype(jnp.float32))).astype(compute_dtype)
+        d_h = jnp.einsum("bcv,dv->bcd", d_logits, w, preferred_element_type=jnp.float32)
+        d_head = d_head + jnp.einsum("bcd,bcv->dv", h, d_logits, preferred_element_type=jnp.float32)
+        return d_head, (jnp.sum(c * -logp), logp, d_h)
+
+    init = jnp.zeros(head.shape, jnp.float32) if with_grads else None
+    d_head, outs = jax.lax.scan(body, init, (to_chunks(hidden), to_chunks(targets), to_chunks(coef)))
+
+    def unchunk(x):
+        return jnp.moveaxis(x, 0, 1).reshape((B, n * chunk) + x.shape[3:])[:, :S]
+
+    loss, logp = jnp.sum(outs[0]), unchunk(outs[1])
+    if not with_grads:
+        return loss, logp, None, None
+    return loss, logp, unchunk(outs[2]).astype(hidden.dtype), d_head.astype(head.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _fused(hidden, head, targets, coef, chunk_size, compute_dtype, logits_dtype):
+    # Without differentiation (metrics, evaluation) only the logits matmul runs.
+    loss, logp, _, _ = _forward(hidden, head, targets, coef, chunk_size, compute_dtype, logits_dtype, False)
+    return loss, logp
+
+
+def _fused_fwd(hidden, head, targets, coef, chunk_size, compute_dtype, logits_dtype):
+    loss, logp, d_hidden, d_head = _forward(hidden, head, targets, coef, chunk_size, compute_dtype, logits_dtype,
+                                            True)
+    return (loss, logp), (d_hidden, d_head, coef)
+
+
+def _fused_bwd(chunk_size, compute_dtype, logits_dtype, res, cotangents):
+    # ``logp`` leaves the public function stop-gradient, so only the loss's cotangent is
+    # non-zero here.
+    d_hidden, d_head, coef = res
+    g = cotangents[0]
+    return (g.astype(d_hidden.dtype) * d_hidden, g.astype(d_head.dtype) * d_head, None, jnp.zeros_like(coef))
+
+
+_fused.defvjp(_fused_fwd, _fused_bwd)
