@@ -6,7 +6,11 @@ What is compared, and how:
   vocab 32,000, untied embeddings, fp32) -- built by ``transformers``, saved, and loaded by ``models.from_pretrained``,
   so both sides hold identical weights -- and the same token batch (4 x 512 by default);
 * one training step's work on each side: the token-mean next-token cross-entropy and its
-  gradient with respect to every parameter (no optimizer update);
+  gradient with respect to every parameter (no optimizer update). Ours (``--loss fused``,
+  default) is the library's fused LM head + NLL (:mod:`lopd_jax.linear_nll`, what the
+  warm-up runs on one device), ``transformers``' is its logits + ``cross_entropy``;
+  ``--loss plain`` gives JAX full logits and autodiff instead. The losses and the largest
+  gradient difference (embedding, LM head, every layer's q / gate / down) are printed;
 * ``torch.set_num_threads(--threads)`` (default: the machine's CPUs); XLA uses its own
   pool over the same cores;
 * one warm-up call per side is excluded (JAX compiles there; its compile time is printed
