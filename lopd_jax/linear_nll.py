@@ -27,7 +27,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from lopd_jax.losses_kl import project_logits
+from lopd_jax.losses_kl import check_head_inputs, project_logits, scans_unrolled, sequence_chunks
 
 
 def weighted_linear_nll(
@@ -56,16 +56,9 @@ def weighted_linear_nll(
       ``loss`` (fp32 scalar, differentiable in ``hidden`` and ``head``) and ``logp``
       (``[B, S]`` fp32, stop-gradient).
     """
-    if hidden.ndim != 3 or head.ndim != 2 or hidden.shape[-1] != head.shape[0]:
-        raise ValueError(
-            f"weighted_linear_nll: hidden {hidden.shape} must be [B, S, D] and head {head.shape} "
-            "[D, V] with matching D; pass the LM-head kernel (embedding.T for tied heads).")
-    if targets.shape != hidden.shape[:2] or not jnp.issubdtype(targets.dtype, jnp.integer):
-        raise ValueError(f"targets {targets.shape} {targets.dtype} must be int [B, S] = {hidden.shape[:2]}.")
+    check_head_inputs("weighted_linear_nll", hidden, head, targets)
     if weights.shape != targets.shape:
         raise ValueError(f"weights {weights.shape} must be [B, S] = {targets.shape}.")
-    if not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size={chunk_size!r} must be a positive int (e.g. 512).")
     w = jax.lax.stop_gradient(weights.astype(jnp.float32))
     w = jnp.where(w > 0, w, 0.0)
     coef = w / jnp.maximum(jnp.sum(w), 1e-9)
@@ -75,15 +68,7 @@ def weighted_linear_nll(
 
 def _forward(hidden, head, targets, coef, chunk_size, compute_dtype, logits_dtype, with_grads):
     """Loss, per-token log-probs and (``with_grads``) the loss's gradients (hidden, head)."""
-    B, S, D = hidden.shape
-    chunk = min(chunk_size, S)
-    n = -(-S // chunk)
-    pad = n * chunk - S
     w = head.astype(compute_dtype)
-
-    def to_chunks(x):
-        x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
-        return jnp.moveaxis(x.reshape((B, n, chunk) + x.shape[2:]), 1, 0)
 
     def body(d_head, xs):
         h, tgt, c = xs
@@ -102,12 +87,9 @@ def _forward(hidden, head, targets, coef, chunk_size, compute_dtype, logits_dtyp
         d_head = d_head + jnp.einsum("bcd,bcv->dv", h, d_logits, preferred_element_type=jnp.float32)
         return d_head, (jnp.sum(c * -logp), logp, d_h)
 
+    chunks, unchunk = sequence_chunks([hidden, targets, coef], chunk_size)
     init = jnp.zeros(head.shape, jnp.float32) if with_grads else None
-    d_head, outs = jax.lax.scan(body, init, (to_chunks(hidden), to_chunks(targets), to_chunks(coef)))
-
-    def unchunk(x):
-        return jnp.moveaxis(x, 0, 1).reshape((B, n * chunk) + x.shape[3:])[:, :S]
-
+    d_head, outs = jax.lax.scan(body, init, chunks, unroll=scans_unrolled())
     loss, logp = jnp.sum(outs[0]), unchunk(outs[1])
     if not with_grads:
         return loss, logp, None, None

@@ -172,6 +172,21 @@ def scan_sequence_chunks(
     Returns:
       dict of ``[B, S]`` arrays, one per key of ``chunk_fn``'s output.
     """
+    chunks, unchunk = sequence_chunks(seq_inputs, chunk_size)
+    body = jax.checkpoint(lambda xs: chunk_fn(*xs), prevent_cse=False)
+
+    def step(carry, xs):
+        return carry, body(xs)
+
+    _, outs = jax.lax.scan(step, None, chunks, unroll=scans_unrolled())
+    return {k: unchunk(v) for k, v in outs.items()}
+
+
+def sequence_chunks(seq_inputs: Sequence[jax.Array], chunk_size: int):
+    """``(chunks, unchunk)``: ``seq_inputs`` (``[B, S, ...]``, sharing B and S) as a tuple of
+    ``[n_chunks, B, C, ...]`` arrays for ``lax.scan``, S zero-padded up to a multiple of
+    ``C = min(chunk_size, S)``; ``unchunk`` maps a scan output ``[n_chunks, B, C, ...]``
+    back to ``[B, S, ...]`` with the padding stripped."""
     if not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size={chunk_size!r} must be a positive int (e.g. 512).")
     batch, seq = seq_inputs[0].shape[:2]
@@ -190,16 +205,10 @@ def scan_sequence_chunks(
         x = x.reshape((batch, n_chunks, chunk) + x.shape[2:])
         return jnp.moveaxis(x, 1, 0)  # [n_chunks, B, C, ...]
 
-    body = jax.checkpoint(lambda xs: chunk_fn(*xs), prevent_cse=False)
+    def unchunk(v):
+        return jnp.moveaxis(v, 0, 1).reshape((batch, n_chunks * chunk) + v.shape[3:])[:, :seq]
 
-    def step(carry, xs):
-        return carry, body(xs)
-
-    _, outs = jax.lax.scan(step, None, tuple(to_chunks(x) for x in seq_inputs), unroll=scans_unrolled())
-    return {
-        k: jnp.moveaxis(v, 0, 1).reshape((batch, n_chunks * chunk) + v.shape[3:])[:, :seq]
-        for k, v in outs.items()
-    }
+    return tuple(to_chunks(x) for x in seq_inputs), unchunk
 
 
 def _check_hidden_head(name: str, hidden: jax.Array, head: jax.Array) -> None:
@@ -207,6 +216,16 @@ def _check_hidden_head(name: str, hidden: jax.Array, head: jax.Array) -> None:
         raise ValueError(
             f"{name}: hidden {hidden.shape} must be [B, S, D] and head {head.shape} [D, V] "
             "with matching D; pass the LM-head kernel (embedding.T for tied heads)."
+        )
+
+
+def check_head_inputs(name: str, hidden: jax.Array, head: jax.Array, targets: jax.Array) -> None:
+    """Raise a ``ValueError`` naming the problem unless ``hidden`` is ``[B, S, D]``, ``head``
+    ``[D, V]`` and ``targets`` int ``[B, S]``."""
+    _check_hidden_head(name, hidden, head)
+    if targets.shape != hidden.shape[:2] or not jnp.issubdtype(targets.dtype, jnp.integer):
+        raise ValueError(
+            f"targets {targets.shape} {targets.dtype} must be int [B, S] = {hidden.shape[:2]}."
         )
 
 
@@ -309,11 +328,7 @@ def chunked_token_logp(
 
     Used by the cold start (NLL), GRPO (PPO ratios) and the sampler check.
     """
-    _check_hidden_head("token_logp", hidden, head)
-    if targets.shape != hidden.shape[:2] or not jnp.issubdtype(targets.dtype, jnp.integer):
-        raise ValueError(
-            f"targets {targets.shape} {targets.dtype} must be int [B, S] = {hidden.shape[:2]}."
-        )
+    check_head_inputs("token_logp", hidden, head, targets)
     w = head.astype(compute_dtype)
 
     def chunk_fn(h, tgt):
