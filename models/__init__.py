@@ -1,4 +1,4 @@
-"""Qwen3 / Olmo-3 decoder, LoRA, and Hugging Face import / export.
+"""Qwen3 / Olmo-3 / Llama decoder, LoRA, and Hugging Face import / export (and GGUF import).
 
 The Hugging Face entry points are imported lazily so ``import models.config`` stays light:
 ``from_pretrained``, ``load_config``, ``load_peft_adapter``, ``save_pretrained``,

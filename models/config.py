@@ -1,8 +1,8 @@
-"""Typed configuration of the decoder backbone shared by Qwen3 and Olmo-3.
+"""Typed configuration of the decoder backbone shared by Qwen3, Olmo-3 and Llama.
 
-One decoder serves both families; everything that differs between them is a field here
-(norm placement, q/k-norm span, per-layer attention pattern, RoPE per layer type), so the
-model code never branches on a family name.
+One decoder serves all three families; everything that differs between them is a field
+here (norm placement, q/k-norm span or none, per-layer attention pattern, RoPE per layer
+type), so the model code never branches on a family name.
 """
 
 from __future__ import annotations
@@ -65,8 +65,9 @@ class ModelConfig:
     Family differences:
       * ``norm_placement``: ``"pre"`` (Qwen3: x + attn(norm(x))) or ``"post"``
         (Olmo-3: x + norm(attn(x))).
-      * ``qk_norm``: ``"per_head"`` (RMSNorm over head_dim, Qwen3) or ``"full"``
-        (RMSNorm over the whole q / k projection before the head split, Olmo-3).
+      * ``qk_norm``: ``"per_head"`` (RMSNorm over head_dim, Qwen3), ``"full"``
+        (RMSNorm over the whole q / k projection before the head split, Olmo-3) or
+        ``"none"`` (Llama).
       * ``layer_types``: per-layer ``"full_attention"`` / ``"sliding_attention"``; sliding
         layers attend to the last ``sliding_window`` positions (self included).
       * ``rope``: RoPE parameters per layer type.
@@ -90,7 +91,7 @@ class ModelConfig:
     sliding_window: int | None = None
     rope: tuple[tuple[str, RopeConfig], ...] = (("full_attention", RopeConfig()),)
     max_position_embeddings: int = 40_960
-    family: Literal["qwen3", "olmo3"] = "qwen3"
+    family: Literal["qwen3", "olmo3", "llama"] = "qwen3"
     # numerics
     param_dtype: str = "float32"
     dtype: str = "float32"
@@ -199,14 +200,27 @@ def olmo3(hidden, intermediate, layers, heads, kv_heads, *, vocab=100_278, head_
     )
 
 
+def llama(hidden, intermediate, layers, heads, kv_heads, *, tie, vocab=49_152, head_dim=None,
+          rope_theta=100_000.0, rms_norm_eps=1e-5, **kw):
+    """A Llama configuration (pre-norm, no q/k norm, no biases, RoPE theta from the config)."""
+    return ModelConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_layers=layers,
+        num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim or hidden // heads,
+        rms_norm_eps=rms_norm_eps, tie_word_embeddings=tie, norm_placement="pre", qk_norm="none",
+        rope=(("full_attention", RopeConfig(theta=rope_theta)),), family="llama", **kw,
+    )
+
+
 def named_config(name: str, **overrides: Any) -> ModelConfig:
-    """The named backbone configurations: Qwen3 0.6B-8B, Olmo-3-7B and tiny test sizes."""
+    """The named backbone configurations: Qwen3 0.6B-8B, Olmo-3-7B, SmolLM2-135M (Llama) and
+    tiny test sizes."""
     table = {
         "qwen3_0_6b": lambda: qwen3(1024, 3072, 28, 16, 8, tie=True),
         "qwen3_1_7b": lambda: qwen3(2048, 6144, 28, 16, 8, tie=True),
         "qwen3_4b": lambda: qwen3(2560, 9728, 36, 32, 8, tie=True),
         "qwen3_8b": lambda: qwen3(4096, 12288, 36, 32, 8, tie=False),
         "olmo3_7b": lambda: olmo3(4096, 11008, 32, 32, 32),
+        "smollm2_135m": lambda: llama(576, 1536, 30, 9, 3, tie=True, max_position_embeddings=8192),
         # tiny sizes for tests and the CPU default; head_dim != hidden / heads on purpose
         "tiny_qwen3": lambda: qwen3(64, 128, 2, 4, 2, tie=True, vocab=512, head_dim=24,
                                     max_position_embeddings=4096),
@@ -215,6 +229,8 @@ def named_config(name: str, **overrides: Any) -> ModelConfig:
                                      max_position_embeddings=4096),
         "tiny_olmo3": lambda: olmo3(64, 128, 4, 4, 4, vocab=512, head_dim=16, sliding_window=8,
                                     full_rope=dataclasses.replace(OLMO3_YARN, original_max_position_embeddings=64)),
+        "tiny_llama": lambda: llama(64, 128, 2, 4, 2, tie=True, vocab=512, head_dim=24,
+                                    max_position_embeddings=4096),
     }
     if name not in table:
         raise KeyError(f"unknown model config {name!r}; known: {sorted(table)}")

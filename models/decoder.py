@@ -1,4 +1,4 @@
-"""The decoder-only transformer serving Qwen3 and Olmo-3 (``flax.nnx``).
+"""The decoder-only transformer serving Qwen3, Olmo-3 and Llama (``flax.nnx``).
 
 Layer parameters are stacked along a leading ``layers`` axis and the layers run under
 ``jax.lax.scan`` (compile time independent of depth) with a configurable remat policy.
@@ -77,7 +77,7 @@ def layer_tables(cfg: ModelConfig):
 
 
 class Decoder(nnx.Module):
-    """Qwen3 / Olmo-3 decoder. ``model(input_ids)`` returns logits [batch, seq, vocab].
+    """Qwen3 / Olmo-3 / Llama decoder. ``model(input_ids)`` returns logits [batch, seq, vocab].
 
     Parameters (logical axes in ``logical_axes`` metadata): ``embed`` [V, D]; per layer
     (stacked, leading L): ``q, k, v, o, gate, up, down`` kernels, ``attn_norm``,

@@ -1,7 +1,7 @@
 """Hugging Face ``config.json`` <-> :class:`models.config.ModelConfig`.
 
-Supported architectures: ``Qwen3ForCausalLM`` (model_type ``qwen3``) and
-``Olmo3ForCausalLM`` (``olmo3``). Missing fields take the ``transformers`` defaults of the
+Supported architectures: ``Qwen3ForCausalLM`` (model_type ``qwen3``),
+``Olmo3ForCausalLM`` (``olmo3``) and ``LlamaForCausalLM`` (``llama``; default or YaRN RoPE). Missing fields take the ``transformers`` defaults of the
 family, so a config means here what it means to ``transformers`` 5.x.
 
 RoPE: both ``rope_parameters`` (flat, or nested per layer type) and the older
@@ -18,16 +18,24 @@ from typing import Any
 
 from models.config import ModelConfig, RopeConfig
 
-ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "Olmo3ForCausalLM": "olmo3"}
+ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "Olmo3ForCausalLM": "olmo3", "LlamaForCausalLM": "llama"}
 _ARCH_OF = {v: k for k, v in ARCHITECTURES.items()}
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
-# transformers defaults per family (Qwen3Config / Olmo3Config)
+# transformers defaults per family (Qwen3Config / Olmo3Config / LlamaConfig)
 _DEFAULTS = {
     "qwen3": dict(rope_theta=10_000.0, rms_norm_eps=1e-6, max_position_embeddings=32_768,
                   tie_word_embeddings=False, sliding_window=4096, max_window_layers=28),
     "olmo3": dict(rope_theta=500_000.0, rms_norm_eps=1e-5, max_position_embeddings=2048,
                   tie_word_embeddings=False, sliding_window=4096),
+    "llama": dict(rope_theta=10_000.0, rms_norm_eps=1e-6, max_position_embeddings=2048,
+                  tie_word_embeddings=False),
+}
+# what each family's decoder layer looks like (ModelConfig fields)
+_FAMILY_FIELDS = {
+    "qwen3": dict(norm_placement="pre", qk_norm="per_head", rmsnorm_weight_first=False),
+    "olmo3": dict(norm_placement="post", qk_norm="full", rmsnorm_weight_first=True),
+    "llama": dict(norm_placement="pre", qk_norm="none", rmsnorm_weight_first=False),
 }
 
 
@@ -36,7 +44,7 @@ class UnsupportedConfigError(ValueError):
 
 
 def detect_family(hf: dict) -> str:
-    """``"qwen3"`` or ``"olmo3"`` from ``architectures`` (preferred) or ``model_type``."""
+    """``"qwen3"``, ``"olmo3"`` or ``"llama"`` from ``architectures`` (preferred) or ``model_type``."""
     archs = hf.get("architectures") or []
     for a in archs:
         if a in ARCHITECTURES:
@@ -66,6 +74,8 @@ def _check_supported(hf: dict) -> None:
         bad("partial_rotary_factor", hf["partial_rotary_factor"], "RoPE covers the whole head here")
     if hf.get("quantization_config"):
         bad("quantization_config", "...", "load an unquantized checkpoint")
+    if hf.get("pretraining_tp", 1) not in (None, 1):
+        bad("pretraining_tp", hf["pretraining_tp"], "only pretraining_tp=1 matches transformers' forward")
 
 
 def _rope_from_dict(p: dict, field: str, theta_default: float, max_pos: int, truncate_default: bool) -> RopeConfig:
@@ -163,12 +173,14 @@ def from_hf_config(hf: dict, *, yarn_on_sliding_layers: bool = False, **override
         layer_types = hf.get("layer_types") or [
             "sliding_attention" if window is not None and i >= hf.get("max_window_layers", d["max_window_layers"])
             else "full_attention" for i in range(L)]
-        family_fields = dict(norm_placement="pre", qk_norm="per_head", rmsnorm_weight_first=False)
-    else:
+    elif family == "olmo3":
         window = hf.get("sliding_window", d["sliding_window"])
         layer_types = hf.get("layer_types") or [
             "full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(L)]
-        family_fields = dict(norm_placement="post", qk_norm="full", rmsnorm_weight_first=True)
+    else:  # llama: every layer attends to the whole prefix
+        window = None
+        layer_types = ["full_attention"] * L
+    family_fields = _FAMILY_FIELDS[family]
     layer_types = tuple(layer_types)
     bad_types = sorted(set(layer_types) - set(LAYER_TYPES))
     if bad_types:
@@ -212,8 +224,11 @@ def to_hf_config(cfg: ModelConfig, *, dtype: str = "bfloat16", extra: dict | Non
 
     ``extra`` adds or replaces fields (e.g. bos / eos / pad token ids).
     """
-    if cfg.qk_norm != ("per_head" if cfg.family == "qwen3" else "full"):
-        raise UnsupportedConfigError(f"qk_norm={cfg.qk_norm!r} has no {cfg.family} Hugging Face equivalent.")
+    want = _FAMILY_FIELDS[cfg.family]
+    if any(getattr(cfg, k) != v for k, v in want.items()):
+        raise UnsupportedConfigError(
+            f"norm_placement={cfg.norm_placement!r}, qk_norm={cfg.qk_norm!r}, rmsnorm_weight_first="
+            f"{cfg.rmsnorm_weight_first} has no {cfg.family} Hugging Face equivalent (it needs {want}).")
     rope = cfg.rope_by_type
     sliding = "sliding_attention" in cfg.layer_types
     out: dict[str, Any] = {
@@ -238,7 +253,14 @@ def to_hf_config(cfg: ModelConfig, *, dtype: str = "bfloat16", extra: dict | Non
     }
     full = rope.get("full_attention", next(iter(rope.values())))
     out["rope_theta"] = full.theta  # read by transformers releases before rope_parameters
-    if cfg.family == "qwen3":
+    if cfg.family == "llama":
+        if sliding or len({rope[t] for t in set(cfg.layer_types)}) != 1:
+            raise UnsupportedConfigError("Llama configs have full attention and one RoPE on every layer.")
+        del out["layer_types"]
+        out["rope_parameters"] = _rope_to_dict(full)
+        out["mlp_bias"] = False
+        out["pretraining_tp"] = 1
+    elif cfg.family == "qwen3":
         kinds = {rope[t] for t in set(cfg.layer_types)}
         if len(kinds) != 1:
             raise UnsupportedConfigError("Qwen3 configs have one RoPE for all layers; this config has several.")

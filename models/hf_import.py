@@ -1,4 +1,4 @@
-"""Load a Hugging Face Qwen3 / Olmo-3 checkpoint (local or ``gs://``) into a :class:`Decoder`.
+"""Load a Hugging Face Qwen3 / Olmo-3 / Llama checkpoint (local or ``gs://``) into a :class:`Decoder`.
 
 The model is built abstractly (``nnx.eval_shape``: no random init of billions of weights),
 the checkpoint is checked against the mapping table (missing / unexpected / misshaped /

@@ -83,22 +83,27 @@ _PROJ = [
     TensorRule("model.layers.{i}.mlp.up_proj.weight", "up", LINEAR),
     TensorRule("model.layers.{i}.mlp.down_proj.weight", "down", LINEAR),
 ]
-_COMMON = [
+_BASE = [
     TensorRule("model.embed_tokens.weight", "embed"),
     *_PROJ,
-    TensorRule("model.layers.{i}.self_attn.q_norm.weight", "q_norm"),
-    TensorRule("model.layers.{i}.self_attn.k_norm.weight", "k_norm"),
     TensorRule("model.norm.weight", "final_norm"),
     TensorRule("lm_head.weight", "lm_head", LINEAR, when="untied"),
 ]
+_QK_NORM = [
+    TensorRule("model.layers.{i}.self_attn.q_norm.weight", "q_norm"),
+    TensorRule("model.layers.{i}.self_attn.k_norm.weight", "k_norm"),
+]
+_PRE_NORMS = [
+    TensorRule("model.layers.{i}.input_layernorm.weight", "attn_norm"),
+    TensorRule("model.layers.{i}.post_attention_layernorm.weight", "mlp_norm"),
+]
 
 TABLES: dict[str, tuple[TensorRule, ...]] = {
-    "qwen3": (*_COMMON,
-              TensorRule("model.layers.{i}.input_layernorm.weight", "attn_norm"),
-              TensorRule("model.layers.{i}.post_attention_layernorm.weight", "mlp_norm")),
-    "olmo3": (*_COMMON,
+    "qwen3": (*_BASE, *_QK_NORM, *_PRE_NORMS),
+    "olmo3": (*_BASE, *_QK_NORM,
               TensorRule("model.layers.{i}.post_attention_layernorm.weight", "attn_norm"),
               TensorRule("model.layers.{i}.post_feedforward_layernorm.weight", "mlp_norm")),
+    "llama": (*_BASE, *_PRE_NORMS),  # no q/k norm, no biases
 }
 
 # Tensors a checkpoint may carry that the model does not use: RoPE buffers saved by old

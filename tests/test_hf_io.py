@@ -183,7 +183,7 @@ def test_tensor_errors_list_names(ckpts, tmp_path):
 
 
 @pytest.mark.parametrize("edit, field, exc", [
-    (lambda c: c.update(architectures=["LlamaForCausalLM"]), "architectures", UnsupportedConfigError),
+    (lambda c: c.update(architectures=["MistralForCausalLM"]), "architectures", UnsupportedConfigError),
     (lambda c: c.update(attention_bias=True), "attention_bias", UnsupportedConfigError),
     (lambda c: c.update(hidden_act="gelu"), "hidden_act", UnsupportedConfigError),
     (lambda c: c.update(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4}), "rope_type",
