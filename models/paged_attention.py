@@ -1,0 +1,112 @@
+"""Paged KV cache attention: a page pool per layer, per-row page tables, ragged rows.
+
+Layout (the one JAX's TPU kernel ``ragged_paged_attention`` reads, so the same pool serves
+the pure-JAX path here and the Pallas kernel on TPU):
+
+* ``kv_pages`` [num_pages, page_size, 2 * KV, hd] -- keys and values of one layer,
+  interleaved per KV head: key of head ``h`` at ``2h``, value at ``2h + 1``;
+* ``page_table`` [B, pages_per_row] int32 -- row ``b``'s token at position ``p`` lives in
+  page ``page_table[b, p // page_size]`` at offset ``p % page_size``;
+* ``kv_lens`` [B] -- tokens of row ``b`` in the cache (the queries' own keys included).
+
+Queries are row-padded ``[B, S, KV, G, hd]`` with their positions ``q_pos`` [B, S]; the
+mask is the decoder's (``models.attention``): key ``k`` is visible to query ``q`` when
+``k < kv_len``, ``k <= q_pos`` and, with a window, ``q_pos - k < window``. One call serves
+decode (S = 1), prefill and mixed rows of both.
+
+:func:`paged_attention` is the pure-JAX path (any backend): it gathers the first
+``num_pages`` pages of each row (a static bound the caller sets to the longest live row,
+so it reads live pages, not the row's cap) and runs :func:`models.attention.plain_attention`.
+:func:`ragged_kernel_attention` calls the TPU Pallas kernel on the same pool and returns
+the same values (tests check both, the kernel in interpret mode on CPU).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from models.attention import plain_attention
+
+__all__ = ["combine_kv", "paged_attention", "ragged_kernel_attention", "write_kv", "gather_kv"]
+
+
+def combine_kv(k: jax.Array, v: jax.Array) -> jax.Array:
+    """[..., KV, hd] keys and values -> [..., 2 * KV, hd] interleaved (key ``2h``, value ``2h + 1``)."""
+    return jnp.stack([k, v], axis=-2).reshape(*k.shape[:-2], 2 * k.shape[-2], k.shape[-1])
+
+
+def write_kv(kv_pages: jax.Array, k: jax.Array, v: jax.Array, page_table: jax.Array, positions: jax.Array,
+             valid: jax.Array) -> jax.Array:
+    """Write keys / values [B, S, KV, hd] at ``positions`` [B, S] of each row's pages.
+
+    Entries with ``valid`` False are dropped (never written)."""
+    P, ps = kv_pages.shape[:2]
+    slot = jnp.clip(positions // ps, 0, page_table.shape[1] - 1)
+    page = jnp.take_along_axis(page_table, slot, axis=1)
+    page = jnp.where(valid, page, P)  # out of range: dropped
+    kv = combine_kv(k, v).astype(kv_pages.dtype)
+    return kv_pages.at[page, positions % ps].set(kv, mode="drop")
+
+
+def gather_kv(kv_pages: jax.Array, page_table: jax.Array, num_pages: int) -> tuple[jax.Array, jax.Array]:
+    """Dense keys and values [B, num_pages * page_size, KV, hd] of each row's first
+    ``num_pages`` pages."""
+    P, ps, KV2, hd = kv_pages.shape
+    B = page_table.shape[0]
+    kv = jnp.take(kv_pages, page_table[:, :num_pages], axis=0).reshape(B, num_pages * ps, KV2, hd)
+    return kv[:, :, 0::2], kv[:, :, 1::2]
+
+
+def paged_attention(q: jax.Array, kv_pages: jax.Array, page_table: jax.Array, kv_lens: jax.Array,
+                    q_pos: jax.Array, window, scale: float, num_pages: int | None = None) -> jax.Array:
+    """Pure-JAX attention over the page pool (see the module docstring).
+
+    Args:
+      q: [B, S, KV, G, hd] queries (row-padded; padded queries get a finite, unused output).
+      kv_pages / page_table / kv_lens: the pool, the rows' page tables and cache lengths.
+      q_pos: [B, S] query positions.
+      window: sliding window (0 = none; may be traced).
+      scale: softmax scale.
+      num_pages: static number of leading pages per row to read (default: the whole table).
+
+    Returns:
+      [B, S, KV, G, hd].
+    """
+    n = page_table.shape[1] if num_pages is None else int(num_pages)
+    k, v = gather_kv(kv_pages, page_table, n)
+    T = k.shape[1]
+    k_pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (q.shape[0], T))
+    k_valid = k_pos < kv_lens[:, None]
+    return plain_attention(q, k.astype(q.dtype), v.astype(q.dtype), q_pos, k_pos, k_valid, window, scale)
+
+
+def ragged_kernel_attention(q: jax.Array, kv_pages: jax.Array, page_table: jax.Array, kv_lens: jax.Array,
+                            q_lens: jax.Array, window: int, scale: float, **kernel_kw) -> jax.Array:
+    """JAX's TPU kernel ``ragged_paged_attention`` on the same pool.
+
+    Rows' queries are the last ``q_lens[b]`` tokens of each row (positions
+    ``kv_lens[b] - q_lens[b] ..``), given row-padded as ``q`` [B, S, KV, G, hd]; they are
+    packed for the kernel and unpacked after (padded query slots come back as zeros).
+    ``window`` is static (0 = none). Extra keyword arguments go to the kernel (block sizes,
+    ``vmem_limit_bytes``). Returns [B, S, KV, G, hd].
+    """
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
+
+    B, S, KV, G, hd = q.shape
+    flat = q.reshape(B * S, KV * G, hd)
+    starts = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(q_lens.astype(jnp.int32))])
+    j = jnp.arange(B * S, dtype=jnp.int32)
+    row = jnp.clip(jnp.searchsorted(starts, j, side="right") - 1, 0, B - 1)
+    off = j - starts[row]
+    src = jnp.where(off < q_lens[row], row * S + off, 0)
+    packed = jnp.take(flat, src, axis=0)
+    out = ragged_paged_attention(packed, kv_pages, kv_lens.astype(jnp.int32), page_table.astype(jnp.int32),
+                                 starts, jnp.asarray([B], jnp.int32), sm_scale=scale,
+                                 sliding_window=int(window) or None, **kernel_kw)
+    # back to row-padded [B, S, ...]
+    b = jnp.arange(B)[:, None]
+    s = jnp.arange(S)[None]
+    idx = jnp.clip(starts[b] + s, 0, B * S - 1)
+    res = jnp.take(out, idx.reshape(-1), axis=0).reshape(B, S, KV, G, hd)
+    return jnp.where((s < q_lens[:, None])[..., None, None, None], res, 0).astype(q.dtype)

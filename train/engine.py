@@ -1,0 +1,408 @@
+"""A rollout engine with continuous batching over a paged KV cache.
+
+The device holds a fixed set of decode **slots** and one page pool per layer
+(:mod:`models.paged_attention`). Each episode is a small state machine::
+
+    ready (ids the cache has not seen) -> running in a slot (one turn) -> environment
+      -> ready (last id + observation) -> ... -> done
+
+* **Continuous batching.** The device decodes in fixed chunks of ``decode_chunk`` steps per
+  call for every slot at once (a ``scan``, never a loop until all rows stop). A row whose
+  turn ends (stop id or cap) leaves its slot at the end of the chunk; its turn goes to its
+  environment on a thread pool, and the slot takes the next ready piece of work (a new
+  episode's prompt or another episode's observation), prefilled into that slot between
+  chunks while the other rows keep their state.
+* **Paged cache.** An episode owns pages, allocated as it grows and freed when it ends; it
+  keeps them while its environment runs (no slot held). Attention reads each row's pages up
+  to a static bound set to the longest live row (a power-of-two count of pages), not the cap.
+* **Pool full.** A ready episode that cannot get the pages for its next chunk **waits**
+  (counted in ``admission_waits``). A running row that cannot grow **preempts the newest
+  running episode**: its pages are freed, its partial turn dropped, and it is recomputed
+  later from its full context (``preemptions``, ``recomputed_tokens``). Nothing is lost.
+* **Determinism.** The token at context position ``p`` of episode ``e`` is sampled with
+  ``fold_in(fold_in(rng, e), p)``: tokens do not depend on the slot, the number of slots,
+  the other episodes or timing (and a recomputed turn samples the same tokens again).
+* **Environments off the critical path.** A turn's ``step`` runs on a thread pool; the
+  engine only waits for environments when no slot has work. A step that raises ends its
+  episode (``error`` set) without touching the others.
+
+:class:`Engine` works on token-level :class:`EpisodeSpec` s;
+:func:`train.engine_rollout.engine_rollout` wraps it for chat formats and environments
+and returns :class:`train.rollout.Trajectory` s.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import functools
+import time
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from lopd_jax.shapes import bucket
+from train.decode_step import layer_weights
+from train.paged_step import empty_pools, paged_forward
+from train.sampling import SamplingParams, sample_logits
+
+__all__ = ["Engine", "EngineConfig", "EpisodeResult", "EpisodeSpec"]
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """Engine settings.
+
+    ``slots``: decode rows on the device; ``page_size``: tokens per KV page (64-128 on TPU);
+    ``num_pages``: pages in the pool (0 = enough for every slot at ``max_total`` tokens);
+    ``decode_chunk``: decode steps per device call; ``env_workers``: environment threads;
+    ``min_chunk``: smallest prefill chunk bucket.
+    """
+
+    slots: int = 8
+    page_size: int = 64
+    num_pages: int = 0
+    decode_chunk: int = 16
+    env_workers: int = 4
+    min_chunk: int = 16
+
+    def __post_init__(self):
+        for name in ("slots", "page_size", "decode_chunk", "env_workers", "min_chunk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_pages < 0:
+            raise ValueError(f"EngineConfig.num_pages must be >= 0 (0 = sized from the slots), got {self.num_pages}")
+
+
+@dataclasses.dataclass
+class EpisodeSpec:
+    """One episode for :meth:`Engine.run`.
+
+    ``first``: the first chunk of ids; ``max_total``: cap on the context (ids fed plus
+    generated); ``max_turn``: cap on tokens generated per turn; ``step(ids, logprobs,
+    raw_logprobs)``: called (on a worker thread) with each finished turn, returns the
+    observation ids to append, or None when the episode is over.
+    """
+
+    first: Sequence[int]
+    max_total: int
+    max_turn: int
+    step: Callable[[np.ndarray, np.ndarray, np.ndarray], Sequence[int] | None]
+
+
+@dataclasses.dataclass
+class EpisodeResult:
+    """What an episode generated: per turn the ids, processed and raw log-probs; the full
+    context (first chunk, turns, observations); ``error`` is the repr of an exception its
+    ``step`` raised (the episode then ended there)."""
+
+    turns: list[np.ndarray]
+    logprobs: list[np.ndarray]
+    raw_logprobs: list[np.ndarray]
+    context: list[int]
+    error: str | None = None
+
+
+@dataclasses.dataclass
+class _Ep:
+    spec: EpisodeSpec
+    eid: int
+    ctx: list[int]
+    cached: int = 0
+    pages: list[int] = dataclasses.field(default_factory=list)
+    turn: list[int] = dataclasses.field(default_factory=list)
+    lps: list[float] = dataclasses.field(default_factory=list)
+    raws: list[float] = dataclasses.field(default_factory=list)
+    slot: int | None = None
+    admitted: int = 0  # admission counter (newest = largest)
+    result: EpisodeResult | None = None
+
+    @property
+    def cap(self) -> int:
+        """Tokens this turn may generate in all."""
+        return min(self.spec.max_turn, self.spec.max_total - len(self.ctx))
+
+
+def _sample_rows(logits, keys, temperature, top_p, top_k: int, greedy: bool):
+    """Per-row keys: row ``b`` samples with ``keys[b]`` alone (batch-independent draws)."""
+    if greedy:
+        return sample_logits(logits, keys[0], temperature, top_p, top_k, greedy=True)
+    one = lambda l, k: tuple(x[0] for x in sample_logits(l[None], k, temperature, top_p, top_k, greedy=False))
+    return jax.vmap(one)(logits, keys)
+
+
+def _keys(rng, eids, pos):
+    return jax.vmap(lambda e, p: jax.random.fold_in(jax.random.fold_in(rng, e), p))(eids, pos)
+
+
+def _prefill(graphdef, num_pages: int, top_k: int, greedy: bool, lora: bool, params, pools, ids, start, n,
+             page_table, eids, rng, temperature, top_p):
+    """Feed ``ids[b, :n[b]]`` at positions ``start[b]..``; sample each row's next token."""
+    model = nnx.merge(graphdef, params)
+    C = ids.shape[1]
+    pos = start[:, None] + jnp.arange(C, dtype=jnp.int32)[None]
+    valid = jnp.arange(C)[None] < n[:, None]
+    h, pools = paged_forward(model, layer_weights(model, lora), ids, pos, valid, start + n, pools, page_table,
+                             num_pages, lora)
+    last = jnp.take_along_axis(h, jnp.maximum(n - 1, 0)[:, None, None], axis=1)[:, 0].astype(jnp.float32)
+    logits = jnp.dot(last, model.lm_head_kernel().astype(jnp.float32))
+    tok, lp, raw = _sample_rows(logits, _keys(rng, eids, start + n), temperature, top_p, top_k, greedy)
+    return (tok, lp, raw), pools
+
+
+def _decode(graphdef, steps: int, num_pages: int, top_k: int, greedy: bool, lora: bool, stop_ids: tuple,
+            params, pools, prev, lengths, live, remaining, page_table, eids, rng, temperature, top_p):
+    """``steps`` decode steps for every slot; a row stops at a stop id or after ``remaining``."""
+    model = nnx.merge(graphdef, params)
+    layers = layer_weights(model, lora)
+    head = model.lm_head_kernel().astype(jnp.float32)
+    stops = jnp.asarray(stop_ids, jnp.int32)
+
+    def body(carry, _):
+        pools, prev, lengths, live, n_gen = carry
+        h, pools = paged_forward(model, layers, prev[:, None], lengths[:, None], live[:, None],
+                                 lengths + live, pools, page_table, num_pages, lora)
+        logits = jnp.dot(h[:, 0].astype(jnp.float32), head)
+        tok, lp, raw = _sample_rows(logits, _keys(rng, eids, lengths + 1), temperature, top_p, top_k, greedy)
+        lengths = lengths + live
+        n_gen = n_gen + live
+        out = (jnp.where(live, tok, -1), lp, raw)
+        done = jnp.isin(tok, stops) | (n_gen >= remaining)
+        return (pools, jnp.where(live, tok, prev), lengths, live & ~done, n_gen), out
+
+    init = (pools, prev, lengths, live, jnp.zeros_like(lengths))
+    (pools, _, _, _, n_gen), (toks, lps, raws) = jax.lax.scan(body, init, None, length=steps)
+    return (toks.T, lps.T, raws.T, n_gen), pools
+
+
+class Engine:
+    """Continuous-batching rollout engine over a paged KV cache (see the module docstring).
+
+    Args:
+      model: a :class:`models.decoder.Decoder` (only its graph is kept; parameters are
+        passed to :meth:`run`).
+      stop_ids: end-of-turn ids.
+      config: :class:`EngineConfig`.
+      sampling: default :class:`SamplingParams`.
+      lora: run with the LoRA adapters on.
+      pad_id: id used for padding.
+    """
+
+    def __init__(self, model: nnx.Module, *, stop_ids: Sequence[int], config: EngineConfig = EngineConfig(),
+                 sampling: SamplingParams = SamplingParams(), lora: bool = False, pad_id: int = 0):
+        self.graphdef, _ = nnx.split(model)
+        self.cfg = model.cfg
+        self.stop_ids = tuple(int(i) for i in stop_ids)
+        self.config = config
+        self.sampling = sampling
+        self.lora = lora
+        self.pad_id = int(pad_id)
+        self._fns: dict[tuple, Callable] = {}
+        self.metrics: dict[str, float] = {}
+
+    def _fn(self, kind: str, *static):
+        key = (kind, *static)
+        if key not in self._fns:
+            core = _prefill if kind == "prefill" else _decode
+            extra = () if kind == "prefill" else (self.stop_ids,)
+            if kind == "prefill":
+                fn = functools.partial(core, self.graphdef, *static, self.lora)
+            else:
+                fn = functools.partial(core, self.graphdef, *static, self.lora, *extra)
+            self._fns[key] = jax.jit(fn, donate_argnums=(1,))
+        return self._fns[key]
+
+    # ----- page pool -----
+    def _pages_for(self, tokens: int) -> int:
+        return -(-tokens // self.config.page_size)
+
+    def _grow(self, ep: _Ep, tokens: int) -> bool:
+        need = self._pages_for(tokens) - len(ep.pages)
+        if need > len(self._free):
+            return False
+        for _ in range(max(need, 0)):
+            ep.pages.append(self._free.pop())
+        self._peak = max(self._peak, self._num_pages - len(self._free))
+        return True
+
+    def _release(self, ep: _Ep) -> None:
+        self._free.extend(reversed(ep.pages))
+        ep.pages = []
+        ep.cached = 0
+
+    def _table(self, eps: Sequence[_Ep | None], width: int) -> np.ndarray:
+        t = np.zeros((len(eps), width), np.int32)
+        for r, ep in enumerate(eps):
+            if ep is not None and ep.pages:
+                t[r, :min(width, len(ep.pages))] = ep.pages[:width]
+        return t
+
+    # ----- the loop -----
+    def run(self, params, episodes: Sequence[EpisodeSpec], rng: jax.Array,
+            sampling: SamplingParams | None = None) -> list[EpisodeResult]:
+        """Run every episode to its end; results in input order. Metrics of the run are in
+        :attr:`metrics`."""
+        sp = sampling or self.sampling
+        cfg = self.config
+        K, ps = cfg.decode_chunk, cfg.page_size
+        max_total = max(e.max_total for e in episodes)
+        row_pages = self._pages_for(max_total + K)
+        self._num_pages = cfg.num_pages or cfg.slots * row_pages
+        if self._num_pages < row_pages:
+            raise ValueError(f"EngineConfig.num_pages={self._num_pages} cannot hold one episode of "
+                             f"{max_total} tokens ({row_pages} pages of {ps}); raise it")
+        for i, e in enumerate(episodes):
+            if not 0 < len(e.first) < e.max_total:
+                raise ValueError(f"episode {i}: the first chunk has {len(e.first)} ids; it needs 1..max_total-1")
+        greedy, top_k = sp.temperature == 0, sp.top_k
+        temperature, top_p = jnp.float32(sp.temperature), jnp.float32(sp.top_p)
+        pools = empty_pools(self.cfg, self._num_pages, ps)
+        self._free = list(range(self._num_pages - 1, -1, -1))
+        self._peak = 0
+        eps = [_Ep(spec, i, [int(x) for x in spec.first]) for i, spec in enumerate(episodes)]
+        ready = collections.deque(eps)
+        slots: list[_Ep | None] = [None] * cfg.slots
+        prev = np.zeros(cfg.slots, np.int32)
+        futures: dict[concurrent.futures.Future, _Ep] = {}
+        m = collections.Counter()
+        admitted = 0
+        t0 = time.perf_counter()
+        pool = concurrent.futures.ThreadPoolExecutor(cfg.env_workers)
+
+        def end_turn(ep: _Ep):
+            slots[ep.slot] = None
+            ep.slot = None
+            ids = np.asarray(ep.turn, np.int32)
+            lps, raws = np.asarray(ep.lps, np.float32), np.asarray(ep.raws, np.float32)
+            ep.result.turns.append(ids)
+            ep.result.logprobs.append(lps)
+            ep.result.raw_logprobs.append(raws)
+            ep.ctx.extend(ep.turn)
+            ep.turn, ep.lps, ep.raws = [], [], []
+            futures[pool.submit(ep.spec.step, ids, lps, raws)] = ep
+
+        def finish_env(fut, ep: _Ep):
+            try:
+                obs = fut.result()
+            except Exception as exc:  # a crashing environment ends its own episode only
+                ep.result.error = repr(exc)
+                m["env_errors"] += 1
+                obs = None
+            if obs is None:
+                self._release(ep)
+                ep.result.context = list(ep.ctx)
+                return
+            obs = [int(x) for x in obs]
+            if len(ep.ctx) + len(obs) >= ep.spec.max_total:
+                raise ValueError(f"episode {ep.eid}: the observation leaves no room below max_total; "
+                                 "the step function must end the episode instead")
+            ep.ctx.extend(obs)
+            ready.append(ep)
+
+        def preempt(ep: _Ep):
+            """Free ``ep``'s pages; it is recomputed from its whole context when admitted
+            again (a running episode goes back to the head of the queue)."""
+            m["preemptions"] += 1
+            m["recomputed_tokens"] += ep.cached + len(ep.turn)
+            if ep.slot is not None:
+                slots[ep.slot] = None
+                ep.slot = None
+                ready.appendleft(ep)
+            ep.turn, ep.lps, ep.raws = [], [], []
+            self._release(ep)
+
+        for ep in eps:
+            ep.result = EpisodeResult([], [], [], [])
+        try:
+            while ready or futures or any(s is not None for s in slots):
+                for fut in [f for f in futures if f.done()]:
+                    finish_env(fut, futures.pop(fut))
+                # admission: ready work into free slots (FIFO; the head waits for pages)
+                batch = []
+                while ready and None in slots:
+                    ep = ready[0]
+                    if not self._grow(ep, len(ep.ctx) + min(K, ep.cap)):
+                        m["admission_waits"] += 1
+                        break
+                    ready.popleft()
+                    ep.slot = slots.index(None)
+                    slots[ep.slot] = ep
+                    admitted += 1
+                    ep.admitted = admitted
+                    batch.append(ep)
+                if batch:
+                    rows = bucket(len(batch), (), 1)
+                    chunk = max(len(ep.ctx) - ep.cached for ep in batch)
+                    C = bucket(chunk, (), cfg.min_chunk)
+                    width = bucket(max(len(ep.pages) for ep in batch), (), 1)
+                    ids = np.full((rows, C), self.pad_id, np.int32)
+                    start, n, eids = (np.zeros(rows, np.int32) for _ in range(3))
+                    for r, ep in enumerate(batch):
+                        new = ep.ctx[ep.cached:]
+                        ids[r, :len(new)] = new
+                        start[r], n[r], eids[r] = ep.cached, len(new), ep.eid
+                    table = self._table(batch + [None] * (rows - len(batch)), width)
+                    (tok, lp, raw), pools = self._fn("prefill", width, top_k, greedy)(
+                        params, pools, ids, start, n, table, eids, rng, temperature, top_p)
+                    tok, lp, raw = np.asarray(tok), np.asarray(lp), np.asarray(raw)
+                    m["prefill_calls"] += 1
+                    m["prefill_tokens"] += int(n.sum())
+                    for r, ep in enumerate(batch):
+                        ep.cached = len(ep.ctx)
+                        ep.turn, ep.lps, ep.raws = [int(tok[r])], [float(lp[r])], [float(raw[r])]
+                        m["useful_tokens"] += 1
+                        prev[ep.slot] = tok[r]
+                        if int(tok[r]) in self.stop_ids or ep.cap <= 1:
+                            end_turn(ep)
+                running = sorted((ep for ep in slots if ep is not None), key=lambda e: e.admitted)
+                for ep in running:  # pages for this chunk; preempt the newest when the pool is full
+                    while ep.slot is not None and not self._grow(ep, ep.cached + min(K, ep.cap - len(ep.turn))):
+                        newest = max((e for e in slots if e is not None), key=lambda e: e.admitted)
+                        preempt(newest)
+                live_eps = [ep for ep in slots if ep is not None]
+                if live_eps:
+                    width = bucket(max(len(ep.pages) for ep in live_eps), (), 1)
+                    live = np.asarray([ep is not None for ep in slots])
+                    lengths = np.asarray([0 if ep is None else ep.cached for ep in slots], np.int32)
+                    remaining = np.asarray([0 if ep is None else ep.cap - len(ep.turn) for ep in slots], np.int32)
+                    eids = np.asarray([0 if ep is None else ep.eid for ep in slots], np.int32)
+                    (toks, lps, raws, n_gen), pools = self._fn("decode", K, width, top_k, greedy)(
+                        params, pools, prev, lengths, live, remaining, self._table(slots, width), eids, rng,
+                        temperature, top_p)
+                    toks, lps, raws, n_gen = (np.asarray(x) for x in (toks, lps, raws, n_gen))
+                    m["decode_calls"] += 1
+                    m["slot_steps"] += cfg.slots * K
+                    for s, ep in enumerate(list(slots)):
+                        if ep is None:
+                            continue
+                        g = int(n_gen[s])
+                        ep.turn += toks[s, :g].tolist()
+                        ep.lps += lps[s, :g].tolist()
+                        ep.raws += raws[s, :g].tolist()
+                        ep.cached += g
+                        m["useful_tokens"] += g
+                        m["useful_slot_steps"] += g
+                        if g:
+                            prev[s] = toks[s, g - 1]
+                        if ep.turn[-1] in self.stop_ids or len(ep.turn) >= ep.cap:
+                            end_turn(ep)
+                elif not batch:
+                    if futures:
+                        concurrent.futures.wait(list(futures), return_when=concurrent.futures.FIRST_COMPLETED)
+                    elif ready:  # the head needs pages other waiting episodes hold: recompute the newest
+                        holders = [e for e in list(ready)[1:] if e.pages]
+                        if not holders:
+                            raise RuntimeError("the page pool cannot hold the next episode")  # unreachable: checked
+                        preempt(max(holders, key=lambda e: e.admitted))
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+        m["peak_pages"] = self._peak
+        m["num_pages"] = self._num_pages
+        m["wall_s"] = time.perf_counter() - t0
+        m["utilisation"] = m["useful_slot_steps"] / max(m["slot_steps"], 1)
+        self.metrics = dict(m)
+        return [ep.result for ep in eps]
