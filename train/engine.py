@@ -139,10 +139,13 @@ def _keys(rng, eids, pos):
     return jax.vmap(lambda e, p: jax.random.fold_in(jax.random.fold_in(rng, e), p))(eids, pos)
 
 
-def _prefill(graphdef, num_pages: int, top_k: int, greedy: bool, lora: bool, params, pools, ids, start, n,
-             page_table, eids, rng, temperature, top_p):
-    """Feed ``ids[b, :n[b]]`` at positions ``start[b]..``; sample each row's next token."""
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3), donate_argnums=(5,))
+def _prefill(graphdef, top_k: int, greedy: bool, lora: bool, params, pools, ids, start, n, page_table, eids, rng,
+             temperature, top_p):
+    """Feed ``ids[b, :n[b]]`` at positions ``start[b]..``; sample each row's next token.
+    Attention reads the ``page_table.shape[1]`` leading pages of each row."""
     model = nnx.merge(graphdef, params)
+    num_pages = page_table.shape[1]
     C = ids.shape[1]
     pos = start[:, None] + jnp.arange(C, dtype=jnp.int32)[None]
     valid = jnp.arange(C)[None] < n[:, None]
@@ -154,10 +157,13 @@ def _prefill(graphdef, num_pages: int, top_k: int, greedy: bool, lora: bool, par
     return (tok, lp, raw), pools
 
 
-def _decode(graphdef, steps: int, num_pages: int, top_k: int, greedy: bool, lora: bool, stop_ids: tuple,
-            params, pools, prev, lengths, live, remaining, page_table, eids, rng, temperature, top_p):
-    """``steps`` decode steps for every slot; a row stops at a stop id or after ``remaining``."""
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4, 5), donate_argnums=(7,))
+def _decode(graphdef, steps: int, top_k: int, greedy: bool, lora: bool, stop_ids: tuple, params, pools, prev,
+            lengths, live, remaining, page_table, eids, rng, temperature, top_p):
+    """``steps`` decode steps for every slot; a row stops at a stop id or after ``remaining``.
+    Attention reads the ``page_table.shape[1]`` leading pages of each row."""
     model = nnx.merge(graphdef, params)
+    num_pages = page_table.shape[1]
     layers = layer_weights(model, lora)
     head = model.lm_head_kernel().astype(jnp.float32)
     stops = jnp.asarray(stop_ids, jnp.int32)
@@ -201,20 +207,7 @@ class Engine:
         self.sampling = sampling
         self.lora = lora
         self.pad_id = int(pad_id)
-        self._fns: dict[tuple, Callable] = {}
         self.metrics: dict[str, float] = {}
-
-    def _fn(self, kind: str, *static):
-        key = (kind, *static)
-        if key not in self._fns:
-            core = _prefill if kind == "prefill" else _decode
-            extra = () if kind == "prefill" else (self.stop_ids,)
-            if kind == "prefill":
-                fn = functools.partial(core, self.graphdef, *static, self.lora)
-            else:
-                fn = functools.partial(core, self.graphdef, *static, self.lora, *extra)
-            self._fns[key] = jax.jit(fn, donate_argnums=(1,))
-        return self._fns[key]
 
     # ----- page pool -----
     def _pages_for(self, tokens: int) -> int:
@@ -346,8 +339,9 @@ class Engine:
                         ids[r, :len(new)] = new
                         start[r], n[r], eids[r] = ep.cached, len(new), ep.eid
                     table = self._table(batch + [None] * (rows - len(batch)), width)
-                    (tok, lp, raw), pools = self._fn("prefill", width, top_k, greedy)(
-                        params, pools, ids, start, n, table, eids, rng, temperature, top_p)
+                    (tok, lp, raw), pools = _prefill(
+                        self.graphdef, top_k, greedy, self.lora, params, pools, ids, start, n, table, eids, rng,
+                        temperature, top_p)
                     tok, lp, raw = np.asarray(tok), np.asarray(lp), np.asarray(raw)
                     m["prefill_calls"] += 1
                     m["prefill_tokens"] += int(n.sum())
@@ -370,9 +364,9 @@ class Engine:
                     lengths = np.asarray([0 if ep is None else ep.cached for ep in slots], np.int32)
                     remaining = np.asarray([0 if ep is None else ep.cap - len(ep.turn) for ep in slots], np.int32)
                     eids = np.asarray([0 if ep is None else ep.eid for ep in slots], np.int32)
-                    (toks, lps, raws, n_gen), pools = self._fn("decode", K, width, top_k, greedy)(
-                        params, pools, prev, lengths, live, remaining, self._table(slots, width), eids, rng,
-                        temperature, top_p)
+                    (toks, lps, raws, n_gen), pools = _decode(
+                        self.graphdef, K, top_k, greedy, self.lora, self.stop_ids, params, pools, prev, lengths,
+                        live, remaining, self._table(slots, width), eids, rng, temperature, top_p)
                     toks, lps, raws, n_gen = (np.asarray(x) for x in (toks, lps, raws, n_gen))
                     m["decode_calls"] += 1
                     m["slot_steps"] += cfg.slots * K
