@@ -62,9 +62,9 @@ def topology_devices(topology: str):
     if topology.startswith("cpu:"):
         n = int(topology.split(":")[1])
         devs = jax.devices("cpu")
-        if len(devs) < n:
-            raise SystemExit(f"--topology={topology} needs {n} CPU devices; set "
-                             f"XLA_FLAGS=--xla_force_host_platform_device_count={n}")
+        if len(devs) < n:  # main() sets the flag itself when JAX was not imported yet
+            raise ValueError(f"--topology={topology} needs {n} CPU devices but JAX started with {len(devs)}; "
+                             f"start the process with XLA_FLAGS=--xla_force_host_platform_device_count={n}")
         return devs[:n], "cpu", None
     try:
         gen, count = topology.split("-")
@@ -72,7 +72,7 @@ def topology_devices(topology: str):
         shape = TOPOLOGY_SHAPES[gen][chips]
     except (ValueError, KeyError):
         known = ", ".join(f"{g}-{c * CORES_PER_CHIP[g]}" for g in TOPOLOGY_SHAPES for c in TOPOLOGY_SHAPES[g])
-        raise SystemExit(f"unknown topology {topology!r}; known: {known}, cpu:N")
+        raise ValueError(f"unknown topology {topology!r}; known: {known}, cpu:N") from None
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", topology)
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # no chips: nothing to lock
@@ -204,8 +204,29 @@ def step_inputs(cfg):
         from lopd_jax.envs.registry import get_task_source
         return get_task_source(cfg.env.source, **cfg.env.kwargs)
 
-    tokenizer = run_tokenizer(cfg, spec.model.family, source)
+    tokenizer = placeholder_tokenizer(cfg, spec.model.family) or run_tokenizer(cfg, spec.model.family, source)
     return spec, splice_layout(cfg, spec.model.family, tokenizer)[2]
+
+
+BUILTIN_TOKENIZER_FAMILIES = ("qwen3",)
+
+
+def placeholder_tokenizer(cfg, family: str):
+    """For a config with no checkpoint (``model.hf_path``) whose family has no built-in
+    tokenizer (Olmo-3): the tiny tokenizer of that chat family, else None.
+
+    The step's shapes do not depend on it (the vocabulary is the architecture's); it only
+    spells the latent block's framing text, whose token count may differ from the real
+    tokenizer's by a few tokens (a ~0.1% change of the teacher's sequence). The check says so.
+    """
+    m = cfg.model
+    if m.hf_path or m.tokenizer != "auto" or family in BUILTIN_TOKENIZER_FAMILIES or (m.name or "").startswith("tiny"):
+        return None
+    from lopd_jax.tokenizers import tiny_tokenizer
+    print(f"note: no built-in {family} tokenizer and no model.hf_path: the latent block's framing is spelled "
+          f"with the tiny {family} tokenizer (its length may differ by a few tokens; the vocabulary is the "
+          f"architecture's). Give model.hf_path for the exact layout.", file=sys.stderr)
+    return tiny_tokenizer(family)
 
 
 def _gib(x):
@@ -226,6 +247,10 @@ def run(args) -> dict:
             "rules": [list(r) for r in spec.mesh.rules if r not in DEFAULT_RULES], "remat": mcfg.remat_policy, "attention": mcfg.attention_impl,
             "dtype": mcfg.dtype, "param_dtype": mcfg.param_dtype, "logits_chunk": spec.steps.logits_chunk,
             "micro_batch": spec.steps.micro_batch, "hbm_gib": hbm}
+    if args.dry_run:  # config, tokenizer and topology resolved; nothing lowered or compiled
+        return head | {"dry_run": True, "latent_block_tokens": layout.length,
+                       "model_flops": model_flops(mcfg, spec.composer, spec.batch, spec.seq, spec.exp_len,
+                                                  layout.length)["total"]}
     t0 = time.time()
     try:
         compiled, system = build_step(spec, layout, devices)
@@ -303,6 +328,8 @@ def parse_args(argv=None):
     p.add_argument("--flops", action="store_true",
                    help="also count compiled FLOPs (two more compiles of unrolled 1- and 2-layer variants)")
     p.add_argument("--json", default=None, help="also write the report here")
+    p.add_argument("--dry_run", action="store_true",
+                   help="resolve the config, tokenizer, mesh and topology, print them and stop before compiling")
     p.add_argument("overrides", nargs="*", help="dotted config overrides key=value, as for lopd_jax.train")
     return p.parse_args(argv)
 
@@ -314,12 +341,25 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if not args.topology.startswith("cpu:"):
         os.environ.setdefault("JAX_PLATFORMS", "")  # the TPU plugin compiles for the topology
+    elif "jax" not in sys.modules:  # cpu:N: simulate N host devices (the flag must precede JAX's start)
+        count = args.topology.split(":", 1)[1]
+        flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "force_host_platform_device_count" not in f]
+        os.environ["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={count}"])
     configure_platform()
     try:
         report = run(args)
     except ValueError as e:  # ConfigError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if report.get("dry_run"):
+        mesh = report["mesh"]
+        print(f"dry run  config={report['config']} ({report['model']})  topology={report['topology']} "
+              f"({report['chips']} chips, HBM {report['hbm_gib']} GiB)  batch={report['batch']} x {report['seq']} "
+              f"tokens, experiences {report['exp_len']}  latent block {report['latent_block_tokens']} tokens  "
+              f"mesh data={mesh['data']} fsdp={mesh['fsdp']} tensor={mesh['tensor']}  attention={report['attention']}  "
+              f"model FLOPs/step {report['model_flops']:.3e}: resolved, not compiled")
+        write_report(report, args.json)
+        return 0
     m = report["per_chip_gib"]
     if "error" in report:
         print(f"LOPD step  config={report['config']}  topology={report['topology']} ({report['chips']} chips)  "

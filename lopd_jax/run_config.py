@@ -51,19 +51,25 @@ def _mutable(key: str, allowed: Sequence[str]) -> bool:
     return any(key == p or (p.endswith(".*") and key.startswith(p[:-1])) for p in allowed)
 
 
-def check_resume(saved: TrainConfig, current: TrainConfig, allowed: Sequence[str] = RESUME_MUTABLE) -> None:
-    """Raise :class:`ConfigError` if ``current`` changes a key outside ``allowed``."""
-    bad = {k: v for k, v in config_diff(saved, current).items() if not _mutable(k, allowed)}
+def check_resume(saved: TrainConfig, current: TrainConfig, allowed: Sequence[str] = RESUME_MUTABLE,
+                 allow: Sequence[str] = ()) -> None:
+    """Raise :class:`ConfigError` if ``current`` changes a key outside ``allowed`` and ``allow``
+    (the keys the user named with ``--allow_config_change``). The message lists each
+    differing key with both values and the two ways on."""
+    bad = {k: v for k, v in config_diff(saved, current).items() if not _mutable(k, (*allowed, *allow))}
     if bad:
         lines = "\n".join(f"  {k}: saved {v[0]!r}, now {v[1]!r}" for k, v in bad.items())
         raise ConfigError(
-            f"this workdir holds a run with a different config:\n{lines}\n"
-            f"Resume with the saved values, or start a new run in another workdir. "
-            f"Keys a resumed run may change: {list(allowed)}.")
+            f"this workdir holds a run with a different config ({len(bad)} key(s) differ):\n{lines}\n"
+            f"Either start a new run in another workdir (--workdir=...), or keep this run's finished stages "
+            f"and apply the new values from its next unfinished stage on with "
+            f"--allow_config_change={','.join(bad)} (or rerun with the saved values to resume as it was). "
+            f"Keys a resumed run may always change: {list(allowed)}.")
 
 
-def save_run_config(cfg: TrainConfig, workdir: str | None = None) -> bool:
-    """Write ``<workdir>/config.json`` (local or ``gs://``); if one exists, check the resume first.
+def save_run_config(cfg: TrainConfig, workdir: str | None = None, allow: Sequence[str] = ()) -> bool:
+    """Write ``<workdir>/config.json`` (local or ``gs://``); if one exists, check the resume first
+    (:func:`check_resume`; ``allow``: keys the user lets differ).
 
     Returns True when a saved config was found (a resumed run); the file is then
     rewritten with the allowed changes. Only process 0 writes.
@@ -73,7 +79,7 @@ def save_run_config(cfg: TrainConfig, workdir: str | None = None) -> bool:
     workdir = workdir or cfg.workdir
     resumed = _read(workdir) is not None
     if resumed:
-        check_resume(load_run_config(workdir), cfg)
+        check_resume(load_run_config(workdir), cfg, allow=allow)
     write_json(workdir, CONFIG_FILE, to_dict(cfg))
     return resumed
 

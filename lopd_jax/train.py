@@ -23,16 +23,41 @@ import argparse
 import sys
 from typing import Sequence
 
+from lopd_jax.task_data import check_task_data, resolve_data_paths
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The command-line options."""
     p = argparse.ArgumentParser(prog="python -m lopd_jax.train", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="tiny", help="a configs/NAME.py config (default tiny)")
     p.add_argument("--workdir", default=None, help="run directory (local or gs://); default: the config's")
+    p.add_argument("--allow_config_change", default="", metavar="KEY[,KEY...]",
+                   help="rerun in a workdir whose saved config differs on these dotted keys: the finished stages "
+                        "are kept and the new values apply from the next unfinished stage on (e.g. "
+                        "bank.min_reward after an empty bank). Without it a differing key is refused.")
     from train.launch import add_launch_flags
     add_launch_flags(p)
     p.add_argument("overrides", nargs="*", help="dotted overrides key=value")
+    p.epilog = _configs_epilog()
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
     return p
+
+
+def _configs_epilog() -> str:
+    """The ``--help`` text that lists the named configs (``configs/NAME.py``) with their first docstring line."""
+    import importlib
+    import pkgutil
+
+    import configs
+    lines = ["named configs (--config=NAME):"]
+    for info in sorted(pkgutil.iter_modules(configs.__path__), key=lambda i: i.name):
+        if info.name.startswith("_"):
+            continue
+        doc = (importlib.import_module(f"configs.{info.name}").__doc__ or "").strip().splitlines()
+        lines.append(f"  {info.name:12s} {doc[0] if doc else ''}")
+    lines.append("overrides: any dotted key of the config, e.g. stages.lopd_steps=8 model.hf_path=/ckpt "
+                 "(sections and keys: README, \"Configs and overrides\"; task data: docs/data.md)")
+    return "\n".join(lines)
 
 
 def _exists(path: str) -> bool:
@@ -70,7 +95,7 @@ def resolve_config(argv: Sequence[str] | None = None):
     args = build_parser().parse_args(argv)
     cfg = load_config(args.config)
     overrides = list(args.overrides) + ([f"workdir={args.workdir}"] if args.workdir else [])
-    cfg = resolve_paths(apply_overrides(cfg, overrides))
+    cfg = resolve_data_paths(resolve_paths(apply_overrides(cfg, overrides)))
     m, b = cfg.model, cfg.bank
     if m.hf_path and not _exists(m.hf_path):
         raise ConfigError(f"model.hf_path={m.hf_path!r}: no such checkpoint directory; point it at a Hugging Face "
@@ -84,22 +109,52 @@ def resolve_config(argv: Sequence[str] | None = None):
     if cfg.stages.warmup_steps and cfg.env.source != "synthetic":
         raise ConfigError(f"stages.warmup_steps={cfg.stages.warmup_steps}: the warm-up trains on oracle "
                           f"demonstrations, which only env.source=synthetic has; set stages.warmup_steps=0.")
+    from train.arms import resolve_arm
+    resolve_arm(cfg)  # the arm's own checks (ConfigError), before anything is written
+    check_task_data(cfg)
     return cfg
 
 
-def run_training(cfg):
+def run_training(cfg, allow_config_change: Sequence[str] = ()):
     """Save (or check, on resume) ``<workdir>/config.json``, then run every stage of ``cfg``
     with :func:`train.loop.run`; returns its result. Programs that train (this one, sweeps)
-    call this rather than ``train.loop.run`` so every run directory holds its config."""
+    call this rather than ``train.loop.run`` so every run directory holds its config.
+
+    ``allow_config_change``: dotted keys that may differ from a saved config. A
+    :class:`lopd_jax.config.ConfigError` raised while a *new* run starts removes what this
+    call wrote (its config.json, and the workdir if it created it), so the corrected
+    command starts clean."""
     import jax
 
+    from lopd_jax.config import ConfigError
     from lopd_jax.run_config import save_run_config
     from train import distributed, loop
 
+    first = jax.process_index() == 0
+    existed = _exists(cfg.workdir)
     # refuses a workdir that holds a run of another config; process 0 checks and writes
-    resumed = save_run_config(cfg) if jax.process_index() == 0 else True
+    resumed = save_run_config(cfg, allow=allow_config_change) if first else True
     distributed.sync("run_config")
-    return loop.run(cfg, resumed=resumed)
+    try:
+        return loop.run(cfg, resumed=resumed)
+    except ConfigError:
+        if first and not resumed:
+            _undo_new_run(cfg.workdir, existed)
+        raise
+
+
+def _undo_new_run(workdir: str, existed: bool) -> None:
+    """Remove what a new run wrote before a config error: the workdir it created, else its config.json."""
+    import shutil
+
+    from lopd_jax import files
+    from lopd_jax.paths import is_url
+    from lopd_jax.run_config import CONFIG_FILE
+
+    if not existed and not is_url(workdir):
+        shutil.rmtree(workdir, ignore_errors=True)
+    else:
+        files.epath_of(_join(workdir, CONFIG_FILE)).unlink(missing_ok=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -124,12 +179,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     from train import loop
     from train.nonfinite import NonFiniteError
     try:
-        result = run_training(cfg)
+        allow = [k for k in build_parser().parse_args(argv).allow_config_change.split(",") if k]
+        result = run_training(cfg, allow_config_change=allow)
     except ConfigError as e:  # e.g. a resumed workdir holding another config
         print(f"error: {e}", file=sys.stderr)
         return 2
     except (EmptyBankError, NonFiniteError) as e:
-        print(f"stopped: {e}", file=sys.stderr)
+        print(f"stopped: {e}\nTo rerun in this workdir with a changed setting (the finished stages are kept), "
+              f"add --allow_config_change=KEY for each key you change, e.g. --allow_config_change=bank.min_reward.",
+              file=sys.stderr)
         return 3
     if result == loop.PREEMPTED:
         print("preempted: state saved; rerun the same command to resume.", file=sys.stderr)

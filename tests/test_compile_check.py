@@ -71,11 +71,59 @@ def test_compile_check_rejects_unknown_config_key():
     assert main(["--config=tiny", "--topology=cpu:8", "steps.top_mm=3"]) == 2
 
 
-def test_compile_check_rejects_unknown_topology():
-    from lopd_jax.compile_check import topology_devices
+def test_compile_check_rejects_unknown_topology(capsys):
+    from lopd_jax.compile_check import main, topology_devices
 
-    with pytest.raises(SystemExit, match="unknown topology"):
+    with pytest.raises(ValueError, match="unknown topology 'v9x-8'; known: .*v5p-32.*cpu:N"):
         topology_devices("v9x-8")
+    assert main(["--config=tiny", "--topology=v9x-8", "--dry_run"]) == 2  # a usage error, not "does not fit" (1)
+    assert "unknown topology" in capsys.readouterr().err
+
+
+def test_cpu_topology_names_the_device_count_it_needs():
+    """In a process whose JAX already started with 8 CPU devices, cpu:16 says what to set
+    (a fresh ``python -m lopd_jax.compile_check --topology=cpu:N`` sets it itself)."""
+    from lopd_jax.compile_check import main, topology_devices
+
+    with pytest.raises(ValueError, match="needs 16 CPU devices but JAX started with 8; start the process with "
+                                         "XLA_FLAGS=--xla_force_host_platform_device_count=16"):
+        topology_devices("cpu:16")
+    assert main(["--config=tiny", "--topology=cpu:16", "--dry_run"]) == 2
+
+
+def test_cpu_topology_sets_its_own_device_count(tmp_path):
+    """``--topology=cpu:4`` in a new process without XLA_FLAGS: the check simulates 4 devices itself."""
+    out = tmp_path / "r.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    proc = subprocess.run([sys.executable, "-m", "lopd_jax.compile_check", "--config=tiny", "--topology=cpu:4",
+                           "--dry_run", f"--json={out}", "mesh.fsdp=-1"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(out.read_text())["chips"] == 4
+
+
+def _named_configs():
+    import pkgutil
+
+    import configs
+    return sorted(m.name for m in pkgutil.iter_modules(configs.__path__) if not m.name.startswith("_"))
+
+
+@pytest.mark.parametrize("name", _named_configs())
+def test_every_named_config_resolves_up_to_the_compile(name, tmp_path, capsys):
+    """Each configs/NAME.py, without weights or task data, gets as far as compiling: config,
+    tokenizer (a stated placeholder where the family has none built in), latent-block
+    layout, mesh and step shapes (8 simulated devices; a v5p slice in test_quickstart)."""
+    from lopd_jax.compile_check import main
+
+    out = tmp_path / "r.json"
+    # qwen3_4b is laid out for v5e-64 and up (fsdp 32); here its fsdp axis shrinks to fit 8 devices
+    fit = {"qwen3_4b": ["mesh.fsdp=4"]}.get(name, [])
+    assert main([f"--config={name}", "--topology=cpu:8", "--dry_run", f"--json={out}", *fit]) == 0
+    report = json.loads(out.read_text())
+    assert report["dry_run"] and report["chips"] == 8 and report["batch"] >= 1 and report["seq"] >= 128
+    assert report["latent_block_tokens"] > 0 and report["model_flops"] > 0
+    assert "resolved, not compiled" in capsys.readouterr().out
 
 
 def test_model_flops_scale_with_tokens():

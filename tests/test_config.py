@@ -1,6 +1,7 @@
 """Typed run configs: named configs, dotted overrides, JSON round trip, resume checks."""
 
 import json
+import os
 
 import pytest
 
@@ -172,3 +173,71 @@ def test_warmup_lr_schedule():
     assert abs(float(sched(200)) - 4e-4) < 1e-9
     with pytest.raises(ConfigError, match="warmup_lr_schedule='cos'.*'cosine'"):
         resolve_config([*base, "stages.warmup_lr_schedule=cos"])
+
+
+def test_task_data_is_checked_before_anything_is_written(tmp_path):
+    """The paper configs' EnvScaler source without its files is a config error naming the
+    key and the doc section; bad files too; the shipped samples resolve (paths made absolute)."""
+    from lopd_jax.train import main, resolve_config
+
+    workdir = tmp_path / "run"
+    with pytest.raises(ConfigError, match=r"env.kwargs.train_path=<file>.*docs/data.md, section \"EnvScaler "
+                                          r"scenarios\".*data/samples/envscaler_train.jsonl"):
+        resolve_config(["--config=qwen3_8b", f"--workdir={workdir}"])
+    assert main(["--config=qwen3_8b", f"--workdir={workdir}"]) == 2 and not workdir.exists()
+    with pytest.raises(ConfigError, match=r"env.kwargs.paths=<file>.*TACO problems"):
+        resolve_config(["--config=tiny", "env.source=taco", "stages.warmup_steps=0", "env.kwargs={}"])
+    with pytest.raises(ConfigError, match=r"no_such.jsonl.*does not exist.*TACO problems"):
+        resolve_config(["--config=tiny", "env.source=taco", "stages.warmup_steps=0",
+                        f"env.kwargs={{\"paths\": \"{tmp_path / 'no_such.jsonl'}\"}}"])
+    with pytest.raises(ConfigError, match=r"read from local disk; copy them first \(gsutil cp"):
+        resolve_config(["--config=qwen3_8b", "env.kwargs.train_path=gs://b/envscaler_train.jsonl"])
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        cfg = resolve_config(["--config=qwen3_8b", "env.kwargs.train_path=data/samples/envscaler_train.jsonl",
+                              "env.kwargs.heldout_path=data/samples/envscaler_heldout.jsonl"])
+    finally:
+        os.chdir(cwd)
+    assert cfg.env.kwargs["train_path"] == os.path.join(root, "data", "samples", "envscaler_train.jsonl")
+
+
+def test_a_new_run_stopped_by_a_config_error_leaves_no_trace(tmp_path):
+    """What :func:`lopd_jax.train.run_training` undoes after a config error in a new run:
+    the workdir it created, or only its config.json in a workdir that existed."""
+    from lopd_jax.train import _undo_new_run
+
+    new = tmp_path / "new"
+    save_run_config(apply_overrides(load_config("tiny"), [f"workdir={new}"]))
+    _undo_new_run(str(new), existed=False)
+    assert not new.exists()
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "notes.txt").write_text("mine")
+    save_run_config(apply_overrides(load_config("tiny"), [f"workdir={old}"]))
+    _undo_new_run(str(old), existed=True)
+    assert sorted(p.name for p in old.iterdir()) == ["notes.txt"]
+
+
+def test_resume_with_allowed_config_change(tmp_path):
+    """A differing key names the flag that lets it through; with the flag the run's config is updated."""
+    cfg = apply_overrides(load_config("tiny"), [f"workdir={tmp_path}"])
+    save_run_config(cfg)
+    changed = apply_overrides(cfg, ["bank.min_reward=0.25", "steps.margin=0.1"])
+    with pytest.raises(ConfigError, match=r"(?s)2 key\(s\) differ.*another workdir.*"
+                                          r"--allow_config_change=bank.min_reward,steps.margin"):
+        save_run_config(changed)
+    with pytest.raises(ConfigError, match=r"steps.margin: saved"):
+        save_run_config(changed, allow=["bank.min_reward"])
+    assert save_run_config(changed, allow=["bank.min_reward", "steps.margin"]) is True
+    assert load_run_config(str(tmp_path)).bank.min_reward == 0.25
+
+
+def test_train_help_lists_the_named_configs(capsys):
+    from lopd_jax.train import build_parser
+
+    text = build_parser().format_help()
+    for name in ("tiny", "miniature", "qwen3_4b", "qwen3_8b", "olmo3_7b"):
+        assert f"\n  {name} " in text
+    assert "--allow_config_change" in text and "docs/data.md" in text
