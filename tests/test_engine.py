@@ -191,3 +191,34 @@ def test_failing_and_sleeping_environments_do_not_stall_or_corrupt_others(qwen, 
     assert results[2].turns[0].tolist() == sampled_reference[2].turns[0].tolist()
     assert engine.metrics["env_errors"] == 1
     _same([r for i, r in enumerate(results) if i != 2], [r for i, r in enumerate(sampled_reference) if i != 2])
+
+
+def test_engine_rollout_equals_the_static_rollout_on_a_real_model():
+    """The chat-format wrapper: greedy trajectories (ids, masks, log-probs, rewards, finish
+    reasons) equal :func:`train.rollout.rollout`'s on the tiny policy and synthetic tasks."""
+    from lopd_jax.chat import make_chat_format
+    from lopd_jax.envs.synthetic import SyntheticTaskSource
+    from lopd_jax.evaluate import load_policy
+    from train.engine_rollout import engine_rollout
+    from train.rollout import RolloutConfig, rollout
+    from train.sampler import BucketConfig, Sampler
+
+    model, tok, _ = load_policy("tiny", seed=1)
+    fmt = make_chat_format("qwen3", tok)
+    source = SyntheticTaskSource(n_train_per_family=1, n_heldout_per_family=1, seed=3)
+    tasks = source.tasks("train")[:2]
+    greedy = SamplingParams(temperature=0.0)
+    cfg = RolloutConfig(max_turn_tokens=5, max_env_steps=2)
+    sampler = Sampler(model, stop_ids=fmt.stop_ids, sampling=greedy, pad_id=tok.pad_token_id,
+                      buckets=BucketConfig(chunk=(64, 1280), cache=(1280,)))
+    ref = rollout(sampler, Sampler.params_of(model), fmt, source.make_env, tasks, jax.random.key(0), cfg)
+    engine = Engine(model, stop_ids=fmt.stop_ids, sampling=greedy, pad_id=tok.pad_token_id,
+                    config=EngineConfig(slots=2, page_size=64, decode_chunk=4, min_chunk=64))
+    out = engine_rollout(engine, Sampler.params_of(model), fmt, source.make_env, tasks, jax.random.key(0), cfg)
+    for a, b in zip(out, ref):
+        assert a.tokens.tolist() == b.tokens.tolist() and a.mask.tolist() == b.mask.tolist()
+        np.testing.assert_allclose(a.raw_logprobs, b.raw_logprobs, atol=1e-4)
+        assert (a.logprobs == b.logprobs).all()
+        assert (a.reward, a.finish_reason, a.turn_lengths, a.insert_at) == (b.reward, b.finish_reason,
+                                                                             b.turn_lengths, b.insert_at)
+        assert a.messages == b.messages
