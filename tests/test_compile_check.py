@@ -196,3 +196,27 @@ def test_paper_configs_give_concrete_step_shapes():
         assert spec.exp_len == UNCUT_EXP_LEN
         for x in abstract_lopd_batch(spec).values():
             assert all(isinstance(d, int) and d > 0 for d in x.shape), x
+
+
+def test_tpu_worker_version_check(tmp_path):
+    """tpu_scripts/check_versions.py (run by setup.sh on every worker) reads the lock's pins
+    and fails on a missing package, a version off the lock, or jax and jaxlib apart."""
+    sys.path.insert(0, os.path.join(ROOT, "tpu_scripts"))
+    try:
+        import check_versions as cv
+    finally:
+        sys.path.pop(0)
+    f = tmp_path / "c.txt"
+    f.write_text("# lock\njax==0.10.2\njaxlib==0.10.2  # cpu\nlibtpu==0.0.42.1\nnumpy>=1\n")
+    expected = cv.pins(str(f))
+    assert expected == {"jax": "0.10.2", "jaxlib": "0.10.2", "libtpu": "0.0.42.1"}
+    assert cv.check(expected, dict(expected)) == []
+    problems = cv.check(expected, {"jax": "0.11.0", "jaxlib": "0.10.2", "libtpu": None})
+    assert len(problems) == 3
+    assert any("jax 0.11.0 is installed, the lock says 0.10.2" in p for p in problems)
+    assert any("libtpu is not installed" in p for p in problems)
+    assert any("jax 0.11.0 and jaxlib 0.10.2 differ" in p for p in problems)
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tpu_scripts", "check_versions.py")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == (0 if _has_libtpu() else 1), proc.stdout + proc.stderr
+    assert proc.stdout.startswith("jax ")
