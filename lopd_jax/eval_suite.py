@@ -246,3 +246,32 @@ def render_markdown(report: dict[str, Any]) -> str:
             ks = ", ".join(f"{k} {v:.1f}" for k, v in r["pass_at_k"].items())
             lines.append(f"- {r['benchmark']}: {cats}; {ks}")
     return "\n".join(lines) + "\n"
+
+
+def sweep_suite_table(records: list[dict[str, Any]]) -> str:
+    """The sweep report's suite rows per arm: one Markdown row per run group (``name``),
+    one column per benchmark, mean +- std over the seeds whose run has a
+    ``<workdir>/suite/report.json`` (``record["suite"]``: benchmark -> score or None).
+    Empty when no run has one."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        if r.get("suite"):
+            groups.setdefault(r["name"], []).append(r["suite"])
+    if not groups:
+        return ""
+    names = list(dict.fromkeys(b for runs in groups.values() for s in runs for b in s))
+    lines = ["| run | seeds | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 2)]
+    for group, runs in groups.items():
+        cells = []
+        for b in names:
+            xs = [s[b] for s in runs if s.get(b) is not None]
+            if not xs:
+                cells.append("not run")
+            elif len(xs) == 1:
+                cells.append(f"{xs[0]:.1f}")
+            else:
+                mean = sum(xs) / len(xs)
+                std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
+                cells.append(f"{mean:.1f} ± {std:.1f}")
+        lines.append(f"| {group} | {len(runs)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -22,6 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from lopd_jax import files
+from lopd_jax.eval_suite import sweep_suite_table
 
 TABLE3 = (("tool_calls_per_step", "calls/step"), ("mean_env_steps", "env steps"),
           ("repeated_calls", "repeated calls"), ("first_response_tokens", "1st-response tokens"),
@@ -67,7 +68,9 @@ def collect(spec, root: str) -> dict[str, Any]:
     timed = train[1:] if len(train) > 1 else train
     rsec, rcount = (sum(float(r.get(k, 0)) for r in timed) for k in ("rollout_seconds", "rollouts"))
     bc = _read_json(files.join(wd, "base_composer.json"))
+    suite = _read_json(files.join(wd, "suite", "report.json"))  # evaluate --suite --out_dir=<workdir>/suite
     return {
+        "suite": None if suite is None else {r["benchmark"]: r.get("score") for r in suite.get("rows", [])},
         "arm": spec.arm, "seed": spec.seed, "name": spec.name, "grid": dict(spec.grid),
         "overrides": list(spec.overrides), "workdir": wd, "finished": bool(ledger.get("export", {}).get("done")),
         "steps": len(train), "rollouts": cum[-1] if cum else 0.0,
@@ -275,6 +278,9 @@ def write_report(root: str, specs, threshold: float | None = None) -> list[str]:
                 "Rollouts to threshold: first held-out evaluation at or above it (seeds reaching it). "
                 "Table-3 statistics after training.\n\n")
         f.write(table(finished, thr) + "\n")
+        suite_md = sweep_suite_table(finished)
+        if suite_md:
+            f.write("\n## Benchmark suite (Tables 1 and 2, 0-100)\n\n" + suite_md + "\n")
     out.append(md)
     if finished:
         out.append(fig_arms(finished, os.path.join(root, "fig3_arms.png")))

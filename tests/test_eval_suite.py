@@ -145,3 +145,28 @@ def test_suite_command_on_a_tiny_model_writes_both_reports(tmp_path):
     md = (out / "report.md").read_text()
     assert "## Table 1: tool use" in md and "## Table 2: code" in md and "not run: " in md
     assert "MbppPlus" in md and "greedy" in md
+
+
+def test_sweep_report_gains_the_suite_rows_per_arm():
+    records = [{"name": "lopd", "suite": {"HumanEval+": 50.0, "MBPP+": None}},
+               {"name": "lopd", "suite": {"HumanEval+": 60.0, "MBPP+": None}},
+               {"name": "grpo", "suite": {"HumanEval+": 40.0, "MBPP+": None}},
+               {"name": "frozen", "suite": None}]
+    md = eval_suite.sweep_suite_table(records)
+    assert md.splitlines()[0] == "| run | seeds | HumanEval+ | MBPP+ |"
+    assert "| lopd | 2 | 55.0 ± 7.1 | not run |" in md and "| grpo | 1 | 40.0 | not run |" in md
+    assert "frozen" not in md and eval_suite.sweep_suite_table(records[3:]) == ""
+
+
+def test_suite_flags_are_checked(tmp_path):
+    from lopd_jax.evaluate import parse_args
+
+    for bad in (["--suite=code", "--model=tiny"], ["--suite=code", "--model=tiny", f"--data_dir={tmp_path}/none"],
+                ["--suite=code", "--model=tiny", f"--data_dir={tmp_path}", "--suite_samples=0"],
+                ["--suite=code", "--model=tiny", f"--data_dir={tmp_path}", "--env=bfcl"]):
+        with pytest.raises(SystemExit) as e:
+            parse_args(bad)
+        assert e.value.code == 2
+    args = parse_args(["--suite=code", "--model=tiny", f"--data_dir={tmp_path}"])
+    assert args.temperature == 0.0 and args.out_dir == str(tmp_path)
+    assert parse_args(["--model=tiny"]).temperature == 0.7
