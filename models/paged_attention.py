@@ -82,16 +82,20 @@ def paged_attention(q: jax.Array, kv_pages: jax.Array, page_table: jax.Array, kv
 
 
 def ragged_kernel_attention(q: jax.Array, kv_pages: jax.Array, page_table: jax.Array, kv_lens: jax.Array,
-                            q_lens: jax.Array, window: int, scale: float, **kernel_kw) -> jax.Array:
+                            q_lens: jax.Array, window: int, scale: float, kernel=None, **kernel_kw) -> jax.Array:
     """JAX's TPU kernel ``ragged_paged_attention`` on the same pool.
 
     Rows' queries are the last ``q_lens[b]`` tokens of each row (positions
     ``kv_lens[b] - q_lens[b] ..``), given row-padded as ``q`` [B, S, KV, G, hd]; they are
     packed for the kernel and unpacked after (padded query slots come back as zeros).
     ``window`` is static (0 = none). Extra keyword arguments go to the kernel (block sizes,
-    ``vmem_limit_bytes``). Returns [B, S, KV, G, hd].
+    ``vmem_limit_bytes``; give both block sizes when compiling ahead of time without a TPU:
+    the kernel otherwise looks up tuned sizes for the local chip). ``kernel`` replaces the
+    kernel by a function of the same signature (e.g. its reference implementation
+    ``ref_ragged_paged_attention``). Returns [B, S, KV, G, hd].
     """
-    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
+    if kernel is None:
+        from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention as kernel
 
     B, S, KV, G, hd = q.shape
     flat = q.reshape(B * S, KV * G, hd)
@@ -101,9 +105,8 @@ def ragged_kernel_attention(q: jax.Array, kv_pages: jax.Array, page_table: jax.A
     off = j - starts[row]
     src = jnp.where(off < q_lens[row], row * S + off, 0)
     packed = jnp.take(flat, src, axis=0)
-    out = ragged_paged_attention(packed, kv_pages, kv_lens.astype(jnp.int32), page_table.astype(jnp.int32),
-                                 starts, jnp.asarray([B], jnp.int32), sm_scale=scale,
-                                 sliding_window=int(window) or None, **kernel_kw)
+    out = kernel(packed, kv_pages, kv_lens.astype(jnp.int32), page_table.astype(jnp.int32), starts,
+                 jnp.asarray([B], jnp.int32), sm_scale=scale, sliding_window=int(window) or None, **kernel_kw)
     # back to row-padded [B, S, ...]
     b = jnp.arange(B)[:, None]
     s = jnp.arange(S)[None]

@@ -1,0 +1,143 @@
+"""Paged attention (models/paged_attention.py) against dense attention, for decode and for
+mixed prefill + decode rows, with and without a sliding window; JAX's TPU kernels against
+the same pool: the decode kernel ``paged_attention`` run in TPU interpret mode, the ragged
+kernel's own reference (its interpreter run fails in JAX 0.10.2, see docs/engine.md), and
+both kernels AOT-compiled for a v5p topology."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from models.attention import plain_attention
+from models.paged_attention import combine_kv, paged_attention, ragged_kernel_attention, write_kv
+
+B, KV, G, hd, PS, NP, PPS = 3, 2, 2, 16, 4, 24, 6
+LENS = np.asarray([9, 3, 17])  # tokens per row after the call
+
+
+def _setup(q_lens, seed=0, bf16_values=False):
+    """A random history per row written into shuffled pages, and row-padded queries for
+    the last ``q_lens[b]`` tokens of each row. Returns the pool, table, dense k / v, q, q_pos.
+    ``bf16_values``: keys / values rounded to bfloat16 (still stored in float32)."""
+    rs = np.random.RandomState(seed)
+    T = PPS * PS
+    k = rs.randn(B, T, KV, hd).astype(np.float32)
+    v = rs.randn(B, T, KV, hd).astype(np.float32)
+    if bf16_values:
+        k, v = (np.asarray(jnp.asarray(x, jnp.bfloat16).astype(jnp.float32)) for x in (k, v))
+    table = rs.permutation(NP)[:B * PPS].reshape(B, PPS).astype(np.int32)
+    pool = jnp.zeros((NP, PS, 2 * KV, hd), jnp.float32)
+    pos = np.broadcast_to(np.arange(T), (B, T))
+    pool = write_kv(pool, jnp.asarray(k), jnp.asarray(v), jnp.asarray(table), jnp.asarray(pos),
+                    jnp.asarray(pos < LENS[:, None]))
+    S = max(q_lens)
+    q = rs.randn(B, S, KV, G, hd).astype(np.float32)
+    q_pos = (LENS - np.asarray(q_lens))[:, None] + np.arange(S)[None]
+    return pool, table, k, v, q, q_pos
+
+
+@pytest.mark.parametrize("q_lens", [(1, 1, 1), (4, 1, 3)], ids=["decode", "mixed"])
+@pytest.mark.parametrize("window", [0, 3])
+def test_paged_attention_equals_dense(q_lens, window):
+    pool, table, k, v, q, q_pos = _setup(q_lens)
+    T = k.shape[1]
+    k_pos = np.broadcast_to(np.arange(T), (B, T))
+    dense = plain_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(q_pos), jnp.asarray(k_pos),
+                            jnp.asarray(k_pos < LENS[:, None]), window, 0.25)
+    for n in (PPS, 5):  # the whole table, or just the pages the longest row uses
+        out = paged_attention(jnp.asarray(q), pool, jnp.asarray(table), jnp.asarray(LENS), jnp.asarray(q_pos),
+                              window, 0.25, num_pages=n)
+        valid = np.arange(q.shape[1])[None] < np.asarray(q_lens)[:, None]
+        np.testing.assert_allclose(np.asarray(out)[valid], np.asarray(dense)[valid], atol=1e-5)
+    # the pool really holds each row's keys in its own pages (a wrong table changes the result)
+    bad = paged_attention(jnp.asarray(q), pool, jnp.asarray(table[::-1]), jnp.asarray(LENS), jnp.asarray(q_pos),
+                          window, 0.25)
+    assert not np.allclose(np.asarray(bad), np.asarray(dense), atol=1e-3)
+
+
+def test_combine_kv_interleaves_as_the_ragged_kernel_reads():
+    k, v = jnp.ones((2, 3, 4)), 2 * jnp.ones((2, 3, 4))
+    kv = combine_kv(k, v)
+    assert kv.shape == (2, 6, 4) and (kv[:, 0::2] == 1).all() and (kv[:, 1::2] == 2).all()
+
+
+def test_ragged_kernel_reference_equals_paged_path():
+    """The ragged kernel's contract (its reference implementation: packed queries, pages of
+    interleaved k / v, ``cu_q_lens``, ``sliding_window``) gives our path's values."""
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention.kernel import ref_ragged_paged_attention
+
+    q_lens = np.asarray([4, 1, 3])
+    pool, table, _, _, q, q_pos = _setup(tuple(q_lens), seed=1)
+    ours = paged_attention(jnp.asarray(q), pool, jnp.asarray(table), jnp.asarray(LENS), jnp.asarray(q_pos), 3, 0.25)
+    packed = np.concatenate([q[b, :q_lens[b]] for b in range(B)]).reshape(-1, KV * G, hd)
+    cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    ref = ref_ragged_paged_attention(jnp.asarray(packed), pool, jnp.asarray(LENS, jnp.int32), jnp.asarray(table),
+                                     jnp.asarray(cu), jnp.asarray([B], jnp.int32), sm_scale=0.25, sliding_window=3)
+    ours_packed = np.concatenate([np.asarray(ours)[b, :q_lens[b]] for b in range(B)]).reshape(-1, KV * G, hd)
+    np.testing.assert_allclose(ours_packed, np.asarray(ref), atol=1e-5)
+    # the engine's wrapper packs row-padded queries for the kernel and unpacks its output
+    wrapped = ragged_kernel_attention(jnp.asarray(q), pool, jnp.asarray(table), jnp.asarray(LENS),
+                                      jnp.asarray(q_lens), 3, 0.25, kernel=ref_ragged_paged_attention)
+    valid = np.arange(q.shape[1])[None] < q_lens[:, None]
+    np.testing.assert_allclose(np.asarray(wrapped)[valid], np.asarray(ours)[valid], atol=1e-5)
+    assert (np.asarray(wrapped)[~valid] == 0).all()
+
+
+def test_tpu_decode_kernel_in_interpret_mode_equals_paged_path():
+    """The decode kernel reads keys / values as bfloat16 (its ``_maybe_dequantize`` casts
+    unquantized pages to bf16; the engine's pool is bf16 on TPU), so the values here are
+    bf16-representable; then it equals the pure-JAX path to fp32 rounding."""
+    from jax.experimental.pallas import tpu as pltpu
+    from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention as tpu_paged_attention
+
+    pool, table, _, _, q, q_pos = _setup((1, 1, 1), seed=2, bf16_values=True)
+    ours = paged_attention(jnp.asarray(q), pool, jnp.asarray(table), jnp.asarray(LENS), jnp.asarray(q_pos), 0, 0.25)
+    k_pages = pool[:, :, 0::2].transpose(2, 0, 1, 3)  # [KV, pages, page_size, hd]
+    v_pages = pool[:, :, 1::2].transpose(2, 0, 1, 3)
+    with pltpu.force_tpu_interpret_mode():
+        out = tpu_paged_attention(jnp.asarray(q[:, 0].reshape(B, KV * G, hd)) * 0.25, k_pages, v_pages,
+                                  jnp.asarray(LENS, jnp.int32), jnp.asarray(table), pages_per_compute_block=2)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ours)[:, 0].reshape(B, KV * G, hd), atol=1e-5)
+
+
+AOT = textwrap.dedent("""
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
+    from lopd_jax.compile_check import topology_devices
+    from models.paged_attention import ragged_kernel_attention
+    devs, _, _ = topology_devices("v5p-8")
+    mesh = Mesh(np.asarray(devs), ("data",))
+    n, KV, G, hd, ps, pps = len(devs), 8, 4, 128, 64, 16
+    B, NP = 8 * n, 256 * n
+    spec = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=NamedSharding(mesh, P("data")))
+    def ragged(q, pool, table, lens, qlens):  # mixed prefill + decode, Olmo-3's window
+        return ragged_kernel_attention(q, pool, table, lens, qlens, 4096, 0.088, num_kv_pages_per_block=8,
+                                       num_queries_per_block=16)
+    def decode(q, k, v, lens, table):
+        return paged_attention(q, k, v, lens, table, pages_per_compute_block=4)
+    sm = lambda f, i, o: jax.jit(jax.shard_map(f, mesh=mesh, in_specs=i, out_specs=o, check_vma=False))
+    d = P("data")
+    c1 = sm(ragged, (d,) * 5, d).lower(spec((B, 4, KV, G, hd), jnp.bfloat16), spec((NP, ps, 2 * KV, hd), jnp.bfloat16),
+                                       spec((B, pps), jnp.int32), spec((B,), jnp.int32), spec((B,), jnp.int32)).compile()
+    kv = jax.ShapeDtypeStruct((KV, NP, ps, hd), jnp.bfloat16, sharding=NamedSharding(mesh, P(None, "data")))
+    c2 = sm(decode, (d, P(None, "data"), P(None, "data"), d, d), d).lower(
+        spec((B, KV * G, hd), jnp.bfloat16), kv, kv, spec((B,), jnp.int32), spec((B, pps), jnp.int32)).compile()
+    for c in (c1, c2):
+        assert "tpu_custom_call" in c.as_text(), "no Mosaic kernel in the compiled program"
+    print("AOT OK", c1.memory_analysis().temp_size_in_bytes, c2.memory_analysis().temp_size_in_bytes)
+""")
+
+
+def test_tpu_kernels_aot_compile_for_v5p():
+    pytest.importorskip("libtpu")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root, "JAX_PLATFORMS": ""}
+    r = subprocess.run([sys.executable, "-c", AOT], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "AOT OK" in r.stdout, r.stderr[-3000:]
