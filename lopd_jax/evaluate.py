@@ -27,6 +27,13 @@ over every device of every host, each batch of tasks is split across the hosts (
 process runs the environments of the rows it owns, :func:`rollout_batch`), the
 trajectories are gathered and process 0 prints and writes the results.
 
+``--suite=tool_use|code|all --data_dir=DIR`` (instead of ``--env``) runs the paper's
+Tables 1 and 2 (EnvScaler, BFCL-v3, ACEBench; LiveCodeBench v5/v6, HumanEval+, MBPP+,
+HumanEval) with the same policy (``--model`` or ``--composer_from``) and writes
+``report.md`` / ``report.json`` to ``--out_dir`` (:func:`suite`, :mod:`lopd_jax.eval_suite`,
+``docs/evaluation.md``); greedy pass@1 unless ``--temperature`` / ``--suite_samples`` say
+otherwise.
+
 Argument parsing lives in :func:`build_parser` / :func:`parse_args` so training-config and
 checkpoint options (``--config``, ``--checkpoint``) can be added there later.
 """
