@@ -32,6 +32,7 @@ from typing import Any, Literal
 from lopd_jax.arm_config import ARMS, ArmSection
 from lopd_jax.bank import BankConfig, BankSettings
 from lopd_jax.composer import ComposerConfig
+from lopd_jax.length_model import LengthConfig
 from models.config import ATTENTION_IMPLS, REMAT_POLICIES
 from train.mesh import MeshConfig
 from train.rollout import RolloutConfig
@@ -297,6 +298,7 @@ class TrainConfig:
     checkpoint: CheckpointSection = CheckpointSection()
     arm: Literal[ARMS] = "lopd"  # the training stage's algorithm (lopd_jax.arm_config)
     arms: ArmSection = ArmSection()
+    lengths: LengthConfig = LengthConfig()  # length buckets of the training steps (lopd_jax.length_model)
     seed: int = 0
     workdir: str = "workdirs/run"
 

@@ -441,15 +441,17 @@ def ppo_clip_loss(
     advantages: jax.Array,
     mask: jax.Array,
     clip_eps: float = 0.2,
+    total_tokens=None,
 ) -> jax.Array:
     """PPO-clip policy loss, token mean: -min(r A, clip(r, 1-eps, 1+eps) A), r = e^(new-old).
 
     ``advantages`` is per rollout ``[B]`` or per token ``[B, S]``; ``logp_old`` is treated
-    as a constant.
+    as a constant. ``total_tokens``: the whole batch's supervised tokens when this is one
+    micro-batch of it (the loss is then that micro-batch's share of the batch's mean).
     """
     m, adv, ratio, clipped = _ppo_terms(logp_new, logp_old, advantages, mask, clip_eps)
     per_token = -jnp.minimum(ratio * adv, clipped * adv)
-    return masked_token_mean(per_token, m)
+    return masked_token_mean(per_token, m, total_tokens)
 
 
 def ppo_clip_fraction(
@@ -458,11 +460,13 @@ def ppo_clip_fraction(
     advantages: jax.Array,
     mask: jax.Array,
     clip_eps: float = 0.2,
+    total_tokens=None,
 ) -> jax.Array:
-    """Fraction of supervised tokens whose clipped branch is active (no gradient)."""
+    """Fraction of supervised tokens whose clipped branch is active (no gradient);
+    ``total_tokens`` as for :func:`ppo_clip_loss`."""
     m, adv, ratio, clipped = _ppo_terms(logp_new, logp_old, advantages, mask, clip_eps)
     active = (clipped * adv < ratio * adv).astype(jnp.float32)
-    return jax.lax.stop_gradient(masked_token_mean(active, m))
+    return jax.lax.stop_gradient(masked_token_mean(active, m, total_tokens))
 
 
 def nll_token_mean(logp: jax.Array, mask: jax.Array) -> jax.Array:

@@ -112,13 +112,21 @@ class GRPOArm:
         from train.rollout import training_arrays
         ctx = self.ctx
         arr = training_arrays(trajs, buckets=ctx.seq_buckets(), minimum=128, pad_id=ctx.tokenizer.pad_token_id or 0)
-        return {"tokens": arr["tokens"], "attention_mask": arr["attention_mask"], "loss_mask": arr["mask"],
-                "old_logp": arr["raw_logprobs"], "rewards": arr["rewards"]}
+        batch = {"tokens": arr["tokens"], "attention_mask": arr["attention_mask"], "loss_mask": arr["mask"],
+                 "old_logp": arr["raw_logprobs"], "rewards": arr["rewards"]}
+        # with lengths.buckets: every row in length-bucketed passes (train.bucketed_steps)
+        return ctx.bucketed(batch, self.group_size) if ctx.cfg.lengths.enabled else batch
 
     def make_step(self, state, batch):
-        """The jitted GRPO update, repeated ``arms.grpo_epochs`` times per batch (epoch 1's metrics)."""
-        from train.steps import make_grpo_step
-        step = make_grpo_step(self.ctx.system, state, batch, group_size=self.group_size)
+        """The jitted GRPO update, repeated ``arms.grpo_epochs`` times per batch (epoch 1's
+        metrics); length-bucketed (:class:`train.bucketed_steps.BucketedGRPOStep`) when the
+        batch is."""
+        if isinstance(batch, dict):
+            from train.steps import make_grpo_step
+            step = make_grpo_step(self.ctx.system, state, batch, group_size=self.group_size)
+        else:
+            from train.bucketed_steps import BucketedGRPOStep
+            step = BucketedGRPOStep(self.ctx.system, state, group_size=self.group_size)
 
         def run(st, frozen, b):
             first = None
@@ -361,7 +369,7 @@ class PolicyStage(TrainingStage):
         process; :meth:`train.sampler.Sampler.local_rows`)."""
         batch = self.impl.batch(s, trajs)
         lo, hi = self.ctx.sampler.local_rows(self.rows)
-        if (lo, hi) == (0, self.rows):
+        if (lo, hi) == (0, self.rows) or not isinstance(batch, dict):  # a BucketedBatch puts its own rows
             return batch
         for k, v in batch.items():
             if np.shape(v)[:1] != (self.rows,):

@@ -89,6 +89,23 @@ def _step_arrays(ctx, trajs: Sequence[Trajectory], bank: ExperienceBank, rows: i
             "insert_at": arr["insert_at"], "exp_tokens": et, "exp_mask": em, "rewards": arr["rewards"]}
 
 
+def gather_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every process's rows of a batch (this process's rows, numpy), in process (= row)
+    order, on every process; entries whose trailing shapes differ between processes (the
+    experience length bucket) are zero-padded to the largest (their masks stay False)."""
+    from train import distributed
+    parts = distributed.allgather_objects(batch)
+    if len(parts) == 1:
+        return batch
+    out = {}
+    for k in batch:
+        arrs = [np.asarray(p[k]) for p in parts]
+        shape = np.max([a.shape for a in arrs], axis=0)
+        arrs = [np.pad(a, [(0, 0)] + [(0, int(n) - d) for n, d in zip(shape[1:], a.shape[1:])]) for a in arrs]
+        out[k] = np.concatenate(arrs)
+    return out
+
+
 def batch_rows(ctx, n: int) -> int:
     """``n`` rounded up to a multiple of the devices the batch is split over."""
     return bucket(n, (n,), 1, ctx.sampler.batch_shards)

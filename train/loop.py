@@ -102,6 +102,8 @@ def put_batch(system, batch: dict) -> dict:
     batch; on a pod each process passes the rows it owns (see the module docstring).
     """
     from train.distributed import global_array
+    if not isinstance(batch, dict):  # a length-bucketed batch (train.bucketed_steps) puts its passes
+        return batch.put(system)
     shardings = system.batch_shardings(batch)
     if shardings is None:
         return batch

@@ -191,6 +191,28 @@ class RunContext:
         return (distributed.allgather_list(mine), 0) if gather else (mine, lo)
 
     def seq_buckets(self) -> tuple[int, ...]:
-        """Training sequence length: one bucket, the total-token cap rounded up to 128, so
-        every step of a stage has one shape and compiles once."""
+        """The padded training sequence length: one bucket, the total-token cap rounded up
+        to 128. Step batches are built at it; with ``lengths.buckets`` the training stage
+        then cuts their rows into length-bucketed passes (:meth:`length_buckets`)."""
         return (self.spec.seq,)
+
+    def length_buckets(self) -> tuple[int, ...]:
+        """The training passes' sequence lengths: ``lengths.buckets`` below the cap, then
+        the cap (:meth:`lopd_jax.length_model.LengthConfig.bucket_lengths`)."""
+        return self.cfg.lengths.bucket_lengths(self.spec.seq)
+
+    def bucketed(self, batch: dict, group_size: int | None = None):
+        """The whole step batch ``batch`` (numpy, every row; the same on every process) as a
+        :class:`train.bucketed_steps.BucketedBatch` of ``lengths.buckets`` passes; GRPO
+        batches (``group_size``) get their group advantages first. Tokens per batch shard
+        and pass: ``lengths.bucket_tokens``, or the padded step's (``steps.micro_batch``
+        rows, or all of a shard's rows, times the cap)."""
+        from train.bucketed_steps import bucketed_batch, grpo_bucketed_batch
+        rows, shards = len(batch["tokens"]), self.sampler.batch_shards
+        local = max(1, rows // shards)
+        micro = self.cfg.steps.micro_batch
+        per_shard = self.cfg.lengths.bucket_tokens or (micro if 0 < micro < local else local) * self.spec.seq
+        args = (self.length_buckets(), per_shard, shards, self.cfg.lengths.fill)
+        if group_size is not None:
+            return grpo_bucketed_batch(batch, group_size, *args)
+        return bucketed_batch(batch, *args)

@@ -46,7 +46,9 @@ def lopd_loss(system: LOPDSystem, student_p, composer_p, state, frozen, batch, r
     """The fused LOPD objective of one batch: (loss, metrics). See train.steps docstring.
 
     ``totals``: the whole batch's :func:`lopd_jax.losses.lopd_totals` when ``batch`` is a
-    micro-batch of it (loss and metrics are then that micro-batch's share).
+    micro-batch of it (loss and metrics are then that micro-batch's share). A
+    ``row_valid`` [B] entry (length-bucketed passes, :mod:`train.bucketed_steps`) takes
+    the padding rows (0) out of the anchor; they carry no supervised token either.
     """
     cfg = system.step_cfg
     frozen = sg(frozen)
@@ -60,6 +62,9 @@ def lopd_loss(system: LOPDSystem, student_p, composer_p, state, frozen, batch, r
     s_hidden = student(tokens, attention_mask=amask, lora=use_lora, return_hidden=True)
     mask = batch["loss_mask"][:, 1:].astype(jnp.float32)
     adv = losses.advantages_from_rewards(batch["rewards"].astype(jnp.float32))
+    if "row_valid" in batch:  # padding rows of a bucketed pass: no anchor term
+        w = batch["row_valid"].astype(latents.dtype)[:, None, None]
+        latents, latents0 = latents * w, latents0 * w
     loss, metrics = losses.lopd_objective(
         s_hidden[:, :-1], student.lm_head_kernel(), t_hidden[:, :-1], sg(teacher.lm_head_kernel()),
         tokens[:, 1:], mask, adv, state["beta"], latents, latents0,
@@ -140,9 +145,43 @@ def _accumulated_grads(system: LOPDSystem, state, frozen, batch, rng, argnums, g
     metrics = {k: (v if k in _NOT_SUMMED else jnp.sum(v, axis=0)) for k, v in per_micro.items()}
     metrics["beta"] = per_micro["beta"][0]
     metrics["delta_per_rollout"] = _micro_merge(per_micro["delta_per_rollout"], shards)
-    metrics["loss"] = metrics["loss"] + metrics["beta"] * cfg.margin
-    metrics["margin_gap"] = metrics["margin_gap"] + cfg.margin
-    return grads, metrics
+    return grads, finish_summed_metrics(metrics, cfg.margin)
+
+
+def finish_summed_metrics(metrics: dict, margin: float) -> dict:
+    """The whole batch's LOPD metrics from micro-batch shares summed (``totals`` given):
+    add back the constant ``beta * m`` to ``loss`` and ``m`` to ``margin_gap``."""
+    metrics = dict(metrics)
+    metrics["loss"] = metrics["loss"] + metrics["beta"] * margin
+    metrics["margin_gap"] = metrics["margin_gap"] + margin
+    return metrics
+
+
+def lopd_update(system: LOPDSystem, state, grads, metrics, rng, mean_reward, tokens):
+    """The end of a LOPD step from the whole batch's gradients and metrics: one AdamW step
+    each for the student and (unless frozen) the composer, the dual step on beta, the
+    non-finite guard; ``rng`` becomes the state's key. Returns ``(state, metrics)``."""
+    cfg = system.step_cfg
+    new = dict(state)
+    new["student"], new["student_opt"] = _apply(system.student_opt, grads[0], state["student_opt"], state["student"])
+    metrics["student_grad_norm"] = optax.global_norm(grads[0])
+    if not cfg.freeze_composer:
+        new["composer"], new["composer_opt"] = _apply(system.composer_opt, grads[1], state["composer_opt"],
+                                                      state["composer"])
+        metrics["composer_grad_norm"] = optax.global_norm(grads[1])
+    new["beta"] = losses.dual_update(state["beta"], cfg.margin, metrics["delta"], cfg.eta_beta)
+    if cfg.skip_nonfinite:  # the release skips a step whose gradient norm is not finite
+        ok = all_finite(metrics["delta"], *(metrics[k] for k in ("student_grad_norm", "composer_grad_norm")
+                                             if k in metrics))
+        keys = [k for k in ("student", "student_opt", "composer", "composer_opt", "beta") if k in new]
+        new.update(keep_if_finite(ok, {k: new[k] for k in keys}, {k: state[k] for k in keys}))
+        metrics["nonfinite"] = 1.0 - ok.astype(jnp.float32)
+    new["step"] = state["step"] + 1
+    new["rng"] = rng
+    metrics["beta_next"] = new["beta"]
+    metrics["mean_reward"] = mean_reward
+    metrics["tokens"] = tokens
+    return new, metrics
 
 
 def make_lopd_step(system: LOPDSystem, example_state, example_batch):
@@ -171,27 +210,8 @@ def make_lopd_step(system: LOPDSystem, example_state, example_batch):
             fn = lambda sp, cp: lopd_loss(system, sp, cp, state, frozen, batch, sub)  # noqa: E731
             (loss, metrics), grads = jax.value_and_grad(fn, argnums=argnums, has_aux=True)(
                 state["student"], state["composer"])
-        new = dict(state)
-        new["student"], new["student_opt"] = _apply(system.student_opt, grads[0], state["student_opt"],
-                                                    state["student"])
-        metrics["student_grad_norm"] = optax.global_norm(grads[0])
-        if not cfg.freeze_composer:
-            new["composer"], new["composer_opt"] = _apply(system.composer_opt, grads[1], state["composer_opt"],
-                                                          state["composer"])
-            metrics["composer_grad_norm"] = optax.global_norm(grads[1])
-        new["beta"] = losses.dual_update(state["beta"], cfg.margin, metrics["delta"], cfg.eta_beta)
-        if cfg.skip_nonfinite:  # the release skips a step whose gradient norm is not finite
-            ok = all_finite(metrics["delta"], *(metrics[k] for k in ("student_grad_norm", "composer_grad_norm")
-                                                 if k in metrics))
-            keys = [k for k in ("student", "student_opt", "composer", "composer_opt", "beta") if k in new]
-            new.update(keep_if_finite(ok, {k: new[k] for k in keys}, {k: state[k] for k in keys}))
-            metrics["nonfinite"] = 1.0 - ok.astype(jnp.float32)
-        new["step"] = state["step"] + 1
-        new["rng"] = rng
-        metrics["beta_next"] = new["beta"]
-        metrics["mean_reward"] = jnp.mean(batch["rewards"].astype(jnp.float32))
-        metrics["tokens"] = jnp.sum(batch["attention_mask"].astype(jnp.float32))
-        return new, metrics
+        return lopd_update(system, state, grads, metrics, rng, jnp.mean(batch["rewards"].astype(jnp.float32)),
+                           jnp.sum(batch["attention_mask"].astype(jnp.float32)))
 
     return _jit(step, system, state_sh, system.frozen_shardings(), system.batch_shardings(example_batch))
 
@@ -238,21 +258,29 @@ def make_cold_start_step(system: LOPDSystem, example_state, example_batch):
                 system.batch_shardings(example_batch))
 
 
-def grpo_loss(system: LOPDSystem, student_p, state, frozen, batch, group_size: int):
-    """PPO-clip loss with group-normalized advantages (token mean)."""
+def grpo_loss(system: LOPDSystem, student_p, state, frozen, batch, group_size: int, total_tokens=None):
+    """PPO-clip loss with group-normalized advantages (token mean).
+
+    A batch with ``advantages`` [B] (a length-bucketed pass, :mod:`train.bucketed_steps`)
+    uses them as given (computed over whole groups of the whole batch); ``total_tokens``
+    (the whole batch's supervised tokens) makes loss and mean metrics this pass's share.
+    """
     student, use_lora = system.student(student_p, sg(frozen), state["composer"]["lora"])
     tokens, amask = batch["tokens"], batch["attention_mask"].astype(bool)
     hidden = student(tokens, attention_mask=amask, lora=use_lora, return_hidden=True)
     logp = chunked_token_logp(hidden[:, :-1], student.lm_head_kernel(), tokens[:, 1:],
                               chunk_size=system.step_cfg.logits_chunk, compute_dtype=system.model_cfg.jnp_dtype)
-    adv = losses.group_advantages(batch["rewards"].astype(jnp.float32), group_size=group_size)
+    adv = (batch["advantages"].astype(jnp.float32) if "advantages" in batch
+           else losses.group_advantages(batch["rewards"].astype(jnp.float32), group_size=group_size))
     mask = batch["loss_mask"][:, 1:].astype(jnp.float32)
     old = batch["old_logp"][:, 1:]
     eps = system.step_cfg.grpo_clip_eps
-    loss = losses.ppo_clip_loss(logp, old, adv, mask, clip_eps=eps)
+    n = total_tokens
+    loss = losses.ppo_clip_loss(logp, old, adv, mask, clip_eps=eps, total_tokens=n)
     ratio = jnp.exp(jnp.where(mask > 0, sg(logp) - old, 0.0))  # pi / pi_old per token (1 at the first update)
-    return loss, {"loss": loss, "clip_fraction": losses.ppo_clip_fraction(logp, old, adv, mask, clip_eps=eps),
-                  "ratio_mean": losses.masked_token_mean(ratio, mask),
+    return loss, {"loss": loss,
+                  "clip_fraction": losses.ppo_clip_fraction(logp, old, adv, mask, clip_eps=eps, total_tokens=n),
+                  "ratio_mean": losses.masked_token_mean(ratio, mask, n),
                   "ratio_max_dev": jnp.max(jnp.where(mask > 0, jnp.abs(ratio - 1.0), 0.0)),
                   "tokens": jnp.sum(mask)}
 
@@ -263,12 +291,17 @@ def make_grpo_step(system: LOPDSystem, example_state, example_batch, group_size:
     def step(state, frozen, batch):
         (loss, metrics), grads = jax.value_and_grad(
             lambda sp: grpo_loss(system, sp, state, frozen, batch, group_size), has_aux=True)(state["student"])
-        new = dict(state)
-        new["student"], new["student_opt"] = _apply(system.student_opt, grads, state["student_opt"], state["student"])
-        metrics["student_grad_norm"] = optax.global_norm(grads)
-        metrics["mean_reward"] = jnp.mean(batch["rewards"].astype(jnp.float32))
-        new["step"] = state["step"] + 1
-        return new, metrics
+        return grpo_update(system, state, grads, metrics, jnp.mean(batch["rewards"].astype(jnp.float32)))
 
     return _jit(step, system, system.state_shardings(example_state), system.frozen_shardings(),
                 system.batch_shardings(example_batch))
+
+
+def grpo_update(system: LOPDSystem, state, grads, metrics, mean_reward):
+    """The end of a GRPO step from the whole batch's gradients: one AdamW step on the student."""
+    new = dict(state)
+    new["student"], new["student_opt"] = _apply(system.student_opt, grads, state["student_opt"], state["student"])
+    metrics["student_grad_norm"] = optax.global_norm(grads)
+    metrics["mean_reward"] = mean_reward
+    new["step"] = state["step"] + 1
+    return new, metrics

@@ -199,12 +199,21 @@ class LOPDStage(TrainingStage):
             log_rollouts(self.rollout_log, "lopd", s + 1, trajs, first_row)
         return trajs, info
 
-    def make_batch(self, s: int, trajs) -> dict:
-        """The LOPD step batch (:func:`train.batches.lopd_batch`)."""
-        from train.batches import lopd_batch
-        return lopd_batch(self.ctx, trajs, self.bank)
+    def make_batch(self, s: int, trajs):
+        """The LOPD step batch (:func:`train.batches.lopd_batch`); with ``lengths.buckets``
+        the whole batch (every host's rows, gathered) in length-bucketed passes
+        (:meth:`train.run_context.RunContext.bucketed`)."""
+        from train.batches import gather_rows, lopd_batch
+        batch = lopd_batch(self.ctx, trajs, self.bank)
+        if not self.ctx.cfg.lengths.enabled:
+            return batch
+        return self.ctx.bucketed(gather_rows(batch))
 
     def make_step(self, state, batch) -> Callable:
-        """The jitted LOPD step (:func:`train.steps.make_lopd_step`)."""
+        """The jitted LOPD step (:func:`train.steps.make_lopd_step`), or its length-bucketed
+        form (:class:`train.bucketed_steps.BucketedLOPDStep`)."""
+        if not isinstance(batch, dict):
+            from train.bucketed_steps import BucketedLOPDStep
+            return BucketedLOPDStep(self.ctx.system, state)
         from train.steps import make_lopd_step
         return make_lopd_step(self.ctx.system, state, batch)
