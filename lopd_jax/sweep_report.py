@@ -325,11 +325,25 @@ def base_composer_eval(workdir: str) -> dict[str, Any]:
     return stats
 
 
-if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] != "base-composer":
-        print("usage: python -m lopd_jax.sweep_report base-composer RUN_DIR", file=sys.stderr)
-        sys.exit(2)
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m lopd_jax.sweep_report base-composer RUN_DIR``: the Base + Composer row of one run
+    as JSON (a sweep's whole report is rebuilt with ``python -m lopd_jax.sweep --report_only``)."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m lopd_jax.sweep_report",
+                                description="The paper's Base + Composer row of one finished composer run "
+                                            "(theta0 + the run's composer, greedy, its held-out tasks), written to "
+                                            "RUN_DIR/base_composer.json and printed. A sweep's tables and figures: "
+                                            "python -m lopd_jax.sweep --config=NAME --workdir=S --report_only.")
+    p.add_argument("command", choices=["base-composer"])
+    p.add_argument("run_dir", help="a run directory (local or gs://)")
+    args = p.parse_args(argv)
     from lopd_jax.startup import configure_platform
 
     configure_platform()  # before JAX is imported: no libtpu detection noise on CPU hosts
-    print(json.dumps(base_composer_eval(sys.argv[2]), indent=2))
+    print(json.dumps(base_composer_eval(args.run_dir), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,12 +1,21 @@
-"""The README's quickstart commands, run verbatim from a directory other than the repository root.
+"""The README's quickstart commands, run verbatim from a directory other than the repository
+root, in a fresh virtual environment that holds only the runtime install the README names.
 
+The test venv has packages the runtime does not (torch brings jinja2, for one), so a
+session fixture makes a new venv and runs ``pip install -c constraints.txt -e <repo>``
+in it (from pip's cache: about a minute); the quickstart's ``python`` is that venv's.
 The commands are read from the README's block between ``<!-- quickstart -->`` and
 ``<!-- /quickstart -->``, so the README cannot drift from what works. Each runs as
 written, relative workdir included, with the tiny run shortened by dotted overrides
 appended to the train command (and fewer tasks to the evaluations, which take the
 shortened run's episode caps from it). JAX_PLATFORMS is
 left unset, as a new user's shell has it: the output must carry no libtpu TPU-detection
-noise and must start by saying which devices and processes the run uses.
+noise and must start by saying which devices and processes the run uses. Around the
+block, in the same workdir: a mistyped key first (exit 2, nothing written), and after the
+run a changed key (refused with the key and the way on, nothing changed), then the same
+command with ``--allow_config_change``. A second test adds the ``tpu`` extra to the same
+venv and resolves ``compile_check --config=qwen3_8b --topology=v5p-32 --dry_run`` (and
+olmo3_7b there, qwen3_4b on v5e-64).
 """
 
 import json
@@ -17,6 +26,8 @@ import subprocess
 import sys
 
 import pytest
+
+from lopd_jax.run_config import CONFIG_FILE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The file holding the quickstart block (the README once the draft is merged into it).
@@ -42,8 +53,25 @@ def quickstart_commands(path: str = README) -> list[str]:
     return [ln.split(" #")[0].strip() for ln in m.group(1).splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
 
 
-def _env():
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", PYTHONPATH=ROOT)
+@pytest.fixture(scope="module")
+def runtime_python(tmp_path_factory):
+    """The python of a new venv holding ``pip install -c constraints.txt -e <repo>`` only."""
+    venv = tmp_path_factory.mktemp("runtime") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    python = str(venv / "bin" / "python")
+    proc = subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "-c",
+                           os.path.join(ROOT, "constraints.txt"), "-e", ROOT],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return python
+
+
+def _env(python=None):
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+    env.pop("PYTHONPATH", None)  # the installed package, not the checkout on the path
+    env.pop("VIRTUAL_ENV", None)
+    if python:  # as an activated venv: its bin first on PATH
+        env["PATH"] = os.path.dirname(python) + os.pathsep + env.get("PATH", "")
     env.pop("JAX_PLATFORMS", None)  # as a new user's shell has it: the programs choose
     env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
                                 if "force_host_platform_device_count" not in f)
@@ -51,19 +79,29 @@ def _env():
 
 
 @pytest.mark.skipif(__import__("lopd_jax.startup").startup.tpu_visible(), reason="checks a CPU-only host")
-def test_readme_quickstart_runs_verbatim(tmp_path):
+@pytest.mark.timeout(1800)
+def test_readme_quickstart_runs_verbatim(tmp_path, runtime_python):
     commands = quickstart_commands()
     programs = [shlex.split(c)[2] for c in commands]
     assert programs[0] == "lopd_jax.train" and "lopd_jax.export" in programs and "lopd_jax.evaluate" in programs
     cwd = tmp_path / "elsewhere"
     cwd.mkdir()
+
+    def run(argv):
+        return subprocess.run([runtime_python, *argv[1:]], cwd=cwd, env=_env(runtime_python), capture_output=True,
+                              text=True, timeout=900)
+
+    train_argv = shlex.split(commands[0]) + SHORT
+    typo = run(train_argv + ["stages.lopd_stesp=2"])  # a mistyped key: exit 2, nothing written
+    workdir = cwd / [a.split("=", 1)[1] for a in train_argv if a.startswith("--workdir=")][0]
+    assert typo.returncode == 2 and "did you mean lopd_steps" in typo.stderr, typo.stderr[-2000:]
+    assert not workdir.exists() and not list(cwd.iterdir())
     outputs = []
     for command in commands:
         argv = shlex.split(command)
         assert argv[:2] == ["python", "-m"], f"quickstart commands are python -m programs: {command}"
         extra = {"lopd_jax.train": SHORT, "lopd_jax.evaluate": EVAL_SHORT}.get(argv[2], [])
-        proc = subprocess.run([sys.executable, *argv[1:], *extra], cwd=cwd, env=_env(), capture_output=True,
-                              text=True, timeout=900)
+        proc = run(argv + extra)
         out = proc.stdout + proc.stderr
         assert proc.returncode == 0, f"{command}\n{out[-4000:]}"
         noise = TPU_NOISE.findall(out)
@@ -92,6 +130,17 @@ def test_readme_quickstart_runs_verbatim(tmp_path):
             assert "max_steps 2, max_turn_tokens 32, max_total_tokens 512" in stderr, stderr[-2000:]
             assert re.search(r"evaluate: 100%.*2/2", stderr), stderr[-2000:]
 
+    # the same workdir with a changed key: refused with the key, both values and the way on
+    saved = (workdir / CONFIG_FILE).read_bytes()
+    refused = run(train_argv + ["bank.min_reward=0.5"])
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert "bank.min_reward: saved 0.0, now 0.5" in refused.stderr
+    assert "--allow_config_change=bank.min_reward" in refused.stderr and "another workdir" in refused.stderr
+    assert (workdir / CONFIG_FILE).read_bytes() == saved
+    allowed = run(train_argv + ["bank.min_reward=0.5", "--allow_config_change=bank.min_reward"])
+    assert allowed.returncode == 0, allowed.stderr[-2000:]
+    assert json.loads((workdir / CONFIG_FILE).read_text())["bank"]["min_reward"] == 0.5
+
 
 def test_quickstart_block_is_found(tmp_path):
     """The parser reads only the marked block, without comments."""
@@ -101,3 +150,30 @@ def test_quickstart_block_is_found(tmp_path):
                  "<!-- /quickstart -->\n")
     assert quickstart_commands(str(p)) == ["python -m lopd_jax.train --config=tiny --workdir=w",
                                            "python -m lopd_jax.export"]
+
+
+@pytest.mark.timeout(1200)
+def test_tpu_extra_resolves_the_paper_configs_for_a_slice(tmp_path, runtime_python):
+    """``pip install -c constraints.txt -e ".[tpu]"`` on top of the runtime, then the README's
+    compile check as a dry run: config, tokenizer (Qwen3's built-in one; Olmo-3's stated
+    placeholder), mesh and the v5p-32 topology from libtpu, with no weights and no data."""
+    proc = subprocess.run([runtime_python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "-c",
+                           os.path.join(ROOT, "constraints.txt"), "-e", f"{ROOT}[tpu]"],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    slices = {"qwen3_8b": ("v5p-32", 16, 95.0, {"data": 1, "fsdp": 16, "tensor": 1}),
+              "olmo3_7b": ("v5p-32", 16, 95.0, {"data": 1, "fsdp": 16, "tensor": 1}),
+              "qwen3_4b": ("v5e-64", 64, 16.0, {"data": 1, "fsdp": 32, "tensor": 2})}
+    for config, (topology, chips, hbm, mesh) in slices.items():
+        note = config == "olmo3_7b"
+        out = tmp_path / f"{config}.json"
+        proc = subprocess.run([runtime_python, "-m", "lopd_jax.compile_check", f"--config={config}",
+                               f"--topology={topology}", "--dry_run", f"--json={out}"], cwd=tmp_path,
+                              env=_env(runtime_python), capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+        report = json.loads(out.read_text())
+        assert report["dry_run"] and report["chips"] == chips and report["hbm_gib"] == hbm
+        assert report["mesh"] == mesh and report["seq"] == 40960
+        assert report["latent_block_tokens"] > 96 and report["model_flops"] > 1e17
+        assert "resolved, not compiled" in proc.stdout
+        assert ("no built-in olmo3 tokenizer" in proc.stderr) == note, proc.stderr[-2000:]
