@@ -170,3 +170,21 @@ def test_suite_flags_are_checked(tmp_path):
     args = parse_args(["--suite=code", "--model=tiny", f"--data_dir={tmp_path}"])
     assert args.temperature == 0.0 and args.out_dir == str(tmp_path)
     assert parse_args(["--model=tiny"]).temperature == 0.7
+
+
+def test_suite_with_a_composer_run(tmp_path_factory, tmp_path):
+    """``--composer_from`` (the run's base + composer) runs the suite like ``--model``."""
+    from lopd_jax.evaluate import main
+    from tests.test_train_e2e import ensure_full_run
+
+    workdir, _ = ensure_full_run(tmp_path_factory)
+    data = tmp_path / "data"
+    data.mkdir()
+    _write_data(data)
+    assert main([f"--composer_from={workdir}", "--suite=code", f"--data_dir={data}", "--suite_limit=1",
+                 "--max_turn_tokens=8", "--max_total_tokens=2048", "--batch_size=2"]) == 0
+    report = json.loads((data / "report.json").read_text())
+    assert report["model"].startswith("composer run ")
+    rows = {r["benchmark"]: r for r in report["rows"]}
+    assert rows["HumanEval+"]["status"] == "ok" and rows["LiveCodeBench v5"]["status"] == "ok"
+    assert rows["MBPP+"]["status"] == "not run"
