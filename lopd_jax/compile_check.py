@@ -294,6 +294,12 @@ def run(args) -> dict:
         report["compiled_flops"] = compiled_flops
         report["flops_ratio"] = compiled_flops / mf["total"]
     report["fits"] = hbm is None or report["per_chip_gib"]["total"] <= hbm
+    # length buckets (lopd_jax.compile_buckets): their pass shapes, and the step-time estimate
+    from lopd_jax.compile_buckets import length_report
+    report["lengths"] = length_report(cfg, spec, system, gen, len(devices), lambda rows, seq: model_flops(
+        mcfg, ccfg, rows, seq, spec.exp_len, system.layout.length)["total"])
+    if hbm is not None and "largest" in report["lengths"]:
+        report["fits"] = report["fits"] and report["lengths"]["largest"]["per_chip_gib"]["total"] <= hbm
     return report
 
 
@@ -321,7 +327,12 @@ def verdict(report: dict, path: str | None) -> int:
 def parse_args(argv=None):
     """Command-line arguments of the compile check."""
     p = argparse.ArgumentParser(prog="python -m lopd_jax.compile_check", description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", default="qwen3_8b", help="a configs/NAME.py run config (default qwen3_8b)")
+    import pkgutil
+
+    import configs  # an empty package: listing its modules imports no JAX
+    names = sorted(m.name for m in pkgutil.iter_modules(configs.__path__) if not m.name.startswith("_"))
+    p.add_argument("--config", default="qwen3_8b",
+                   help=f"a configs/NAME.py run config (default qwen3_8b): {', '.join(names)}")
     p.add_argument("--topology", default="v5p-32", help="v5p-32, v5e-64, v6e-8, ... or cpu:N")
     p.add_argument("--rule", action="append", default=[],
                    help="logical-axis rule remap on top of the config's, repeatable: --rule=act_embed=tensor")
@@ -381,6 +392,8 @@ def main(argv=None) -> int:
         print(f"  compiled FLOPs/step {report['compiled_flops']:.3e}  ratio {report['flops_ratio']:.3f}")
     else:
         print()
+    from lopd_jax.compile_buckets import length_lines
+    print("\n".join(length_lines(report["lengths"], report["hbm_gib"])))
     return verdict(report, args.json)
 
 
