@@ -123,6 +123,9 @@ def test_suite_command_on_a_tiny_model_writes_both_reports(tmp_path):
     data = tmp_path / "data"
     data.mkdir()
     _write_data(data)
+    (data / "envscaler").mkdir()
+    for name in ("tasks_heldout.jsonl", "env_items.json"):  # the EnvScaler-format fixture
+        (data / "envscaler" / name).write_bytes(open(os.path.join(ROOT, "tests", "fixtures", "envscaler", name), "rb").read())
     out = tmp_path / "out"
     out.mkdir()
     cmd = [sys.executable, "-m", "lopd_jax.evaluate", "--suite=all", "--model=tiny", f"--data_dir={data}",
@@ -134,7 +137,8 @@ def test_suite_command_on_a_tiny_model_writes_both_reports(tmp_path):
     report = json.loads((out / "report.json").read_text())
     rows = {r["benchmark"]: r for r in report["rows"]}
     assert [r["table"] for r in report["rows"]] == ["tool_use"] * 3 + ["code"] * 5
-    assert rows["MBPP+"]["status"] == "not run" and rows["EnvScaler"]["status"] == "not run"
+    assert rows["MBPP+"]["status"] == "not run" and rows["EnvScaler"]["status"] == "ok"
+    assert 0.0 <= rows["EnvScaler"]["score"] <= 100.0 and rows["EnvScaler"]["problems"] == 1
     assert rows["ACEBench (multi-step/turn avg)"]["status"] == "not run"
     # BFCL's prompts (tools included) exceed this run's 2,048-token cap: that row says so, the rest runs
     assert rows["BFCL-v3 (multi-turn avg)"]["status"] == "error" and "max_total_tokens" in rows[
