@@ -89,7 +89,7 @@ def topology_devices(topology: str):
                                             num_slices=1)
     except Exception as e:
         raise SystemExit(f"could not build the {topology} topology ({e}). Install libtpu for this JAX: "
-                         f"pip install -r requirements-tpu.txt")
+                         f"pip install -c constraints.txt -e \".[tpu]\" (make tpu)")
     return list(desc.devices), gen, HBM_GIB[gen]
 
 
