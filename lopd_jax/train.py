@@ -109,6 +109,12 @@ def resolve_config(argv: Sequence[str] | None = None):
     if cfg.stages.warmup_steps and cfg.env.source != "synthetic":
         raise ConfigError(f"stages.warmup_steps={cfg.stages.warmup_steps}: the warm-up trains on oracle "
                           f"demonstrations, which only env.source=synthetic has; set stages.warmup_steps=0.")
+    from lopd_jax.run_config import flatten
+    keys = flatten(cfg)
+    unknown = [k for k in args.allow_config_change.split(",") if k and k not in keys]
+    if unknown:
+        raise ConfigError(f"--allow_config_change: {unknown} are not config keys; name dotted keys such as "
+                          f"bank.min_reward (the refused run's message lists the keys that differ).")
     from train.arms import resolve_arm
     resolve_arm(cfg)  # the arm's own checks (ConfigError), before anything is written
     check_task_data(cfg)

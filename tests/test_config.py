@@ -232,6 +232,9 @@ def test_resume_with_allowed_config_change(tmp_path):
         save_run_config(changed, allow=["bank.min_reward"])
     assert save_run_config(changed, allow=["bank.min_reward", "steps.margin"]) is True
     assert load_run_config(str(tmp_path)).bank.min_reward == 0.25
+    from lopd_jax.train import resolve_config
+    with pytest.raises(ConfigError, match=r"\['bank.min_rewrd'\] are not config keys"):
+        resolve_config(["--config=tiny", "--allow_config_change=bank.min_reward,bank.min_rewrd"])
 
 
 def test_train_help_lists_the_named_configs(capsys):
