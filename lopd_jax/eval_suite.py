@@ -141,7 +141,8 @@ def _acebench_row(row: dict) -> dict:
     per_category = aggregate(row["tasks"])
     return {**row, "status": "partial", "reason": ACEBENCH_AGENT_REASON, "score": None,
             "per_category": per_category, "category_counts": aggregate_counts(row["tasks"]),
-            "normal_special_score": per_category.get("normal_special")}
+            "normal_special_score": per_category.get("normal_special"),
+            "user_simulator": "none: the agent categories are not implemented"}
 
 
 BENCHMARKS = (

@@ -334,6 +334,7 @@ def test_suite_row(tmp_path):
     row = eval_suite.run_benchmark(bench, _oracle_roll(reference), args)
     assert row["status"] == "partial" and row["score"] is None and "agent categories" in row["reason"]
     assert row["problems"] == 21 and row["normal_special_score"] == 100.0
+    assert row["user_simulator"].startswith("none")
     assert set(row["per_category"].values()) == {100.0}
     assert row["category_counts"]["normal_multi_turn_user_adjust"] == 2 and row["category_counts"]["special"] == 3
     wrong = eval_suite.run_benchmark(bench, _oracle_roll(lambda t: "[]"), args)
