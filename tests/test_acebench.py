@@ -337,6 +337,8 @@ def test_suite_row(tmp_path):
     assert row["user_simulator"].startswith("none")
     assert set(row["per_category"].values()) == {100.0}
     assert row["category_counts"]["normal_multi_turn_user_adjust"] == 2 and row["category_counts"]["special"] == 3
+    limited = eval_suite.run_benchmark(bench, _oracle_roll(reference), types.SimpleNamespace(**{**vars(args), "suite_limit": 1}))
+    assert limited["problems"] == 17 and limited["category_counts"]["normal_multi_turn_user_switch"] == 1  # whole conversations
     wrong = eval_suite.run_benchmark(bench, _oracle_roll(lambda t: "[]"), args)
     assert wrong["per_category"]["normal"] == 0.0 and wrong["per_category"]["special"] == 0.0
     report = {"suite": "tool_use", "model": "m", "wall_s": 1.0, "rows": [row],

@@ -563,7 +563,8 @@ class ACEBenchEnvironment(Environment):
 
 class ACEBenchTaskSource(TaskSource):
     """ACEBench's normal and special categories from ``data_dir`` (``data_en``); all are
-    held out. ``limit`` keeps the first N rows of each category (smoke runs)."""
+    held out. ``limit`` keeps the first N rows of each category, or the first N whole
+    conversations of a multi-turn category (smoke runs)."""
 
     env_id = ENV_ID
 
@@ -573,7 +574,11 @@ class ACEBenchTaskSource(TaskSource):
         self.strict_scalars = strict_scalars
         self._tasks = []
         for c in categories:
-            self._tasks += load_category(data_dir, c)[:limit]
+            tasks = load_category(data_dir, c)
+            if limit is not None and "multi_turn" in c:
+                kept = list(dict.fromkeys(conversation_of(t.task_id) for t in tasks))[:limit]
+                tasks = [t for t in tasks if conversation_of(t.task_id) in kept]
+            self._tasks += tasks if limit is None or "multi_turn" in c else tasks[:limit]
 
     def tasks(self, split: str) -> list[Task]:
         """Every loaded task for ``heldout``; none for ``train``."""
