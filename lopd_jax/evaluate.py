@@ -480,7 +480,7 @@ def _main_suite(args: argparse.Namespace) -> int:
     if jax.process_index() == 0:
         json_path, md_path = eval_suite.write_report(report, args.out_dir)
         for row in report["rows"]:
-            score = "not run" if row["score"] is None else f"{row['score']:.1f}"
+            score = row.get("status", "not run") if row["score"] is None else f"{row['score']:.1f}"
             print(f"{row['benchmark']}: {score}")
         print(f"wrote {md_path} and {json_path}")
     from train.distributed import sync
