@@ -365,7 +365,7 @@ def main(argv=None) -> int:
     if report.get("dry_run"):
         mesh = report["mesh"]
         print(f"dry run  config={report['config']} ({report['model']})  topology={report['topology']} "
-              f"({report['chips']} chips, HBM {report['hbm_gib']} GiB)  batch={report['batch']} x {report['seq']} "
+              f"({report['chips']} {'chips, HBM %s GiB' % report['hbm_gib'] if report['hbm_gib'] else 'devices'})  batch={report['batch']} x {report['seq']} "
               f"tokens, experiences {report['exp_len']}  latent block {report['latent_block_tokens']} tokens  "
               f"mesh data={mesh['data']} fsdp={mesh['fsdp']} tensor={mesh['tensor']}  attention={report['attention']}  "
               f"model FLOPs/step {report['model_flops']:.3e}: resolved, not compiled")
