@@ -27,7 +27,7 @@ LAYOUT = SpliceLayout(before_ids=(11, 12, 13), after_ids=(14, 15), num_slots=6, 
 B, S, LE, G = 8, 32, 9, 4
 LENGTHS = np.array([32, 7, 18, 12, 27, 9, 20, 5])  # rows of every bucket, in mixed order
 BUCKETS = (20, 32)
-SHARD_TOKENS = 40  # 1 row of 32 or 2 of 20 per shard and pass
+SHARD_TOKENS = 64  # 2 rows of 32 or 3 of 20 per shard and pass: two pass shapes per plan
 
 
 def _backbone(seed=0):

@@ -162,30 +162,50 @@ class _BucketedStep:
             m[k] = jax.lax.convert_element_type(m[k], v.dtype)  # strong types: no retrace on the next pass
         return {"grads": g, "metrics": m}
 
+    def _setup(self, state, frozen, mb0, totals) -> None:
+        """Build the jitted pass and update (shardings from the first pass) and learn the
+        metrics' shapes (traced once, abstractly)."""
+        system = self.system
+        batch_sh = system.batch_shardings(mb0)
+        if batch_sh is None:
+            self._pass_jit = jax.jit(self._accumulate, donate_argnums=(0,))
+            self._update_jit = jax.jit(self._update_fn, donate_argnums=(0,))
+        else:
+            acc_sh = {"grads": self.grad_sh, "metrics": self._rep}
+            self._pass_jit = jax.jit(self._accumulate, donate_argnums=(0,),
+                                     in_shardings=(acc_sh, self.state_sh, system.frozen_shardings(), batch_sh,
+                                                   self._rep, self._rep),
+                                     out_shardings=acc_sh)
+            self._update_jit = jax.jit(self._update_fn, donate_argnums=(0,),
+                                       in_shardings=(self.state_sh, acc_sh, self._rep),
+                                       out_shardings=(self.state_sh, self._rep))
+        shapes = jax.eval_shape(lambda s, f, mb, t: self._pass_grads(s, f, mb, t, 0)[1], state, frozen, mb0, totals)
+        self._metric_shapes = {k: (v.shape, v.dtype) for k, v in shapes.items()}
+
+    def _metric_shape(self, k: str, rows: int):
+        shape, dtype = self._metric_shapes[k]
+        return ((rows,) if k == "delta_per_rollout" else shape), dtype
+
+    def lower(self, state, frozen, abstract_pass: dict, rows: int, totals: dict):
+        """``(lowered pass, lowered update)`` for a pass of ``abstract_pass``'s shapes
+        (``jax.ShapeDtypeStruct`` s, e.g. for an ahead-of-time compile) in a batch of
+        ``rows`` rows; ``state`` / ``frozen`` may be abstract too."""
+        if self._pass_jit is None:
+            self._setup(state, frozen, abstract_pass, totals)
+        sds = jax.ShapeDtypeStruct
+        grads = jax.tree.map(lambda x: sds(x.shape, jnp.float32), self._params(state))
+        metrics = {k: sds(*self._metric_shape(k, rows)) for k in self._metric_shapes}
+        acc = {"grads": grads, "metrics": metrics}
+        extras = {"mean_reward": sds((), jnp.float32), "tokens": sds((), jnp.float32)}
+        return (self._pass_jit.lower(acc, state, frozen, abstract_pass, totals, sds((), jnp.int32)),
+                self._update_jit.lower(state, acc, extras))
+
     def accumulate(self, state, frozen, batch: BucketedBatch) -> dict:
         """Run every pass: ``{"grads": summed fp32 gradients (tuple over the trained
         parameter groups), "metrics": summed metric shares}`` of the whole batch."""
-        system = self.system
         if self._pass_jit is None:
-            mb0 = batch.passes[0]
-            batch_sh = system.batch_shardings(mb0)
-            if batch_sh is None:
-                self._pass_jit = jax.jit(self._accumulate, donate_argnums=(0,))
-                self._update_jit = jax.jit(self._update_fn, donate_argnums=(0,))
-            else:
-                acc_sh = {"grads": self.grad_sh, "metrics": self._rep}
-                self._pass_jit = jax.jit(self._accumulate, donate_argnums=(0,),
-                                         in_shardings=(acc_sh, self.state_sh, system.frozen_shardings(), batch_sh,
-                                                       self._rep, self._rep),
-                                         out_shardings=acc_sh)
-                self._update_jit = jax.jit(self._update_fn, donate_argnums=(0,),
-                                           in_shardings=(self.state_sh, acc_sh, self._rep),
-                                           out_shardings=(self.state_sh, self._rep))
-            shapes = jax.eval_shape(lambda s, f, mb, t: self._pass_grads(s, f, mb, t, 0)[1], state, frozen, mb0,
-                                    self._totals(batch))
-            self._metric_shapes = {k: (v.shape, v.dtype) for k, v in shapes.items()}
-        metrics0 = {k: jnp.zeros((batch.rows,) if k == "delta_per_rollout" else shape, dtype)
-                    for k, (shape, dtype) in self._metric_shapes.items()}
+            self._setup(state, frozen, batch.passes[0], self._totals(batch))
+        metrics0 = {k: jnp.zeros(*self._metric_shape(k, batch.rows)) for k in self._metric_shapes}
         if self._rep is not None:
             metrics0 = jax.device_put(metrics0, self._rep)
         acc = {"grads": self._zero_grads(self._params(state)), "metrics": metrics0}
