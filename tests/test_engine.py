@@ -80,7 +80,7 @@ OBS = [[50, 51], [52], [53, 54, 55]]
 
 def test_greedy_equals_transformers_over_turns_with_more_episodes_than_slots(pair):
     hm, model = pair
-    engine = Engine(model, stop_ids=(), config=EngineConfig(slots=2, page_size=4, decode_chunk=3, min_chunk=4),
+    engine = Engine(model, stop_ids=(), config=EngineConfig(slots=2, page_size=8, decode_chunk=3, prefill_chunk=4),
                     sampling=SamplingParams(temperature=0.0))
     specs = [EpisodeSpec(p, 64, c, _scripted(t, OBS)) for p, t, c in zip(PROMPTS, TURNS, CAPS)]
     results = engine.run(_params(model), specs, jax.random.key(0))
@@ -120,10 +120,17 @@ STOPS = (0, 17)
 
 
 @pytest.fixture(scope="module")
-def sampled_reference(qwen):
-    engine = Engine(qwen, stop_ids=STOPS, config=EngineConfig(slots=2, page_size=16, num_pages=64, decode_chunk=4,
-                                                              min_chunk=8), sampling=SAMPLING)
-    return engine.run(_params(qwen), _sampled_specs(7), jax.random.key(5))
+def pool_full_run(qwen):
+    """2 slots and a pool too small for the work in flight: episodes of up to 48 + 4 tokens
+    (4 pages of 16) and pages for 1.25 of them."""
+    engine = Engine(qwen, stop_ids=STOPS, config=EngineConfig(slots=2, page_size=16, num_pages=5, decode_chunk=4,
+                                                              prefill_chunk=8), sampling=SAMPLING)
+    return engine.run(_params(qwen), _sampled_specs(7), jax.random.key(5)), engine.metrics
+
+
+def _five_slots(qwen, env_workers=4):
+    return Engine(qwen, stop_ids=STOPS, config=EngineConfig(slots=5, page_size=16, num_pages=64, decode_chunk=3,
+                                                            prefill_chunk=8, env_workers=env_workers), sampling=SAMPLING)
 
 
 def _same(a, b):
@@ -134,26 +141,23 @@ def _same(a, b):
             np.testing.assert_allclose(u, v, atol=1e-5)
 
 
-def test_sampled_trajectories_do_not_depend_on_slots_or_chunk(qwen, sampled_reference):
-    engine = Engine(qwen, stop_ids=STOPS, config=EngineConfig(slots=5, page_size=16, num_pages=64, decode_chunk=3,
-                                                              min_chunk=8), sampling=SAMPLING)
+def test_sampled_trajectories_do_not_depend_on_slots_chunk_or_pool(qwen, pool_full_run):
+    """5 slots, decode chunk 3, an ample pool == 2 slots, chunk 4, a pool that preempts."""
+    engine = _five_slots(qwen)
     results = engine.run(_params(qwen), _sampled_specs(7), jax.random.key(5))
-    _same(results, sampled_reference)
+    assert engine.metrics.get("preemptions", 0) == 0
+    _same(results, pool_full_run[0])
     ends = [t[-1] for r in results for t in r.turns]
-    assert any(e in STOPS for e in ends) and not all(e in STOPS for e in ends)  # some turns ended on a stop id, others on their cap
+    assert any(e in STOPS for e in ends) and not all(e in STOPS for e in ends)  # stop ids and caps both end turns
     assert any(len(r.turns) > 1 for r in results) and any(len(r.turns) == 1 for r in results)
     # a different seed gives different tokens (the check above can fail)
     other = engine.run(_params(qwen), _sampled_specs(7), jax.random.key(6))
     assert any(o.context != r.context for o, r in zip(other, results))
 
 
-def test_full_page_pool_waits_and_preempts_and_every_episode_finishes(qwen, sampled_reference):
-    # episodes of up to 48 + 4 tokens (4 pages of 16); pages for 1.25 of them
-    engine = Engine(qwen, stop_ids=STOPS, config=EngineConfig(slots=2, page_size=16, num_pages=5, decode_chunk=4,
-                                                              min_chunk=8), sampling=SAMPLING)
-    results = engine.run(_params(qwen), _sampled_specs(7), jax.random.key(5))
-    _same(results, sampled_reference)
-    m = engine.metrics
+def test_full_page_pool_waits_and_preempts_and_every_episode_finishes(qwen, pool_full_run):
+    results, m = pool_full_run  # equal to an ample pool's run: see the test above
+    assert len(results) == 7 and all(r.error is None and r.turns for r in results)
     assert m["preemptions"] > 0 and m["recomputed_tokens"] > 0 and m["admission_waits"] > 0
     assert m["peak_pages"] <= 5 and m["num_pages"] == 5
     with pytest.raises(ValueError, match="cannot hold one episode"):
@@ -161,7 +165,8 @@ def test_full_page_pool_waits_and_preempts_and_every_episode_finishes(qwen, samp
             _params(qwen), _sampled_specs(1), jax.random.key(0))
 
 
-def test_failing_and_sleeping_environments_do_not_stall_or_corrupt_others(qwen, sampled_reference):
+def test_failing_and_sleeping_environments_do_not_stall_or_corrupt_others(qwen, pool_full_run):
+    sampled_reference = pool_full_run[0]
     specs = _sampled_specs(7)
     others_done = threading.Event()
     finished = []
@@ -183,8 +188,7 @@ def test_failing_and_sleeping_environments_do_not_stall_or_corrupt_others(qwen, 
 
     for i, s in enumerate(specs):
         s.step = wrap(i, s.step)
-    engine = Engine(qwen, stop_ids=STOPS, config=EngineConfig(slots=2, page_size=16, num_pages=64, decode_chunk=4,
-                                                              min_chunk=8, env_workers=3), sampling=SAMPLING)
+    engine = _five_slots(qwen, env_workers=3)
     results = engine.run(_params(qwen), specs, jax.random.key(5))
     assert waited["ok"], "the sleeping environment was still waiting: the other episodes stalled behind it"
     assert "tool crashed" in results[2].error and len(results[2].turns) == 1
@@ -213,7 +217,7 @@ def test_engine_rollout_equals_the_static_rollout_on_a_real_model():
                       buckets=BucketConfig(chunk=(64, 1280), cache=(1280,)))
     ref = rollout(sampler, Sampler.params_of(model), fmt, source.make_env, tasks, jax.random.key(0), cfg)
     engine = Engine(model, stop_ids=fmt.stop_ids, sampling=greedy, pad_id=tok.pad_token_id,
-                    config=EngineConfig(slots=2, page_size=64, decode_chunk=4, min_chunk=64))
+                    config=EngineConfig(slots=2, page_size=64, decode_chunk=4, prefill_chunk=64))
     out = engine_rollout(engine, Sampler.params_of(model), fmt, source.make_env, tasks, jax.random.key(0), cfg)
     for a, b in zip(out, ref):
         assert a.tokens.tolist() == b.tokens.tolist() and a.mask.tolist() == b.mask.tolist()

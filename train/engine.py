@@ -60,7 +60,8 @@ class EngineConfig:
     ``slots``: decode rows on the device; ``page_size``: tokens per KV page (64-128 on TPU);
     ``num_pages``: pages in the pool (0 = enough for every slot at ``max_total`` tokens);
     ``decode_chunk``: decode steps per device call; ``env_workers``: environment threads;
-    ``min_chunk``: smallest prefill chunk bucket.
+    ``prefill_chunk``: tokens per row per prefill call (longer chunks take several calls).
+    Compiled variants: one prefill and one decode per power-of-two count of pages read.
     """
 
     slots: int = 8
@@ -68,10 +69,10 @@ class EngineConfig:
     num_pages: int = 0
     decode_chunk: int = 16
     env_workers: int = 4
-    min_chunk: int = 16
+    prefill_chunk: int = 256
 
     def __post_init__(self):
-        for name in ("slots", "page_size", "decode_chunk", "env_workers", "min_chunk"):
+        for name in ("slots", "page_size", "decode_chunk", "env_workers", "prefill_chunk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.num_pages < 0:
@@ -85,13 +86,16 @@ class EpisodeSpec:
     ``first``: the first chunk of ids; ``max_total``: cap on the context (ids fed plus
     generated); ``max_turn``: cap on tokens generated per turn; ``step(ids, logprobs,
     raw_logprobs)``: called (on a worker thread) with each finished turn, returns the
-    observation ids to append, or None when the episode is over.
+    observation ids to append, or None when the episode is over. ``turn_caps``: optional
+    per-turn caps (turn ``j`` is also capped at ``turn_caps[j]``; e.g. a benchmark's forced
+    turn lengths).
     """
 
     first: Sequence[int]
     max_total: int
     max_turn: int
     step: Callable[[np.ndarray, np.ndarray, np.ndarray], Sequence[int] | None]
+    turn_caps: Sequence[int] | None = None
 
 
 @dataclasses.dataclass
@@ -124,7 +128,9 @@ class _Ep:
     @property
     def cap(self) -> int:
         """Tokens this turn may generate in all."""
-        return min(self.spec.max_turn, self.spec.max_total - len(self.ctx))
+        cap = min(self.spec.max_turn, self.spec.max_total - len(self.ctx))
+        caps, j = self.spec.turn_caps, len(self.result.turns)
+        return cap if caps is None or j >= len(caps) else max(1, min(cap, int(caps[j])))
 
 
 def _sample_rows(logits, keys, temperature, top_p, top_k: int, greedy: bool):
@@ -234,6 +240,58 @@ class Engine:
                 t[r, :min(width, len(ep.pages))] = ep.pages[:width]
         return t
 
+    def _prefill_batch(self, batch: Sequence[_Ep], params, pools, rng, top_k, greedy, temperature, top_p, m):
+        """Feed every admitted episode's un-cached ids in pieces of ``prefill_chunk`` tokens
+        (one call per piece for all of them, ``slots`` rows); return each one's first
+        sampled token, both log-probs, and the pools."""
+        cfg = self.config
+        C, rows = cfg.prefill_chunk, cfg.slots
+        width = bucket(max(len(ep.pages) for ep in batch), (), 1)
+        table = self._table(list(batch) + [None] * (rows - len(batch)), width)
+        pos = [ep.cached for ep in batch]
+        out = [np.zeros(len(batch), np.int32), np.zeros(len(batch), np.float32), np.zeros(len(batch), np.float32)]
+        while any(p < len(ep.ctx) for p, ep in zip(pos, batch)):
+            ids = np.full((rows, C), self.pad_id, np.int32)
+            start, n, eids = (np.zeros(rows, np.int32) for _ in range(3))
+            for r, ep in enumerate(batch):
+                piece = ep.ctx[pos[r]:pos[r] + C]
+                ids[r, :len(piece)] = piece
+                start[r], n[r], eids[r] = pos[r], len(piece), ep.eid
+            (tok, lp, raw), pools = _prefill(self.graphdef, top_k, greedy, self.lora, params, pools, ids, start, n,
+                                             table, eids, rng, temperature, top_p)
+            tok, lp, raw = np.asarray(tok), np.asarray(lp), np.asarray(raw)
+            for r, ep in enumerate(batch):
+                if n[r] and pos[r] + n[r] == len(ep.ctx):  # this episode's last piece: its first token
+                    out[0][r], out[1][r], out[2][r] = tok[r], lp[r], raw[r]
+                pos[r] += int(n[r])
+            m["prefill_calls"] += 1
+            m["prefill_tokens"] += int(n.sum())
+        return (*out, pools)
+
+    def precompile(self, params, max_total: int, sampling: SamplingParams | None = None) -> int:
+        """Compile (by running once on a scratch pool) every prefill and decode variant a run
+        with episodes of up to ``max_total`` tokens can meet: one per power-of-two count of
+        pages read. Returns the number of variants."""
+        sp = sampling or self.sampling
+        cfg, n = self.config, 0
+        row_pages = self._pages_for(max_total + cfg.decode_chunk)
+        pools = empty_pools(self.cfg, cfg.num_pages or cfg.slots * row_pages, cfg.page_size)
+        S, C = cfg.slots, cfg.prefill_chunk
+        args = (jnp.float32(sp.temperature), jnp.float32(sp.top_p))
+        z = np.zeros(S, np.int32)
+        w = 1
+        while True:
+            table = np.zeros((S, w), np.int32)
+            _, pools = _prefill(self.graphdef, sp.top_k, sp.temperature == 0, self.lora, params, pools,
+                                np.zeros((S, C), np.int32), z, z, table, z, jax.random.key(0), *args)
+            _, pools = _decode(self.graphdef, cfg.decode_chunk, sp.top_k, sp.temperature == 0, self.lora,
+                               self.stop_ids, params, pools, z, z, np.zeros(S, bool), z, table, z,
+                               jax.random.key(0), *args)
+            n += 2
+            if w >= row_pages:
+                return n
+            w *= 2
+
     # ----- the loop -----
     def run(self, params, episodes: Sequence[EpisodeSpec], rng: jax.Array,
             sampling: SamplingParams | None = None) -> list[EpisodeResult]:
@@ -328,23 +386,8 @@ class Engine:
                     ep.admitted = admitted
                     batch.append(ep)
                 if batch:
-                    rows = bucket(len(batch), (), 1)
-                    chunk = max(len(ep.ctx) - ep.cached for ep in batch)
-                    C = bucket(chunk, (), cfg.min_chunk)
-                    width = bucket(max(len(ep.pages) for ep in batch), (), 1)
-                    ids = np.full((rows, C), self.pad_id, np.int32)
-                    start, n, eids = (np.zeros(rows, np.int32) for _ in range(3))
-                    for r, ep in enumerate(batch):
-                        new = ep.ctx[ep.cached:]
-                        ids[r, :len(new)] = new
-                        start[r], n[r], eids[r] = ep.cached, len(new), ep.eid
-                    table = self._table(batch + [None] * (rows - len(batch)), width)
-                    (tok, lp, raw), pools = _prefill(
-                        self.graphdef, top_k, greedy, self.lora, params, pools, ids, start, n, table, eids, rng,
-                        temperature, top_p)
-                    tok, lp, raw = np.asarray(tok), np.asarray(lp), np.asarray(raw)
-                    m["prefill_calls"] += 1
-                    m["prefill_tokens"] += int(n.sum())
+                    tok, lp, raw, pools = self._prefill_batch(batch, params, pools, rng, top_k, greedy,
+                                                              temperature, top_p, m)
                     for r, ep in enumerate(batch):
                         ep.cached = len(ep.ctx)
                         ep.turn, ep.lps, ep.raws = [int(tok[r])], [float(lp[r])], [float(raw[r])]
