@@ -124,8 +124,9 @@ AOT = textwrap.dedent("""
         return paged_attention(q, k, v, lens, table, pages_per_compute_block=4)
     sm = lambda f, i, o: jax.jit(jax.shard_map(f, mesh=mesh, in_specs=i, out_specs=o, check_vma=False))
     d = P("data")
-    c1 = sm(ragged, (d,) * 5, d).lower(spec((B, 4, KV, G, hd), jnp.bfloat16), spec((NP, ps, 2 * KV, hd), jnp.bfloat16),
-                                       spec((B, pps), jnp.int32), spec((B,), jnp.int32), spec((B,), jnp.int32)).compile()
+    c1 = sm(ragged, (d,) * 5, d).lower(
+        spec((B, 4, KV, G, hd), jnp.bfloat16), spec((NP, ps, 2 * KV, hd), jnp.bfloat16), spec((B, pps), jnp.int32),
+        spec((B,), jnp.int32), spec((B,), jnp.int32)).compile()
     kv = jax.ShapeDtypeStruct((KV, NP, ps, hd), jnp.bfloat16, sharding=NamedSharding(mesh, P(None, "data")))
     c2 = sm(decode, (d, P(None, "data"), P(None, "data"), d, d), d).lower(
         spec((B, KV * G, hd), jnp.bfloat16), kv, kv, spec((B,), jnp.int32), spec((B, pps), jnp.int32)).compile()
