@@ -19,7 +19,7 @@ from models.decoder import Decoder
 from train import mesh as mesh_lib
 from train.bucketed_steps import (BucketedGRPOStep, BucketedLOPDStep, bucketed_batch, grpo_bucketed_batch,
                                   row_lengths)
-from train.steps import grpo_loss, lopd_loss, make_lopd_step
+from train.steps import grpo_loss, lopd_loss, lopd_update
 from train.system import LOPDSystem, StepConfig
 
 COMPOSER = ComposerConfig(num_latents=3, depth=2, n_ret=2, lora=LoraConfig(rank=4, alpha=8.0))
@@ -153,9 +153,13 @@ def test_bucketed_lopd_step_equals_padded(lopd):
     bb = bb.put(system)
     _check_lopd(step.accumulate(state, frozen, bb), want_g, want_m, system.step_cfg.margin)
 
-    batch = {k: jnp.asarray(v) for k, v in np_batch.items()}
+    # the whole step against the padded step's end (train.steps.lopd_update, the tail of
+    # make_lopd_step) applied to the padded gradients and metrics
     copy = lambda t: jax.tree.map(jnp.copy, t)  # noqa: E731  (the steps donate their state)
-    s1, m1 = make_lopd_step(system, state, batch)(copy(state), frozen, batch)
+    rng, _ = jax.random.split(state["rng"])
+    s1, m1 = jax.jit(lambda st, g, m: lopd_update(system, st, g, dict(m), rng, jnp.mean(np_batch["rewards"]),
+                                                   jnp.sum(np_batch["attention_mask"].astype(np.float32))))(
+        copy(state), want_g, want_m)
     s2, m2 = step(copy(state), frozen, bb)
     assert set(m1) == set(m2)
     for k in m1:
@@ -168,9 +172,9 @@ def test_bucketed_lopd_step_equals_padded(lopd):
 
 
 def test_bucketed_lopd_sharded_equals_padded(lopd):
-    """2 batch shards on a 2x4 mesh (every pass a multiple of 2 rows): same gradients."""
+    """2 batch shards on a 2-device mesh (every pass a multiple of 2 rows): same gradients."""
     system1, state, frozen, np_batch, want_g, want_m = lopd
-    mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig(data=1, fsdp=2, tensor=4))
+    mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig(data=1, fsdp=2, tensor=1), jax.devices()[:2])
     system = LOPDSystem.create(_backbone(), COMPOSER, LAYOUT, system1.step_cfg, rules=mesh_lib.rules_for(mesh))
     bb = bucketed_batch(np_batch, BUCKETS, SHARD_TOKENS, 2)
     assert all(len(p.rows) % 2 == 0 for p in bb.plan)
