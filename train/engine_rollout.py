@@ -25,11 +25,11 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
-from lopd_jax.chat_base import ChatFormat, TokenTrajectory
+from lopd_jax.chat_base import ChatFormat
 from lopd_jax.envs.base import Environment
 from lopd_jax.types import Task
 from train.engine import Engine, EpisodeSpec
-from train.rollout import RolloutConfig, Trajectory, _advance, _Episode
+from train.rollout import RolloutConfig, Trajectory, _advance, _Episode, start_episode
 from train.sampling import SamplingParams
 
 __all__ = ["FINISH_ENV_ERROR", "engine_rollout"]
@@ -54,16 +54,7 @@ def engine_rollout(engine: Engine, params, fmt: ChatFormat, make_env: Callable[[
     episodes: list[_Episode] = []
     try:
         for task in tasks:
-            env = make_env()
-            messages, tools = env.reset(task)
-            prompt = fmt.prompt_ids(messages, tools)
-            if len(prompt) >= config.max_total_tokens:
-                raise ValueError(f"task {task.task_id!r}: the prompt has {len(prompt)} tokens, not below "
-                                 f"max_total_tokens={config.max_total_tokens}; raise the cap")
-            ep = _Episode(task, env, list(messages), list(tools), TokenTrajectory(), fmt.insertion_point(prompt),
-                          list(prompt))
-            ep.add_context(prompt)
-            episodes.append(ep)
+            episodes.append(start_episode(task, make_env, fmt, config))
 
         def stepper(ep: _Episode):
             def step(ids: np.ndarray, lps: np.ndarray, raws: np.ndarray):

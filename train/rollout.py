@@ -173,6 +173,25 @@ class _Episode:
             finish_reason=self.finish_reason)
 
 
+
+def start_episode(task: Task, make_env: Callable[[], Environment], fmt: ChatFormat,
+                  config: RolloutConfig) -> _Episode:
+    """A new episode for ``task``: a fresh environment, reset, and its prompt as context.
+
+    Raises ValueError when the prompt alone reaches ``config.max_total_tokens``.
+    """
+    env = make_env()
+    messages, tools = env.reset(task)
+    prompt = fmt.prompt_ids(messages, tools)
+    if len(prompt) >= config.max_total_tokens:
+        env.close()
+        raise ValueError(f"task {task.task_id!r}: the prompt has {len(prompt)} tokens, not below "
+                         f"max_total_tokens={config.max_total_tokens}; raise the cap")
+    ep = _Episode(task, env, list(messages), list(tools), TokenTrajectory(), fmt.insertion_point(prompt),
+                  list(prompt))
+    ep.add_context(prompt)
+    return ep
+
 def _advance(ep: _Episode, ids: np.ndarray, lps: np.ndarray, raws: np.ndarray, fmt: ChatFormat,
              cfg: RolloutConfig) -> None:
     """Record one generated turn, step the environment, append the observation."""
@@ -242,16 +261,7 @@ def rollout(sampler: Sampler, params, fmt: ChatFormat, make_env: Callable[[], En
     pool = concurrent.futures.ThreadPoolExecutor(config.env_workers) if config.env_workers else None
     try:
         for task in tasks:
-            env = make_env()
-            messages, tools = env.reset(task)
-            prompt = fmt.prompt_ids(messages, tools)
-            if len(prompt) >= config.max_total_tokens:
-                raise ValueError(f"task {task.task_id!r}: the prompt has {len(prompt)} tokens, not below "
-                                 f"max_total_tokens={config.max_total_tokens}; raise the cap")
-            ep = _Episode(task, env, list(messages), list(tools), TokenTrajectory(), fmt.insertion_point(prompt),
-                          list(prompt))
-            ep.add_context(prompt)
-            episodes.append(ep)
+            episodes.append(start_episode(task, make_env, fmt, config))
         if latents is not None:
             n = np.shape(latents.latents)[0]
             if n != len(episodes):
