@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
 from lopd_jax.envs.base import EpisodeStats
-from lopd_jax.envs.code import CodeEnvironment, extract_code
+from lopd_jax.envs.code import NO_CODE_FEEDBACK, CodeEnvironment, extract_code
 from lopd_jax.envs.sandbox import SandboxConfig
 from lopd_jax.types import AssistantTurn, Message, StepResult, Task, ToolSchema
 
@@ -106,21 +106,11 @@ class GradedCodeEnvironment(CodeEnvironment):
         self.attempts += 1
         code = extract_code(turn.content, self.task.payload.get("entry_point"))
         if code is None:
-            reward, feedback, status, extra = 0.0, ("No ```python code block found. Put the "
-                                                    "complete solution in one ```python ... ``` "
-                                                    "block."), "no_code", {}
+            reward, feedback, status, extra = 0.0, NO_CODE_FEEDBACK, "no_code", {}
         else:
             reward, feedback, status, extra = self.grader(self.task.payload, code, self.sandbox)
         self.stats.extra = dict(extra)
-        self.last_reward = reward
-        info = {"stats": self.stats.as_dict(), "feedback": feedback, "status": status,
-                "attempt": self.attempts}
-        if reward == 1.0 or self.attempts >= self.max_attempts:
-            self.done = True
-            return StepResult([], True, reward, info)
-        msg = {"role": "user", "content": f"{feedback}\nFix the code and answer again with "
-                                          "the complete solution in one ```python block."}
-        return StepResult([msg], False, 0.0, info)
+        return self._attempt_result(reward, feedback, status)
 
 
 def grade_many(grader: Grader, items: Sequence[tuple[dict, str]], sandbox: SandboxConfig,

@@ -77,6 +77,8 @@ _NO_TOOLS = ("this task has no tools; answer with your complete solution in one 
              "```python code block")
 
 
+NO_CODE_FEEDBACK = "No ```python code block found. Put the complete solution in one ```python ... ``` block."
+
 class CodeEnvironment(Environment):
     """One code-generation episode (HumanEval or TACO task); see the module docstring."""
 
@@ -119,12 +121,15 @@ class CodeEnvironment(Environment):
         entry = self.task.payload.get("entry_point")
         code = extract_code(turn.content, entry)
         if code is None:
-            reward, feedback, status = 0.0, ("No ```python code block found. Put the complete "
-                                            "solution in one ```python ... ``` block."), "no_code"
+            reward, feedback, status = 0.0, NO_CODE_FEEDBACK, "no_code"
         else:
             reward, feedback, result = evaluate_code(self.task.payload, code, self.sandbox,
                                                      self.per_test_s)
             status = result.status
+        return self._attempt_result(reward, feedback, status)
+
+    def _attempt_result(self, reward: float, feedback: str, status: str) -> StepResult:
+        """The step after a graded attempt: done on a pass or the last attempt, else feedback."""
         self.last_reward = reward
         info = {"stats": self.stats.as_dict(), "feedback": feedback, "status": status,
                 "attempt": self.attempts}
