@@ -226,8 +226,10 @@ class TextArm:
         from train.text_steps import text_state_shardings
         return text_state_shardings(self.ctx.system, state)
 
-    def batch(self, step: int, trajs) -> dict[str, np.ndarray]:
-        """The text-distillation batch of step ``step``'s trajectories, each row with its context block."""
+    def batch(self, step: int, trajs):
+        """The text-distillation batch of step ``step``'s trajectories, each row with its
+        context block; with ``lengths.buckets`` a :class:`train.bucketed_steps.BucketedBatch`
+        of it (built from every row, the same on every process)."""
         from lopd_jax.text_context import context_block_ids, pack_blocks
         from train.rollout import training_arrays
         ctx = self.ctx
@@ -236,12 +238,18 @@ class TextArm:
         blocks = [None if x is None else context_block_ids(ctx.tokenizer, self.arm, x, self.width) for x in texts]
         ctx_ids, ctx_len = pack_blocks(blocks, self.width, pad)
         arr = training_arrays(trajs, buckets=ctx.seq_buckets(), minimum=128, pad_id=pad)
-        return {"tokens": arr["tokens"], "attention_mask": arr["attention_mask"], "loss_mask": arr["mask"],
-                "insert_at": arr["insert_at"], "ctx_ids": ctx_ids, "ctx_len": ctx_len,
-                "row_weight": np.asarray([x is not None for x in texts], np.float32), "rewards": arr["rewards"]}
+        batch = {"tokens": arr["tokens"], "attention_mask": arr["attention_mask"], "loss_mask": arr["mask"],
+                 "insert_at": arr["insert_at"], "ctx_ids": ctx_ids, "ctx_len": ctx_len,
+                 "row_weight": np.asarray([x is not None for x in texts], np.float32), "rewards": arr["rewards"]}
+        # with lengths.buckets: every row in length-bucketed passes (train.bucketed_steps)
+        return ctx.bucketed(batch) if ctx.cfg.lengths.enabled else batch
 
     def make_step(self, state, batch):
-        """The jitted text-distillation update (:func:`train.text_steps.make_text_distill_step`)."""
+        """The jitted text-distillation update (:func:`train.text_steps.make_text_distill_step`);
+        length-bucketed (:class:`train.bucketed_steps.BucketedTextStep`) when the batch is."""
+        if not isinstance(batch, dict):
+            from train.bucketed_steps import BucketedTextStep
+            return BucketedTextStep(self.ctx.system, state, self.ema_decay)
         from train.text_steps import make_text_distill_step
         return make_text_distill_step(self.ctx.system, state, batch, self.ema_decay)
 

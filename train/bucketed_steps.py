@@ -3,7 +3,8 @@
 A padded step runs every row at the total-token cap. Here a step's rows are split into
 *passes* (:func:`lopd_jax.length_model.plan_passes`): each pass holds rows of one bucket
 length, cut to it, a multiple of the batch shards long (so every row is sharded as in the
-padded step). One jitted pass function per step kind computes a pass's gradients and adds
+padded step). Step kinds: LOPD, GRPO, text distillation (OPSD / SDPO / SDFT / Skill-SD)
+and the composer cold start. One jitted pass function per step kind computes a pass's gradients and adds
 them (fp32) and its metrics to an accumulator on the devices; ``jax.jit`` compiles it
 once per bucket length. One jitted update then applies the optimizers (and the dual step)
 to the summed gradients: the global batch stays one update.
@@ -11,11 +12,12 @@ to the summed gradients: the global batch stays one update.
 Exactness: every normalizer comes from the whole batch before the passes run, as in
 :func:`train.steps._accumulated_grads` -- the supervised tokens N, the rollouts with
 supervision R and the anchor's elements (LOPD, :func:`lopd_jax.losses.lopd_totals`), the
-group advantages and N (GRPO) -- so each pass's loss is an exact share of the padded
-step's and the summed gradients equal its gradients up to fp32 summation order. A row's
-computation does not depend on its padding (causal attention, right padding), so cutting
-rows to their bucket changes nothing they compute. Padding rows that fill a pass carry no
-supervision and (``row_valid``) no anchor term.
+group advantages and N (GRPO), the distilled tokens (text distillation: supervised tokens
+of rows with ``row_weight`` != 0), the supervised tokens (cold start) -- so each pass's
+loss is an exact share of the padded step's and the summed gradients equal its gradients
+up to fp32 summation order. A row's computation does not depend on its padding (causal
+attention, right padding), so cutting rows to their bucket changes nothing they compute.
+Padding rows that fill a pass carry no supervision and (``row_valid``) no anchor term.
 
 Multi-host: :class:`BucketedBatch` is built from the *whole* batch on every process (the
 rows' lengths decide the plan, which must be the same everywhere); :meth:`BucketedBatch.put`
@@ -33,8 +35,10 @@ import numpy as np
 
 from lopd_jax import losses
 from lopd_jax.length_model import Pass, plan_passes
-from train.steps import finish_summed_metrics, grpo_loss, grpo_update, lopd_loss, lopd_update
+from train.steps import (cold_start_loss, cold_start_update, finish_summed_metrics, grpo_loss, grpo_update,
+                         lopd_loss, lopd_update)
 from train.system import LOPDSystem
+from train.text_steps import text_distill_loss, text_state_shardings, text_update
 
 SEQ_KEYS = ("tokens", "attention_mask", "loss_mask", "old_logp")  # per-token [B, S] batch entries
 _NOT_SUMMED = ("beta", "delta_per_rollout")
@@ -110,6 +114,8 @@ def bucketed_batch(batch: dict, buckets: Sequence[int], shard_tokens: int, shard
         mb["row_index"] = idx.astype(np.int32)
         passes.append(mb)
     counts = (np.asarray(batch["loss_mask"])[:, 1:] != 0).sum(1)
+    if "row_weight" in batch:  # text distillation: rows with weight 0 are not distilled (train.text_steps)
+        counts = np.where(np.asarray(batch["row_weight"]) != 0, counts, 0)
     stats = {"mean_reward": float(np.mean(np.asarray(batch["rewards"], np.float32))) if "rewards" in batch else 0.0,
              "tokens": float(np.asarray(batch["attention_mask"]).astype(np.float32).sum()),
              "supervised": float(counts.sum()), "rollouts": float((counts > 0).sum()), "rows": B}
@@ -125,13 +131,14 @@ class _BucketedStep:
     accumulation (compiled once per bucket) then one jitted update."""
 
     def __init__(self, system: LOPDSystem, example_state, pass_grads: Callable, update: Callable, argnums,
-                 state_sh):
+                 state_sh, param_keys: tuple[str, ...] | None = None):
         self.system, self.argnums = system, argnums
+        # the state entries trained (gradients in this order): by default the argnums of (student, composer)
+        self.param_keys = param_keys or tuple(("student", "composer")[i] for i in argnums)
         self._pass_grads, self._update_fn = pass_grads, update
         self.state_sh = state_sh
         rules = system.rules
-        self.grad_sh = None if state_sh is None else tuple((state_sh["student"], state_sh["composer"])[i]
-                                                            for i in argnums)
+        self.grad_sh = None if state_sh is None else tuple(state_sh[k] for k in self.param_keys)
         self._zero_grads = jax.jit(lambda p: jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), p),
                                    out_shardings=self.grad_sh)
         self._rep = None if rules is None else rules.replicated()
@@ -140,7 +147,7 @@ class _BucketedStep:
         self._metric_shapes = None
 
     def _params(self, state):
-        return tuple((state["student"], state["composer"])[i] for i in self.argnums)
+        return tuple(state[k] for k in self.param_keys)
 
     def _accumulate(self, acc, state, frozen, mb, totals, i):
         grads, metrics = self._pass_grads(state, frozen, mb, totals, i)
@@ -281,6 +288,60 @@ class BucketedGRPOStep(_BucketedStep):
         return {"tokens": jnp.float32(batch.stats["supervised"])}
 
 
+class BucketedTextStep(_BucketedStep):
+    """The text-distillation step of OPSD / SDPO / SDFT / Skill-SD
+    (:func:`train.text_steps.make_text_distill_step`) on a :class:`BucketedBatch`: the
+    global token mean over the distilled tokens (supervised tokens of rows with
+    ``row_weight`` != 0) of the whole batch; ``ema_decay``: SDFT's EMA teacher, updated once
+    after the step. The context block (``ctx_ids``) is whole in every pass; only the
+    student rows are cut to their bucket."""
+
+    def __init__(self, system: LOPDSystem, example_state, ema_decay: float | None = None):
+        use_ema = ema_decay is not None
+
+        def pass_grads(state, frozen, mb, totals, i):
+            (_, metrics), grads = jax.value_and_grad(
+                lambda sp: text_distill_loss(system, sp, state, frozen, mb, use_ema, totals["tokens"]),
+                has_aux=True)(state["student"])
+            return (grads,), metrics
+
+        def update(state, acc, extras):
+            grads = jax.tree.map(lambda g, p: g.astype(p.dtype), acc["grads"][0], state["student"])
+            return text_update(system, state, grads, dict(acc["metrics"]), ema_decay, extras["mean_reward"],
+                               extras["tokens"])
+
+        super().__init__(system, example_state, pass_grads, update, (0,), text_state_shardings(system, example_state))
+
+    def _totals(self, batch: BucketedBatch) -> dict:
+        return {"tokens": jnp.float32(batch.stats["supervised"])}
+
+
+class BucketedColdStartStep(_BucketedStep):
+    """The composer cold start (:func:`train.steps.make_cold_start_step`) on a
+    :class:`BucketedBatch`: the token-mean NLL over the whole batch's supervised tokens,
+    then one step of each clip group's optimizer. LoRA dropout (SPEC default 0) draws per
+    pass, as in the LOPD step's micro-batches."""
+
+    def __init__(self, system: LOPDSystem, example_state):
+        def pass_grads(state, frozen, mb, totals, i):
+            _, sub = jax.random.split(state["rng"])
+            (_, metrics), grads = jax.value_and_grad(
+                lambda cp: cold_start_loss(system, cp, frozen, mb, jax.random.fold_in(sub, i), totals["tokens"]),
+                has_aux=True)(state["composer"])
+            return (grads,), metrics
+
+        def update(state, acc, extras):
+            rng, _ = jax.random.split(state["rng"])
+            grads = jax.tree.map(lambda g, p: g.astype(p.dtype), acc["grads"][0], state["composer"])
+            return cold_start_update(system, state, grads, dict(acc["metrics"]), rng)
+
+        super().__init__(system, example_state, pass_grads, update, (1,), system.cold_start_shardings(example_state),
+                         param_keys=("composer",))
+
+    def _totals(self, batch: BucketedBatch) -> dict:
+        return {"tokens": jnp.float32(batch.stats["supervised"])}
+
+
 def grpo_bucketed_batch(batch: dict, group_size: int, buckets, shard_tokens: int, shards: int,
                         fill: str = "longest_first") -> BucketedBatch:
     """:func:`bucketed_batch` of a GRPO batch, with each row's group advantage computed
@@ -290,4 +351,4 @@ def grpo_bucketed_batch(batch: dict, group_size: int, buckets, shard_tokens: int
 
 
 __all__ = ["SEQ_KEYS", "row_lengths", "BucketedBatch", "bucketed_batch", "grpo_bucketed_batch",
-           "BucketedLOPDStep", "BucketedGRPOStep"]
+           "BucketedLOPDStep", "BucketedGRPOStep", "BucketedTextStep", "BucketedColdStartStep"]

@@ -209,7 +209,7 @@ def warmup_stage(ctx: RunContext, writer):
 def cold_start_stage(ctx: RunContext, bank, writer):
     """Composer cold start (SPEC 3) on the bank's successful trajectories; ``(phi0, preempted)``."""
     from train.bank_stage import from_experience
-    from train.batches import cold_start_batch
+    from train.batches import cold_start_batch, gather_rows
     from train.data import TaskPipeline
     from train.steps import make_cold_start_step
 
@@ -217,12 +217,21 @@ def cold_start_stage(ctx: RunContext, bank, writer):
     trajs = [from_experience(e) for e in bank.entries]
     pipe = TaskPipeline(list(range(len(trajs))), min(cfg.stages.cold_start_batch, len(trajs)), seed=cfg.seed,
                         process_index=0, process_count=1)
-    batch_fn = lambda s: cold_start_batch(ctx, [trajs[i] for i in pipe[s]], bank)  # noqa: E731
+
+    def batch_fn(s):
+        batch = cold_start_batch(ctx, [trajs[i] for i in pipe[s]], bank)
+        # with lengths.buckets: the whole batch (every host's rows) in length-bucketed passes
+        return ctx.bucketed(gather_rows(batch)) if cfg.lengths.enabled else batch
+
     state = system.init_cold_start_state(cfg.seed)
     shardings = system.cold_start_shardings(state)
     from train import mesh as mesh_lib
     state = mesh_lib.put(state, shardings)
-    step = make_cold_start_step(system, state, batch_fn(0))
+    if cfg.lengths.enabled:
+        from train.bucketed_steps import BucketedColdStartStep
+        step = BucketedColdStartStep(system, state)
+    else:
+        step = make_cold_start_step(system, state, batch_fn(0))
     frozen = system.initial_params()[0]
     state, preempted = run_steps(ctx, "cold_start", state, cfg.stages.cold_start_steps,
                                  lambda st, b: step(st, frozen, b), batch_fn, shardings=shardings, writer=writer)

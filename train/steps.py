@@ -216,8 +216,12 @@ def make_lopd_step(system: LOPDSystem, example_state, example_batch):
     return _jit(step, system, state_sh, system.frozen_shardings(), system.batch_shardings(example_batch))
 
 
-def cold_start_loss(system: LOPDSystem, composer_p, frozen, batch, rng):
-    """Token-mean NLL of assistant tokens under the teacher-format prompt with latents."""
+def cold_start_loss(system: LOPDSystem, composer_p, frozen, batch, rng, total_tokens=None):
+    """Token-mean NLL of assistant tokens under the teacher-format prompt with latents.
+
+    ``total_tokens``: the whole batch's supervised tokens when ``batch`` is a
+    length-bucketed pass of it (:mod:`train.bucketed_steps`): ``nll`` is then that pass's
+    share of the whole batch's token mean."""
     frozen = sg(frozen)
     latents = system.latents(frozen, composer_p, batch["exp_tokens"], batch["exp_mask"], rng)
     teacher = system.backbone(frozen, sg(composer_p["lora"]))
@@ -228,7 +232,8 @@ def cold_start_loss(system: LOPDSystem, composer_p, frozen, batch, rng):
                               chunk_size=system.step_cfg.logits_chunk, compute_dtype=system.model_cfg.jnp_dtype,
                               logits_dtype=system.step_cfg.logits_jnp_dtype(system.model_cfg.jnp_dtype))
     mask = batch["loss_mask"][:, 1:].astype(jnp.float32)
-    nll = losses.nll_token_mean(logp, mask)
+    nll = (losses.nll_token_mean(logp, mask) if total_tokens is None
+           else losses.masked_token_mean(-logp, mask, total_tokens))
     return nll, {"nll": nll, "tokens": jnp.sum(mask)}
 
 
@@ -239,23 +244,30 @@ def make_cold_start_step(system: LOPDSystem, example_state, example_batch):
         rng, sub = jax.random.split(state["rng"])
         (loss, metrics), grads = jax.value_and_grad(
             lambda cp: cold_start_loss(system, cp, frozen, batch, sub), has_aux=True)(state["composer"])
-        new = dict(state)
-        new["composer"], new["composer_opt"] = {}, {}
-        for group, opt in system.cold_start_opt.items():
-            new["composer"][group], new["composer_opt"][group] = _apply(
-                opt, grads[group], state["composer_opt"][group], state["composer"][group])
-            metrics[f"{group}_grad_norm"] = optax.global_norm(grads[group])
-        if system.step_cfg.skip_nonfinite:
-            ok = all_finite(*(metrics[f"{g}_grad_norm"] for g in system.cold_start_opt))
-            new.update(keep_if_finite(ok, {k: new[k] for k in ("composer", "composer_opt")},
-                                      {k: state[k] for k in ("composer", "composer_opt")}))
-            metrics["nonfinite"] = 1.0 - ok.astype(jnp.float32)
-        new["step"] = state["step"] + 1
-        new["rng"] = rng
-        return new, metrics
+        return cold_start_update(system, state, grads, metrics, rng)
 
     return _jit(step, system, system.cold_start_shardings(example_state), system.frozen_shardings(),
                 system.batch_shardings(example_batch))
+
+
+def cold_start_update(system: LOPDSystem, state, grads, metrics, rng):
+    """The end of a cold-start step from the whole batch's composer gradients: one step of
+    each clip group's optimizer, the non-finite guard; ``rng`` becomes the state's key.
+    Returns ``(state, metrics)``."""
+    new = dict(state)
+    new["composer"], new["composer_opt"] = {}, {}
+    for group, opt in system.cold_start_opt.items():
+        new["composer"][group], new["composer_opt"][group] = _apply(
+            opt, grads[group], state["composer_opt"][group], state["composer"][group])
+        metrics[f"{group}_grad_norm"] = optax.global_norm(grads[group])
+    if system.step_cfg.skip_nonfinite:
+        ok = all_finite(*(metrics[f"{g}_grad_norm"] for g in system.cold_start_opt))
+        new.update(keep_if_finite(ok, {k: new[k] for k in ("composer", "composer_opt")},
+                                  {k: state[k] for k in ("composer", "composer_opt")}))
+        metrics["nonfinite"] = 1.0 - ok.astype(jnp.float32)
+    new["step"] = state["step"] + 1
+    new["rng"] = rng
+    return new, metrics
 
 
 def grpo_loss(system: LOPDSystem, student_p, state, frozen, batch, group_size: int, total_tokens=None):

@@ -40,8 +40,13 @@ def teacher_modules(system: LOPDSystem, state, frozen, use_ema: bool):
     return system.backbone(sg(frozen), sg(state["ema"])), True
 
 
-def text_distill_loss(system: LOPDSystem, student_p, state, frozen, batch, use_ema: bool):
-    """(loss, metrics) of one batch (see the module docstring)."""
+def text_distill_loss(system: LOPDSystem, student_p, state, frozen, batch, use_ema: bool, total_tokens=None):
+    """(loss, metrics) of one batch (see the module docstring).
+
+    ``total_tokens``: the whole batch's distilled tokens (supervised tokens of rows with
+    ``row_weight`` != 0) when ``batch`` is a length-bucketed pass of it
+    (:class:`train.bucketed_steps.BucketedTextStep`): loss and token-mean metrics are
+    then that pass's share."""
     cfg = system.step_cfg
     tokens, amask = batch["tokens"], batch["attention_mask"].astype(bool)
     teacher, lora_on = teacher_modules(system, state, frozen, use_ema)
@@ -54,10 +59,11 @@ def text_distill_loss(system: LOPDSystem, student_p, state, frozen, batch, use_e
     stats = losses.chunked_distill_stats(
         s_hidden[:, :-1], student.lm_head_kernel(), t_hidden[:, :-1], sg(teacher.lm_head_kernel()), tokens[:, 1:],
         top_m=cfg.top_m, chunk_size=cfg.logits_chunk, compute_dtype=system.model_cfg.jnp_dtype)
-    distill = losses.masked_token_mean(stats["kl"], mask)
+    n_all = total_tokens  # None: this batch's own count
+    distill = losses.masked_token_mean(stats["kl"], mask, n_all)
     adv = losses.advantages_from_rewards(batch["rewards"].astype(jnp.float32))
-    delta, delta_i, n = losses.privilege_delta(sg(stats["teacher_logp"]), stats["student_logp"], mask, adv)
-    gap = losses.masked_token_mean(sg(stats["teacher_logp"] - stats["student_logp"]), mask)
+    delta, delta_i, n = losses.privilege_delta(sg(stats["teacher_logp"]), stats["student_logp"], mask, adv, n_all)
+    gap = losses.masked_token_mean(sg(stats["teacher_logp"] - stats["student_logp"]), mask, n_all)
     return distill, {"loss": sg(distill), "distill_kl": sg(distill), "delta": sg(delta),
                      "teacher_student_logp_gap": gap, "supervised_tokens": jnp.sum(n),
                      "supervised_rollouts": jnp.sum((n > 0).astype(jnp.float32)), "delta_per_rollout": sg(delta_i)}
@@ -71,6 +77,23 @@ def text_state_shardings(system: LOPDSystem, state):
     return sh
 
 
+def text_update(system: LOPDSystem, state, grads, metrics, ema_decay: float | None, mean_reward, tokens):
+    """The end of a text-distillation step from the whole batch's student gradients and
+    metrics: one AdamW step, then (``ema_decay``) the EMA teacher's update. Returns
+    ``(state, metrics)``."""
+    updates, opt_state = system.student_opt.update(grads, state["student_opt"], state["student"])
+    new = dict(state)
+    new["student"], new["student_opt"] = optax.apply_updates(state["student"], updates), opt_state
+    if ema_decay is not None:
+        new["ema"] = jax.tree.map(lambda e, s: (ema_decay * e + (1.0 - ema_decay) * s).astype(e.dtype),
+                                  state["ema"], new["student"])
+    new["step"] = state["step"] + 1
+    metrics["student_grad_norm"] = optax.global_norm(grads)
+    metrics["mean_reward"] = mean_reward
+    metrics["tokens"] = tokens
+    return new, metrics
+
+
 def make_text_distill_step(system: LOPDSystem, example_state, example_batch, ema_decay: float | None = None):
     """``(state, frozen, batch) -> (state, metrics)``: one AdamW step of the student on the
     text-context distillation loss; with ``ema_decay`` the teacher is ``state["ema"]``,
@@ -80,17 +103,8 @@ def make_text_distill_step(system: LOPDSystem, example_state, example_batch, ema
     def step(state, frozen, batch):
         (loss, metrics), grads = jax.value_and_grad(
             lambda sp: text_distill_loss(system, sp, state, frozen, batch, use_ema), has_aux=True)(state["student"])
-        updates, opt_state = system.student_opt.update(grads, state["student_opt"], state["student"])
-        new = dict(state)
-        new["student"], new["student_opt"] = optax.apply_updates(state["student"], updates), opt_state
-        if use_ema:
-            new["ema"] = jax.tree.map(lambda e, s: (ema_decay * e + (1.0 - ema_decay) * s).astype(e.dtype),
-                                      state["ema"], new["student"])
-        new["step"] = state["step"] + 1
-        metrics["student_grad_norm"] = optax.global_norm(grads)
-        metrics["mean_reward"] = jnp.mean(batch["rewards"].astype(jnp.float32))
-        metrics["tokens"] = jnp.sum(batch["attention_mask"].astype(jnp.float32))
-        return new, metrics
+        return text_update(system, state, grads, metrics, ema_decay, jnp.mean(batch["rewards"].astype(jnp.float32)),
+                           jnp.sum(batch["attention_mask"].astype(jnp.float32)))
 
     state_sh = text_state_shardings(system, example_state)
     if system.rules is None:
