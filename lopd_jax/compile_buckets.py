@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from lopd_jax.length_model import rows_per_pass, step_estimate
+
 # dense bf16 peak per chip, FLOP/s (Cloud TPU spec sheets)
 PEAK_FLOPS = {"v5p": 459e12, "v5e": 197e12, "v6e": 918e12, "v4": 275e12}
 
@@ -46,7 +48,7 @@ def length_report(cfg, spec, system, gen: str, chips: int, flops_fn, compile_pas
     topology's mesh; ``flops_fn(rows, seq)``: model FLOPs of ``rows`` trajectories of
     ``seq`` tokens; ``gen``: the TPU generation (``cpu``: no time estimate).
     """
-    from lopd_jax.length_model import rows_per_pass, step_estimate
+    # JAX and train/ import here: the compile check configures JAX (platform, devices) first
     from train.bucketed_steps import BucketedLOPDStep
     from train.step_spec import abstract_lopd_batch
 
@@ -94,10 +96,15 @@ def length_report(cfg, spec, system, gen: str, chips: int, flops_fn, compile_pas
     return out
 
 
+def memory_line(m: dict, hbm_gib: float | None, label: str = "per chip GiB") -> str:
+    """The report line of a per-chip memory analysis ``m`` (GiB), against the HBM when known."""
+    return (f"  {label}: arguments {m['arguments']:.2f}  outputs {m['outputs']:.2f}  aliased {m['aliased']:.2f}  "
+            f"temporaries {m['temporaries']:.2f}  total {m['total']:.2f}"
+            + (f"  / HBM {hbm_gib:.0f}" if hbm_gib else ""))
+
+
 def length_lines(rep: dict, hbm_gib: float | None) -> list[str]:
     """The compile check's report lines of :func:`length_report`'s ``rep``."""
-    from lopd_jax.compile_check import memory_line
-
     lines = []
     est, d = rep["estimate"], rep["distribution"]
     if "passes" in rep:

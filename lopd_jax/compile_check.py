@@ -44,6 +44,8 @@ import re
 import sys
 import time
 
+from lopd_jax.compile_buckets import length_lines, length_report, memory_line
+
 HBM_GIB = {"v5e": 16.0, "v5p": 95.0, "v6e": 32.0, "v4": 32.0}
 # chips per "name-N": v5p and v4 count TensorCores (2 per chip); v5e / v6e count chips.
 CORES_PER_CHIP = {"v5p": 2, "v4": 2, "v5e": 1, "v6e": 1}
@@ -295,19 +297,11 @@ def run(args) -> dict:
         report["flops_ratio"] = compiled_flops / mf["total"]
     report["fits"] = hbm is None or report["per_chip_gib"]["total"] <= hbm
     # length buckets (lopd_jax.compile_buckets): their pass shapes, and the step-time estimate
-    from lopd_jax.compile_buckets import length_report
     report["lengths"] = length_report(cfg, spec, system, gen, len(devices), lambda rows, seq: model_flops(
         mcfg, ccfg, rows, seq, spec.exp_len, system.layout.length)["total"])
     if hbm is not None and "largest" in report["lengths"]:
         report["fits"] = report["fits"] and report["lengths"]["largest"]["per_chip_gib"]["total"] <= hbm
     return report
-
-
-def memory_line(m: dict, hbm_gib: float | None, label: str = "per chip GiB") -> str:
-    """The report line of a per-chip memory analysis ``m`` (GiB), against the HBM when known."""
-    return (f"  {label}: arguments {m['arguments']:.2f}  outputs {m['outputs']:.2f}  aliased {m['aliased']:.2f}  "
-            f"temporaries {m['temporaries']:.2f}  total {m['total']:.2f}"
-            + (f"  / HBM {hbm_gib:.0f}" if hbm_gib else ""))
 
 
 def write_report(report: dict, path: str | None) -> None:
@@ -392,7 +386,6 @@ def main(argv=None) -> int:
         print(f"  compiled FLOPs/step {report['compiled_flops']:.3e}  ratio {report['flops_ratio']:.3f}")
     else:
         print()
-    from lopd_jax.compile_buckets import length_lines
     print("\n".join(length_lines(report["lengths"], report["hbm_gib"])))
     return verdict(report, args.json)
 

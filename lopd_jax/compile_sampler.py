@@ -153,7 +153,8 @@ def main(argv=None) -> int:
     if not args.topology.startswith("cpu:"):
         os.environ.setdefault("JAX_PLATFORMS", "")  # the TPU plugin compiles for the topology
     configure_platform()
-    from lopd_jax.compile_check import memory_line, verdict
+    from lopd_jax.compile_buckets import memory_line
+    from lopd_jax.compile_check import verdict
 
     r = run(args)
     m, d = r["per_chip_gib"], r["decode_step"]

@@ -24,6 +24,7 @@ PROGRAMS = {
     "lopd_jax.train", "lopd_jax.evaluate", "lopd_jax.export", "lopd_jax.compile_check",  # command-line programs
     "lopd_jax.composer_eval",  # reopens a finished run for lopd_jax.evaluate
     "lopd_jax.compile_sampler",  # AOT compile of the rollout sampler
+    "lopd_jax.compile_buckets",  # the compile check's length-bucket figures
     "lopd_jax.sweep", "lopd_jax.sweep_report",  # arms x seeds x grid runs and their report
     "lopd_jax.premise",  # the premise check: Base, Base + oracle text, Base + Composer
 }
