@@ -46,6 +46,28 @@ from train.sampler import Sampler, SamplingParams  # noqa: E402
 MODES = {"greedy": SamplingParams(temperature=0.0), "sampled": SamplingParams(temperature=0.7, top_p=0.95, top_k=20)}
 
 
+def paired_times(ours, hf, repeats: int):
+    """Time ``ours(r)`` and ``hf(r)`` alternately over ``repeats`` rounds, after one untimed
+    warm-up call of each (ours' first call, compile included, is timed and returned).
+
+    Returns ``(first_s, ours_times, hf_times, last_ours_result, last_hf_result)``.
+    """
+    t0 = time.perf_counter()
+    ours(0)
+    first = time.perf_counter() - t0
+    hf(0)  # warm-up
+    t_ours, t_hf = [], []
+    gen = out = None
+    for r in range(repeats):
+        t0 = time.perf_counter()
+        gen = ours(r)
+        t_ours.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        out = hf(r)
+        t_hf.append(time.perf_counter() - t0)
+    return first, t_ours, t_hf, gen, out
+
+
 def main(argv=None):
     """Run the benchmark and print the numbers."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -111,18 +133,7 @@ def main(argv=None):
                 return hm.generate(ids, attention_mask=mask, max_new_tokens=args.new, min_new_tokens=args.new,
                                    eos_token_id=None, pad_token_id=0, **hf_kw)
 
-        t0 = time.perf_counter()
-        ours(0)
-        first = time.perf_counter() - t0
-        hf(0)  # warm-up
-        t_ours, t_hf = [], []
-        for r in range(args.repeats):
-            t0 = time.perf_counter()
-            gen = ours(r)
-            t_ours.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            out = hf(r)
-            t_hf.append(time.perf_counter() - t0)
+        first, t_ours, t_hf, gen, out = paired_times(ours, hf, args.repeats)
         mo, mh = statistics.median(t_ours), statistics.median(t_hf)
         line = (f"[{mode}] train.sampler {total / mo:7.1f} tok/s (median {mo:.2f} s, best {min(t_ours):.2f} s; "
                 f"first call incl. compile {first:.2f} s) | transformers {total / mh:7.1f} tok/s (median {mh:.2f} s, "

@@ -41,6 +41,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
+from benchmarks.bench_decode import paired_times  # noqa: E402
 from lopd_jax.convert_gguf import smollm2_path  # noqa: E402
 from models import from_pretrained, gguf_tokenizer  # noqa: E402
 from models.config import LoraConfig  # noqa: E402
@@ -82,18 +83,7 @@ def bench_decode(args, path, tok, model):
             return hm.generate(ids, attention_mask=mask, max_new_tokens=args.new, min_new_tokens=args.new,
                                do_sample=False, eos_token_id=None, pad_token_id=pad)
 
-    t0 = time.perf_counter()
-    ours(0)
-    first = time.perf_counter() - t0
-    hf(0)
-    t_ours, t_hf = [], []
-    for r in range(args.repeats):
-        t0 = time.perf_counter()
-        gen = ours(r)
-        t_ours.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        out = hf(r)
-        t_hf.append(time.perf_counter() - t0)
+    first, t_ours, t_hf, gen, out = paired_times(ours, hf, args.repeats)
     mo, mh = statistics.median(t_ours), statistics.median(t_hf)
     same = sum(gen.tokens[b].tolist() == out[b, P:].tolist() for b in range(args.batch))
     print(f"[decode greedy] batch {args.batch}, prompts {min(lens)}-{P} tokens, {args.new} new tokens, "
@@ -105,8 +95,6 @@ def bench_decode(args, path, tok, model):
 
 def bench_step(args, path):
     """Median LOPD step time on the SmolLM2 backbone."""
-    from flax import nnx
-
     from benchmarks.bench_train_lengths import make_batch
     from lopd_jax.composer import ComposerConfig
     from lopd_jax.splice import SpliceLayout
