@@ -51,7 +51,7 @@ from lopd_jax.envs import acebench_prompts as prompts
 from lopd_jax.envs.acebench_checker import (MAX_ANSWER_CHARS, AnswerFormatError,
                                             check_call, check_normal, decode_calls, grade,
                                             grade_special, normalize)
-from lopd_jax.envs.base import Environment, TaskSource, check_split
+from lopd_jax.envs.base import Environment, HeldoutTaskSource
 from lopd_jax.types import AssistantTurn, Message, StepResult, Task, ToolSchema
 
 __all__ = ["ENV_ID", "NORMAL_CATEGORIES", "SPECIAL_CATEGORIES", "AGENT_CATEGORIES", "UPSTREAM",
@@ -249,7 +249,7 @@ class ACEBenchEnvironment(Environment):
         return 0.0
 
 
-class ACEBenchTaskSource(TaskSource):
+class ACEBenchTaskSource(HeldoutTaskSource):
     """ACEBench's normal and special categories from ``data_dir`` (``data_en``); all are
     held out. ``limit`` keeps the first N rows of each category, or the first N whole
     conversations of a multi-turn category (smoke runs)."""
@@ -260,17 +260,14 @@ class ACEBenchTaskSource(TaskSource):
                  limit: int | None = None, strict_scalars: bool = False):
         """Load every category now (errors before anything runs)."""
         self.strict_scalars = strict_scalars
-        self._tasks = []
+        self._all = []
         for c in categories:
             tasks = load_category(data_dir, c)
             if limit is not None and "multi_turn" in c:
                 kept = list(dict.fromkeys(conversation_of(t.task_id) for t in tasks))[:limit]
                 tasks = [t for t in tasks if conversation_of(t.task_id) in kept]
-            self._tasks += tasks if limit is None or "multi_turn" in c else tasks[:limit]
+            self._all += tasks if limit is None or "multi_turn" in c else tasks[:limit]
 
-    def tasks(self, split: str) -> list[Task]:
-        """Every loaded task for ``heldout``; none for ``train``."""
-        return list(self._tasks) if check_split(split) == "heldout" else []
 
     def make_env(self) -> Environment:
         """A fresh :class:`ACEBenchEnvironment`."""

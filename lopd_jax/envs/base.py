@@ -448,6 +448,23 @@ class TaskSource(abc.ABC):
                                   f"for task {task.task_id!r}; implement oracle_hint(task)")
 
 
+class HeldoutTaskSource(TaskSource):
+    """An evaluation-only task source: every loaded task is held out, none trains.
+
+    Subclasses fill ``self._all`` (in file order) and implement :meth:`make_env`.
+    """
+
+    _all: list[Task]
+
+    def all_tasks(self) -> list[Task]:
+        """Every loaded task, in file order."""
+        return list(self._all)
+
+    def tasks(self, split: str) -> list[Task]:
+        """All tasks for ``heldout``, none for ``train``."""
+        return list(self._all) if check_split(split) == "heldout" else []
+
+
 class ToolUseEnvironment(Environment):
     """Environment whose tools are calls into some state; implements ``step``.
 

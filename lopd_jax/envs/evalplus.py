@@ -40,7 +40,7 @@ import os
 import threading
 from typing import Any
 
-from lopd_jax.envs.base import TaskSource, check_split
+from lopd_jax.envs.base import HeldoutTaskSource
 from lopd_jax.envs.bench_code import GradedCodeEnvironment, read_rows, require
 from lopd_jax.envs.code import hide_paths
 from lopd_jax.envs.code_grading import _results_or_failure, humaneval_body
@@ -279,7 +279,7 @@ def grade(payload: dict[str, Any], code: str, cfg: SandboxConfig
 # ---------------------------------------------------------------------------------------
 # Task source.
 
-class EvalPlusTaskSource(TaskSource):
+class EvalPlusTaskSource(HeldoutTaskSource):
     """HumanEval+ / MBPP+ problems from an EvalPlus release file (evaluation only: every
     task is in "heldout").
 
@@ -300,15 +300,6 @@ class EvalPlusTaskSource(TaskSource):
         self._all = [Task(task_id=p["task_id"], env_id=ENV_ID,
                           instruction=evalplus_instruction(p["prompt"]),
                           family=f"{p['dataset']}_plus", payload=p) for p in self.payloads]
-
-    def all_tasks(self) -> list[Task]:
-        """Every problem, in file order."""
-        return list(self._all)
-
-    def tasks(self, split: str) -> list[Task]:
-        """All problems for "heldout", none for "train"."""
-        check_split(split)
-        return list(self._all) if split == "heldout" else []
 
     def make_env(self) -> GradedCodeEnvironment:
         """A fresh environment grading with :func:`grade`."""

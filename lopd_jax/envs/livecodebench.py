@@ -41,7 +41,7 @@ import zlib
 from decimal import Decimal, InvalidOperation
 from typing import Any, Iterable
 
-from lopd_jax.envs.base import TaskSource, check_split
+from lopd_jax.envs.base import HeldoutTaskSource
 from lopd_jax.envs.bench_code import GradedCodeEnvironment, read_rows, require
 from lopd_jax.envs.code import hide_paths
 from lopd_jax.envs.code_grading import _results_or_failure
@@ -259,7 +259,7 @@ def _in_window(date: str, window: tuple[str, str] | None) -> bool:
     return window is None or window[0] <= date < window[1]
 
 
-class LiveCodeBenchTaskSource(TaskSource):
+class LiveCodeBenchTaskSource(HeldoutTaskSource):
     """LiveCodeBench problems from ``code_generation_lite`` JSONL files (evaluation only).
 
     Args:
@@ -298,15 +298,6 @@ class LiveCodeBenchTaskSource(TaskSource):
                     family=f"livecodebench/{payload['difficulty']}", payload=payload))
         self._all = self._all[:limit]
         self.sandbox = hide_paths(sandbox or SandboxConfig(timeout_s=30.0), self.paths)
-
-    def all_tasks(self) -> list[Task]:
-        """Every problem of the window, in file order."""
-        return list(self._all)
-
-    def tasks(self, split: str) -> list[Task]:
-        """All problems for "heldout", none for "train"."""
-        check_split(split)
-        return list(self._all) if split == "heldout" else []
 
     def make_env(self) -> GradedCodeEnvironment:
         """A fresh environment grading with :func:`grade`."""
