@@ -1,43 +1,29 @@
 """Length-bucketed training steps equal the padded steps on the same trajectories
 (LOPD with latents, top-M, margin and anchor; GRPO), the pass plan, the settings."""
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
-from lopd_jax.composer import ComposerConfig
 from lopd_jax.config import ConfigError
 from lopd_jax.length_model import LengthConfig, pass_tokens, plan_passes, sample_lengths
 from lopd_jax.overrides import apply_overrides, load_config
 from lopd_jax.splice import SpliceLayout
-from models.config import LoraConfig, named_config
-from models.decoder import Decoder
 from train import mesh as mesh_lib
 from train.bucketed_steps import (BucketedGRPOStep, BucketedLOPDStep, bucketed_batch, grpo_bucketed_batch,
                                   row_lengths)
 from train.steps import grpo_loss, lopd_loss, lopd_update
 from train.system import LOPDSystem, StepConfig
 
-COMPOSER = ComposerConfig(num_latents=3, depth=2, n_ret=2, lora=LoraConfig(rank=4, alpha=8.0))
+from test_lopd_step import COMPOSER, _backbone  # the same perturbed tiny Qwen3 backbone
+
 LAYOUT = SpliceLayout(before_ids=(11, 12, 13), after_ids=(14, 15), num_slots=6, slot_id=7)
 B, S, LE, G = 8, 32, 9, 4
 LENGTHS = np.array([32, 7, 18, 12, 27, 9, 20, 5])  # rows of every bucket, in mixed order
 BUCKETS = (20, 32)
 SHARD_TOKENS = 64  # 2 rows of 32 or 3 of 20 per shard and pass: two pass shapes per plan
-
-
-def _backbone(seed=0):
-    model = Decoder(named_config("tiny_qwen3", lora=COMPOSER.lora), rngs=nnx.Rngs(seed))
-    state = nnx.state(model, nnx.Param)
-    leaves, tree = jax.tree.flatten(state)
-    keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
-    nnx.update(model, jax.tree.unflatten(tree, [x + 0.05 * jax.random.normal(k, x.shape)
-                                                for x, k in zip(leaves, keys)]))
-    return model
 
 
 def _batch(seed=0):

@@ -18,15 +18,10 @@ from models import from_pretrained, load_peft_adapter, save_peft_adapter, save_p
 from models.config import LoraConfig, named_config
 from models.hf_config import UnsupportedConfigError, from_hf_config, to_hf_config
 
+from test_hf_io import _hf_logits, _maxerr, _ours
+from test_hf_parity import V, _ids_mask  # B, S, V = 2, 13, 128 and the right-padded second row
+
 TOL = 1e-4
-B, S, V = 2, 13, 128
-
-
-def _ids_mask():
-    ids = np.random.RandomState(0).randint(0, V, (B, S))
-    mask = np.ones((B, S), bool)
-    mask[1, 9:] = False  # right padding in the second row
-    return ids, mask
 
 
 def _llama(**kw):
@@ -42,19 +37,6 @@ CASES = {
     "untied_mha_head_dim": lambda: _llama(tie_word_embeddings=False, num_key_value_heads=6, head_dim=12,
                                           rope_theta=10_000.0),
 }
-
-
-def _hf_logits(hm, ids, mask):
-    with torch.no_grad():
-        return hm(torch.tensor(ids), attention_mask=torch.tensor(mask.astype(np.int64))).logits.float().numpy()
-
-
-def _ours(model, ids, mask, **kw):
-    return np.asarray(model(jnp.asarray(ids), attention_mask=jnp.asarray(mask), **kw))
-
-
-def _err(a, b, mask):
-    return float(np.abs(a - b)[mask].max())
 
 
 @pytest.fixture(scope="module")
@@ -82,14 +64,14 @@ def test_parity_plain(built, name):
     cfg = model.cfg
     assert cfg.family == "llama" and cfg.qk_norm == "none" and cfg.norm_placement == "pre"
     assert not hasattr(model, "q_norm") and not hasattr(model, "k_norm")
-    assert _err(_ours(model, ids, mask), ref, mask) <= TOL
+    assert _maxerr(_ours(model, ids, mask), ref, mask) <= TOL
 
 
 def test_parity_blockwise_and_config_fields(built):
     path, ref = built["tied_gqa"]
     ids, mask = _ids_mask()
     model = from_pretrained(path, attention_impl="blockwise", attention_block_q=4, attention_block_kv=4)
-    assert _err(_ours(model, ids, mask), ref, mask) <= TOL
+    assert _maxerr(_ours(model, ids, mask), ref, mask) <= TOL
     cfg = model.cfg
     assert cfg.rope_by_type["full_attention"].theta == 1e5 and cfg.rms_norm_eps == 1e-5
     assert cfg.tie_word_embeddings and not hasattr(model, "lm_head")
@@ -123,7 +105,7 @@ def test_export_roundtrip(built, tmp_path, name):
     assert written["architectures"] == ["LlamaForCausalLM"] and "q_norm" not in str(written)
     hm = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "export")).eval()
     assert type(hm).__name__ == "LlamaForCausalLM"
-    assert _err(_hf_logits(hm, ids, mask), ref, mask) <= TOL
+    assert _maxerr(_hf_logits(hm, ids, mask), ref, mask) <= TOL
     again = from_pretrained(tmp_path / "export")
     assert again.cfg == model.cfg
 
@@ -139,14 +121,14 @@ def test_peft_adapter_roundtrip(built, tmp_path):
         b = getattr(model, f"lora_{t}_b")
         b.set_value(jnp.asarray(rng.normal(0, 0.05, b.shape).astype(np.float32)))
     ours_lora = _ours(model, ids, mask, lora=True)
-    assert _err(ours_lora, _ours(model, ids, mask), mask) > 1e-3  # the adapter does something
+    assert _maxerr(ours_lora, _ours(model, ids, mask), mask) > 1e-3  # the adapter does something
     save_peft_adapter(model, tmp_path / "adapter", base_model_name_or_path=path)
     pm = PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(path),
                                    str(tmp_path / "adapter")).eval()
-    assert _err(_hf_logits(pm, ids, mask), ours_lora, mask) <= TOL
+    assert _maxerr(_hf_logits(pm, ids, mask), ours_lora, mask) <= TOL
     fresh = from_pretrained(path, lora=LoraConfig(rank=4, alpha=8.0), lora_seed=5)
     load_peft_adapter(fresh, tmp_path / "adapter")
-    assert _err(_ours(fresh, ids, mask, lora=True), ours_lora, mask) == 0.0
+    assert _maxerr(_ours(fresh, ids, mask, lora=True), ours_lora, mask) == 0.0
 
 
 def test_named_configs_and_errors():
