@@ -33,6 +33,15 @@ import os
 import time
 from typing import Any, Callable, Sequence
 
+from lopd_jax import files
+from lopd_jax.envs.acebench import (NORMAL_CATEGORIES, SPECIAL_CATEGORIES, UPSTREAM, ACEBenchTaskSource,
+                                    aggregate, aggregate_counts)
+from lopd_jax.envs.bfcl import CATEGORIES, BFCLTaskSource
+from lopd_jax.envs.code import HumanEvalTaskSource
+from lopd_jax.envs.envscaler import EnvScalerTaskSource
+from lopd_jax.envs.evalplus import EvalPlusTaskSource
+from lopd_jax.envs.livecodebench import LiveCodeBenchTaskSource
+
 TABLES = {"tool_use": "Table 1: tool use", "code": "Table 2: code"}
 SUITES = ("tool_use", "code", "all")
 # The paper configs' decoding (docs/release_parity.md item 2): Qwen3 thinking on, 10,000 new
@@ -73,7 +82,6 @@ def _find(data_dir: str, patterns: Sequence[str], where: str) -> str:
 
 def _evalplus(prefix: str, where: str):
     def build(data_dir: str, limit: int | None):
-        from lopd_jax.envs.evalplus import EvalPlusTaskSource
         return EvalPlusTaskSource(_find(data_dir, [f"{prefix}*.jsonl.gz", f"{prefix}*.jsonl"], where),
                                   limit=limit)
     return build
@@ -81,7 +89,6 @@ def _evalplus(prefix: str, where: str):
 
 def _lcb(window: str):
     def build(data_dir: str, limit: int | None):
-        from lopd_jax.envs.livecodebench import LiveCodeBenchTaskSource
         folder = os.path.join(data_dir, "livecodebench")
         if not glob.glob(os.path.join(folder, "test*.jsonl")):
             raise MissingData(os.path.join(folder, "test*.jsonl"),
@@ -91,19 +98,16 @@ def _lcb(window: str):
 
 
 def _humaneval(data_dir: str, limit: int | None):
-    from lopd_jax.envs.code import HumanEvalTaskSource
     source = HumanEvalTaskSource()
     source._all = source._all[:limit]
     return source
 
 
 def _bfcl(data_dir: str, limit: int | None):
-    from lopd_jax.envs.bfcl import CATEGORIES, BFCLTaskSource
     return BFCLTaskSource(categories=CATEGORIES, reward_mode="all", limit=limit)
 
 
 def _envscaler(data_dir: str, limit: int | None):
-    from lopd_jax.envs.envscaler import EnvScalerTaskSource
     folder = os.path.join(data_dir, "envscaler")
     heldout = _find(folder, ["tasks_heldout.jsonl", "tasks_heldout.json"],
                     "the EnvScaler release (scenario files in EnvScaler format; see docs/evaluation.md)")
@@ -117,8 +121,6 @@ def _envscaler(data_dir: str, limit: int | None):
 
 
 def _acebench(data_dir: str, limit: int | None):
-    from lopd_jax.envs.acebench import (NORMAL_CATEGORIES, SPECIAL_CATEGORIES, UPSTREAM,
-                                        ACEBenchTaskSource)
     folder = os.path.join(data_dir, "acebench")
     for c in NORMAL_CATEGORIES + SPECIAL_CATEGORIES:
         for path in (os.path.join(folder, f"data_{c}.json"),
@@ -137,7 +139,6 @@ ACEBENCH_AGENT_REASON = (
 def _acebench_row(row: dict) -> dict:
     """ACEBench's row: upstream's per-category accuracies (multi-turn conversations count
     only when every turn passes), no Table 1 score (the agent categories are missing)."""
-    from lopd_jax.envs.acebench import aggregate, aggregate_counts
     per_category = aggregate(row["tasks"])
     return {**row, "status": "partial", "reason": ACEBENCH_AGENT_REASON, "score": None,
             "per_category": per_category, "category_counts": aggregate_counts(row["tasks"]),
@@ -240,8 +241,6 @@ def suite_benchmarks(suite: str) -> list[Benchmark]:
 
 def write_report(report: dict[str, Any], out_dir: str) -> tuple[str, str]:
     """Write ``report.json`` and ``report.md`` into ``out_dir``; returns their paths."""
-    from lopd_jax import files
-
     json_path, md_path = files.join(out_dir, "report.json"), files.join(out_dir, "report.md")
     files.write_text(json_path, json.dumps(report, indent=2))
     files.write_text(md_path, render_markdown(report))
