@@ -14,6 +14,7 @@ from lopd_jax.config import (BankSection, CheckpointSection, EnvSection, ModelSe
 from lopd_jax.defaults import MARGIN, TOP_M
 from lopd_jax.length_model import LengthConfig
 from models.config import LoraConfig
+from train.engine import EngineConfig
 from train.mesh import MeshConfig
 from train.system import StepConfig
 
@@ -49,6 +50,11 @@ def paper_config(name: str, *, source: str = "envscaler", workdir: str,
         # first turns of 6,000-10,000 tokens), 40,960 in total
         rollout=RolloutSection(temperature=0.7, top_p=0.95, top_k=20, max_env_steps=30,
                                max_turn_tokens=10_000, max_total_tokens=40_960, enable_thinking=True),
+        # the rollout engine per host of v5p-32 (4 hosts x 4 chips): 64 slots each (256 in all),
+        # 128-token pages, a pool of 4,096 pages (524,288 live tokens per host: 8,192 per slot on
+        # average; a longer tail waits or is preempted and recomputed), 16 decode steps per call
+        engine=EngineConfig(slots=64, page_size=128, num_pages=4096, decode_chunk=16, prefill_chunk=512,
+                            max_in_flight=0, env_workers=16),
         # 1,600 rollouts at B = 32 is the paper's horizon (SPEC 8)
         stages=StagesSection(warmup_steps=0, cold_start_steps=1000, cold_start_batch=8, lopd_steps=50,
                              eval_tasks=None, eval_every=10),

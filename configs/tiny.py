@@ -15,6 +15,7 @@ from lopd_jax.composer import ComposerConfig
 from lopd_jax.config import (BankSection, CheckpointSection, EnvSection, ModelSection, RolloutSection,
                              StagesSection, TrainConfig)
 from models.config import LoraConfig
+from train.engine import EngineConfig
 from train.mesh import MeshConfig
 from train.system import StepConfig
 
@@ -33,6 +34,10 @@ CONFIG = TrainConfig(
                                                "tool_descriptions": False},
                    tasks_per_step=8, group_size=1),
     rollout=RolloutSection(max_env_steps=4, max_turn_tokens=96, max_total_tokens=512),
+    # 8 slots = one step's rollouts; 16-token pages keep the compiled page widths few (1..32 pages);
+    # the synthetic environments answer in microseconds, so they run on the engine's thread
+    engine=EngineConfig(slots=8, page_size=16, num_pages=0, decode_chunk=8, prefill_chunk=128, max_in_flight=0,
+                        env_workers=0),
     # all 36 held-out tasks (4 per family) at every evaluation
     stages=StagesSection(warmup_steps=160, warmup_batch=8, warmup_lr=5e-3, cold_start_steps=30,
                          cold_start_batch=4, lopd_steps=24, eval_tasks=None, eval_every=8),

@@ -9,7 +9,8 @@ Named configs (``configs/<name>.py``) and ``dotted.key=value`` overrides are rea
 
 Sections reuse the project's own dataclasses where one exists (``steps`` is
 :class:`train.system.StepConfig`, ``mesh`` is :class:`train.mesh.MeshConfig`,
-``composer`` is :class:`lopd_jax.composer.ComposerConfig`), so the loop passes them on
+``composer`` is :class:`lopd_jax.composer.ComposerConfig`, ``engine`` is
+:class:`train.engine.EngineConfig`), so the loop passes them on
 unchanged; ``rollout`` extends :class:`train.sampler.SamplingParams` and
 :class:`train.rollout.RolloutConfig`, ``bank`` extends :class:`lopd_jax.bank.BankSettings`,
 so each setting's name, type and default are written once. ``logits_chunk`` lives in
@@ -34,6 +35,7 @@ from lopd_jax.bank import BankConfig, BankSettings
 from lopd_jax.composer import ComposerConfig
 from lopd_jax.length_model import LengthConfig
 from models.config import ATTENTION_IMPLS, REMAT_POLICIES
+from train.engine import EngineConfig
 from train.mesh import MeshConfig
 from train.rollout import RolloutConfig
 from train.sampler import SamplingParams
@@ -294,6 +296,7 @@ class TrainConfig:
     bank: BankSection = BankSection()
     env: EnvSection = EnvSection()
     rollout: RolloutSection = RolloutSection()
+    engine: EngineConfig = EngineConfig()  # the rollout engine: slots, pages, decode chunk (train.engine)
     stages: StagesSection = StagesSection()
     checkpoint: CheckpointSection = CheckpointSection()
     arm: Literal[ARMS] = "lopd"  # the training stage's algorithm (lopd_jax.arm_config)

@@ -20,12 +20,13 @@ CONFIG_FILE = "config.json"
 
 # Keys a resumed run may change: lengths, schedules, I/O and memory layout (restore
 # reshards onto any mesh; remat / attention blocking / logits chunking / micro-batching /
-# length buckets change no number beyond fp32 summation order).
+# length buckets change no number beyond fp32 summation order; the rollout engine's
+# slots, pages and chunks change no sampled token).
 RESUME_MUTABLE = (
     "workdir", "stages.lopd_steps", "stages.eval_every", "stages.eval_tasks",
     "checkpoint.*", "mesh.*", "rollout.env_workers", "model.remat_policy",
     "model.attention_impl", "model.attention_block_q", "model.attention_block_kv",
-    "steps.logits_chunk", "steps.micro_batch", "lengths.*",
+    "steps.logits_chunk", "steps.micro_batch", "lengths.*", "engine.*",
 )
 
 

@@ -55,28 +55,35 @@ __all__ = ["Engine", "EngineConfig", "EpisodeResult", "EpisodeSpec"]
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
-    """Engine settings.
+    """Engine settings (the run config's ``engine`` section).
 
-    ``slots``: decode rows on the device; ``page_size``: tokens per KV page (64-128 on TPU);
-    ``num_pages``: pages in the pool (0 = enough for every slot at ``max_total`` tokens);
-    ``decode_chunk``: decode steps per device call; ``env_workers``: environment threads;
-    ``prefill_chunk``: tokens per row per prefill call (longer chunks take several calls).
+    ``slots``: decode rows on the device (per process); ``page_size``: tokens per KV page
+    (64-128 on TPU); ``num_pages``: pages in the pool (per process; 0 = enough for every
+    slot at the episode cap); ``decode_chunk``: decode steps per device call (K);
+    ``prefill_chunk``: tokens per row per prefill call (longer chunks take several calls);
+    ``max_in_flight``: episodes started and not finished at once (0 = no limit: every
+    episode of a rollout may hold pages); ``env_workers``: threads running environment
+    steps (0 = on the engine's own thread, between device calls).
     Compiled variants: one prefill and one decode per power-of-two count of pages read.
+    None of these settings changes a sampled token (see the module docstring).
     """
 
     slots: int = 8
     page_size: int = 64
     num_pages: int = 0
     decode_chunk: int = 16
-    env_workers: int = 4
     prefill_chunk: int = 256
+    max_in_flight: int = 0
+    env_workers: int = 4
 
     def __post_init__(self):
-        for name in ("slots", "page_size", "decode_chunk", "env_workers", "prefill_chunk"):
+        for name in ("slots", "page_size", "decode_chunk", "prefill_chunk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.num_pages < 0:
-            raise ValueError(f"EngineConfig.num_pages must be >= 0 (0 = sized from the slots), got {self.num_pages}")
+        for name, what in (("num_pages", "0 = sized from the slots"), ("max_in_flight", "0 = no limit"),
+                           ("env_workers", "0 = on the engine's thread")):
+            if getattr(self, name) < 0:
+                raise ValueError(f"EngineConfig.{name} must be >= 0 ({what}), got {getattr(self, name)}")
 
 
 @dataclasses.dataclass
@@ -139,6 +146,18 @@ def _sample_rows(logits, keys, temperature, top_p, top_k: int, greedy: bool):
         return sample_logits(logits, keys[0], temperature, top_p, top_k, greedy=True)
     one = lambda l, k: tuple(x[0] for x in sample_logits(l[None], k, temperature, top_p, top_k, greedy=False))
     return jax.vmap(one)(logits, keys)
+
+
+def _submit(pool, fn, *args) -> concurrent.futures.Future:
+    """``fn(*args)`` on ``pool``, or right here (a finished future) when there is no pool."""
+    if pool is not None:
+        return pool.submit(fn, *args)
+    fut: concurrent.futures.Future = concurrent.futures.Future()
+    try:
+        fut.set_result(fn(*args))
+    except Exception as exc:  # delivered through the future, as a pool would
+        fut.set_exception(exc)
+    return fut
 
 
 def _keys(rng, eids, pos):
@@ -322,7 +341,7 @@ class Engine:
         m = collections.Counter()
         admitted = 0
         t0 = time.perf_counter()
-        pool = concurrent.futures.ThreadPoolExecutor(cfg.env_workers)
+        pool = concurrent.futures.ThreadPoolExecutor(cfg.env_workers) if cfg.env_workers else None
 
         def end_turn(ep: _Ep):
             slots[ep.slot] = None
@@ -334,7 +353,7 @@ class Engine:
             ep.result.raw_logprobs.append(raws)
             ep.ctx.extend(ep.turn)
             ep.turn, ep.lps, ep.raws = [], [], []
-            futures[pool.submit(ep.spec.step, ids, lps, raws)] = ep
+            futures[_submit(pool, ep.spec.step, ids, lps, raws)] = ep
 
         def finish_env(fut, ep: _Ep):
             try:
@@ -436,7 +455,8 @@ class Engine:
                             raise RuntimeError("the page pool cannot hold the next episode")  # unreachable: checked
                         preempt(max(holders, key=lambda e: e.admitted))
         finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
         m["peak_pages"] = self._peak
         m["num_pages"] = self._num_pages
         m["wall_s"] = time.perf_counter() - t0
