@@ -1,7 +1,8 @@
 """Chat formats by family, chosen by configuration: ``make_chat_format("qwen3", tokenizer)``.
 
 The interface and the token-in-token-out helpers live in :mod:`lopd_jax.chat_base`; the
-families in :mod:`lopd_jax.chat_qwen3` and :mod:`lopd_jax.chat_olmo3`. A typical rollout::
+families in :mod:`lopd_jax.chat_qwen3`, :mod:`lopd_jax.chat_olmo3` and
+:mod:`lopd_jax.chat_chatml` (the Llama family: SmolLM2's ChatML). A typical rollout::
 
     fmt = make_chat_format(cfg.chat_format, tokenizer, enable_thinking=False)
     traj = TokenTrajectory()
@@ -23,12 +24,14 @@ from typing import Any
 
 from lopd_jax.chat_base import (ChatFormat, LatentBlock, LatentFraming, TokenTrajectory,
                                 split_thinking)
+from lopd_jax.chat_chatml import ChatMLChatFormat
 from lopd_jax.chat_olmo3 import Olmo3ChatFormat
 from lopd_jax.chat_qwen3 import Qwen3ChatFormat
 
 CHAT_FORMATS: dict[str, type[ChatFormat]] = {
     Qwen3ChatFormat.family: Qwen3ChatFormat,
     Olmo3ChatFormat.family: Olmo3ChatFormat,
+    ChatMLChatFormat.family: ChatMLChatFormat,
 }
 """Registered chat formats by family name (the ``chat_format`` config value)."""
 
@@ -46,5 +49,5 @@ def make_chat_format(family: str, tokenizer: Any, **options: Any) -> ChatFormat:
     return cls(tokenizer, **options)
 
 
-__all__ = ["CHAT_FORMATS", "ChatFormat", "LatentBlock", "LatentFraming", "Olmo3ChatFormat",
+__all__ = ["CHAT_FORMATS", "ChatFormat", "ChatMLChatFormat", "LatentBlock", "LatentFraming", "Olmo3ChatFormat",
            "Qwen3ChatFormat", "TokenTrajectory", "make_chat_format", "split_thinking"]

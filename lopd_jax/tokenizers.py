@@ -27,6 +27,7 @@ from tokenizers import pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from lopd_jax.chat_templates import OLMO3_CHAT_TEMPLATE, QWEN3_CHAT_TEMPLATE
+from models.gguf import gguf_tokenizer, is_gguf_path
 
 # Qwen2/Qwen3 pre-tokenizer split (single digits, unlike cl100k's \p{N}{1,3}).
 QWEN_PRETOKENIZE_REGEX = (
@@ -262,13 +263,17 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".msgpack", ".h5", ".g
 def hf_tokenizer(path: str | os.PathLike):
     """``transformers.AutoTokenizer`` of a Hugging Face checkpoint directory, local or a URL
     (``gs://``): a URL's non-weight files (tokenizer, chat template and config files) are
-    first copied into a temporary directory, since ``transformers`` reads local files only."""
+    first copied into a temporary directory, since ``transformers`` reads local files only.
+    A local ``.gguf`` file gives the tokenizer and chat template stored in it
+    (:func:`models.gguf.gguf_tokenizer`)."""
     import transformers
 
     from lopd_jax.files import download_dir
     from lopd_jax.paths import is_url
 
     path = os.fspath(path)
+    if is_gguf_path(path):
+        return gguf_tokenizer(path)  # the tokenizer and chat template stored in the file
     if not is_url(path):
         return transformers.AutoTokenizer.from_pretrained(path)
     with tempfile.TemporaryDirectory(prefix="lopd_hf_tokenizer-") as tmp:

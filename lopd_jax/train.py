@@ -20,6 +20,7 @@ consecutive steps had non-finite gradients).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Sequence
 
@@ -87,6 +88,32 @@ def resolve_paths(cfg):
         bank=dataclasses.replace(cfg.bank, path=r(cfg.bank.path), embedder_path=r(cfg.bank.embedder_path)))
 
 
+def check_checkpoint_path(path: str) -> None:
+    """ConfigError unless ``model.hf_path`` = ``path`` is a Hugging Face checkpoint directory
+    (local or ``gs://``, with a config.json) or a local llama.cpp ``.gguf`` file (checked by
+    its magic bytes; the architecture and tensor types are checked when it is opened)."""
+    from lopd_jax.config import ConfigError
+    from models.gguf import is_gguf_path
+
+    if is_gguf_path(path):
+        if not os.path.isfile(path):
+            raise ConfigError(f"model.hf_path={path!r}: no such GGUF file; point it at a local .gguf file "
+                              "(e.g. `make smollm2` prints SmolLM2's) or at a Hugging Face checkpoint directory.")
+        with open(path, "rb") as f:
+            magic = f.read(4)
+        if magic != b"GGUF":
+            raise ConfigError(f"model.hf_path={path!r} ends in .gguf but is not a GGUF file (it starts with "
+                              f"{magic!r}, not b'GGUF'); give a llama.cpp GGUF file or a checkpoint directory.")
+        return
+    if not _exists(path):
+        raise ConfigError(f"model.hf_path={path!r}: no such checkpoint directory; point it at a Hugging Face "
+                          "checkpoint (local dir or gs://), a local .gguf file, or set model.hf_path=none for a "
+                          "random-init model.name.")
+    if not _exists(_join(path, "config.json")):
+        raise ConfigError(f"model.hf_path={path!r} has no config.json; is it a Hugging Face checkpoint? "
+                          "(a llama.cpp file must end in .gguf)")
+
+
 def resolve_config(argv: Sequence[str] | None = None):
     """The validated :class:`lopd_jax.config.TrainConfig` for ``argv``; ConfigError on problems."""
     from lopd_jax.config import ConfigError
@@ -97,11 +124,8 @@ def resolve_config(argv: Sequence[str] | None = None):
     overrides = list(args.overrides) + ([f"workdir={args.workdir}"] if args.workdir else [])
     cfg = resolve_data_paths(resolve_paths(apply_overrides(cfg, overrides)))
     m, b = cfg.model, cfg.bank
-    if m.hf_path and not _exists(m.hf_path):
-        raise ConfigError(f"model.hf_path={m.hf_path!r}: no such checkpoint directory; point it at a Hugging Face "
-                          "checkpoint (local dir or gs://) or set model.hf_path=none for a random-init model.name.")
-    if m.hf_path and not _exists(_join(m.hf_path, "config.json")):
-        raise ConfigError(f"model.hf_path={m.hf_path!r} has no config.json; is it a Hugging Face checkpoint?")
+    if m.hf_path:
+        check_checkpoint_path(m.hf_path)
     if b.embedder_path and not _exists(b.embedder_path):
         raise ConfigError(f"bank.embedder_path={b.embedder_path!r}: no such embedder checkpoint.")
     if b.path and not _exists(b.path):

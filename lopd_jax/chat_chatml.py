@@ -1,0 +1,144 @@
+"""Plain ChatML, the chat format of the Llama family's SmolLM2 instruct models.
+
+SmolLM2-135M-Instruct's template (stored in its GGUF file) knows only roles and text::
+
+    <|im_start|>{role}\\n{content}<|im_end|>\\n ... <|im_start|>assistant\\n
+
+with a default system turn ("You are a helpful AI assistant named SmolLM, trained by
+Hugging Face") when the conversation does not start with one. It has no tool convention,
+so this format adds one inside the text and keeps the template for the rest:
+
+* tool schemas go into the system turn (after the system text, or after the default one),
+  as a ``<tools>`` list of JSON schemas with the instruction to answer with
+  ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``;
+* an assistant turn's calls are appended to its text as such blocks, one per line;
+* tool results are ``tool`` turns.
+
+:meth:`ChatMLChatFormat.plain_messages` performs exactly that rewrite; the rendering is then
+the template's own (``tests/test_chat_template_parity.py`` checks it against
+``apply_chat_template`` with the file's template). A run with the checkpoint's template
+(``model.hf_path``) renders the rewritten messages through ``transformers``.
+
+In SmolLM2's vocabulary ``<tool_call>`` is ordinary text (several tokens), so only the ChatML
+markers are required special tokens; the latent slot falls back to ``<empty_output>``, a
+special token the instruct model never writes.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from lopd_jax.call_limits import load_json
+from lopd_jax.chat_base import ChatFormat, call_from_json, message_text, scan_blocks, tojson
+from lopd_jax.types import AssistantTurn, Message, ToolSchema
+
+DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+"""The system text SmolLM2's template inserts when the first message is not a system one."""
+
+TOOLS_INTRO = ("You can call functions. Their signatures are given within <tools></tools> "
+               "XML tags:\n<tools>")
+TOOLS_OUTRO = ("\n</tools>\n\nTo call a function, answer with a JSON object with the function "
+               "name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+               "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>")
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def tool_call_text(call: dict) -> str:
+    """One call (``{"name", "arguments"}``, or the HF ``{"function": {...}}`` form) as a block."""
+    call = call.get("function") or call
+    args = call.get("arguments", {})
+    args_text = args if isinstance(args, str) else tojson(args)
+    return '<tool_call>\n{"name": "' + call["name"] + '", "arguments": ' + args_text + "}\n</tool_call>"
+
+
+class ChatMLChatFormat(ChatFormat):
+    """SmolLM2's ChatML, with tool calls as ``<tool_call>`` JSON blocks in the text.
+
+    No thinking mode (``enable_thinking`` is accepted and ignored: the template has none).
+    """
+
+    family = "llama"
+    end_of_turn_token = "<|im_end|>"
+    stop_tokens = ("<|im_end|>", "<|endoftext|>")
+    fallback_latent_token = "<empty_output>"
+    format_tokens = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
+
+    @staticmethod
+    def plain_messages(messages: Sequence[Message],
+                       tools: Sequence[ToolSchema] | None = None) -> list[dict[str, str]]:
+        """``messages`` as role/content pairs the plain template renders: tool schemas in
+        the system turn, each assistant turn's calls as ``<tool_call>`` blocks in its text."""
+        out = []
+        for i, m in enumerate(messages):
+            role = m.get("role")
+            if role not in ROLES:
+                raise ValueError(f"ChatML chat format: unknown role {role!r} in message {i}; use one of {ROLES}")
+            content = message_text(m)
+            if role == "assistant" and m.get("tool_calls"):
+                calls = "\n".join(tool_call_text(c) for c in m["tool_calls"])
+                content = content + "\n" + calls if content else calls
+            out.append({"role": role, "content": content})
+        if tools:
+            if out and out[0]["role"] == "system":
+                system, rest = out[0]["content"], out[1:]
+            else:
+                system, rest = DEFAULT_SYSTEM, out
+            schemas = "".join("\n" + tojson(t) for t in tools)
+            out = [{"role": "system", "content": system + "\n\n" + TOOLS_INTRO + schemas + TOOLS_OUTRO}, *rest]
+        return out
+
+    def generation_prompt(self) -> str:
+        """The assistant header that generation continues from."""
+        return "<|im_start|>assistant\n"
+
+    @staticmethod
+    def _turns(messages: Sequence[dict[str, str]]) -> str:
+        return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+
+    def render(self, messages: Sequence[Message], tools: Sequence[ToolSchema] | None = None,
+               *, add_generation_prompt: bool = False,
+               enable_thinking: bool | None = None) -> str:
+        """The conversation as SmolLM2's template renders :meth:`plain_messages`."""
+        if not messages:
+            raise ValueError("render needs at least one message")
+        plain = self.plain_messages(messages, tools)
+        head = "" if plain[0]["role"] == "system" else f"<|im_start|>system\n{DEFAULT_SYSTEM}<|im_end|>\n"
+        return head + self._turns(plain) + (self.generation_prompt() if add_generation_prompt else "")
+
+    def render_observation(self, messages: Sequence[Message], *,
+                           enable_thinking: bool | None = None) -> str:
+        """``\\n`` + the tool / user turns + the next generation prompt."""
+        return self.turn_separator + self._turns(self.plain_messages(messages)) + self.generation_prompt()
+
+    def prompt_ids(self, messages: Sequence[Message],
+                   tools: Sequence[ToolSchema] | None = None, *,
+                   enable_thinking: bool | None = None) -> list[int]:
+        """Ids of the conversation and the generation prompt; with the checkpoint's template,
+        that template applied to :meth:`plain_messages` (it has no ``tools`` argument)."""
+        if self.use_tokenizer_template:
+            text = self.tokenizer.apply_chat_template(self.plain_messages(messages, tools), tokenize=False,
+                                                      add_generation_prompt=True)
+            return self.encode(text)
+        return self.encode(self.render(messages, tools, add_generation_prompt=True))
+
+    def parse_assistant(self, text: str) -> AssistantTurn:
+        """Visible content and ``<tool_call>`` JSON calls of one generated turn.
+
+        Never raises: a malformed or over-limit block (:mod:`lopd_jax.call_limits`) is a
+        parse error naming what was wrong.
+        """
+        outside, bodies, errors = scan_blocks(text, "<tool_call>", "</tool_call>")
+        calls = []
+        for k, body in enumerate(bodies):
+            where = f"<tool_call> block {k + 1}"
+            if not body.strip():
+                errors.append(f"{where}: empty block")
+                continue
+            obj, error = load_json(body, where)
+            if error is None:
+                call, error = call_from_json(obj, where)
+            if error:
+                errors.append(error)
+            else:
+                calls.append(call)
+        return AssistantTurn(raw=text, content=outside.strip(), tool_calls=calls, parse_errors=errors)
