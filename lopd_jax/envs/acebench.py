@@ -37,8 +37,10 @@ Grading (our implementation of upstream's ``eval_main.py`` / ``model_eval/checke
   (``..._<conv>_<item>``) 1 only when all its rows pass, as upstream's
   ``multiplt_turn_accuracy``.
 
-The agent categories (``data_agent_multi_step.json``, ``data_agent_multi_turn.json``) need
-upstream's scenario classes and a simulated user; they are not implemented here.
+The agent categories (``agent_multi_step``, ``agent_multi_turn``: multi-step episodes on
+upstream's scenario classes, graded on the end state and milestones, with a simulated user
+for multi-turn) are in :mod:`lopd_jax.envs.acebench_agent`; :class:`ACEBenchTaskSource`
+loads them beside the others and :class:`ACEBenchEnvironment` hands their episodes over.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ import os
 from typing import Any, Sequence
 
 from lopd_jax.envs import acebench_prompts as prompts
+from lopd_jax.envs.acebench_agent import (AGENT_CATEGORIES, ACEBenchAgentEnvironment, UserSimulator,
+                                          load_agent_category)
 from lopd_jax.envs.acebench_checker import (MAX_ANSWER_CHARS, AnswerFormatError,
                                             check_call, check_normal, decode_calls, grade,
                                             grade_special, normalize)
@@ -57,7 +61,8 @@ from lopd_jax.types import AssistantTurn, Message, StepResult, Task, ToolSchema
 __all__ = ["ENV_ID", "NORMAL_CATEGORIES", "SPECIAL_CATEGORIES", "AGENT_CATEGORIES", "UPSTREAM",
            "MAX_ANSWER_CHARS", "AnswerFormatError", "check_call", "check_normal", "decode_calls",
            "grade", "grade_special", "normalize", "load_category", "conversation_of",
-           "aggregate", "aggregate_counts", "ACEBenchEnvironment", "ACEBenchTaskSource"]
+           "aggregate", "aggregate_counts", "ACEBenchEnvironment", "ACEBenchTaskSource", "load_agent_category",
+           "UserSimulator"]
 
 ENV_ID = "acebench"
 NORMAL_CATEGORIES = (
@@ -66,7 +71,6 @@ NORMAL_CATEGORIES = (
     "normal_preference", "normal_atom_bool", "normal_atom_enum", "normal_atom_number",
     "normal_atom_list", "normal_atom_object_deep", "normal_atom_object_short")
 SPECIAL_CATEGORIES = ("special_incomplete", "special_error_param", "special_irrelevant")
-AGENT_CATEGORIES = ("agent_multi_step", "agent_multi_turn")
 UPSTREAM = "https://github.com/ACEBench/ACEBench/tree/main/data_all/data_en"
 
 
@@ -179,11 +183,12 @@ def aggregate(per_task: list[dict[str, Any]]) -> dict[str, float]:
     """Per-category accuracy (0-100) from ``{"task_id", "category", "passed": [bool] * n}``
     (pass@1 estimate = mean over samples); the multi-turn categories count a conversation
     as passed only when every row of it passes (upstream's end-to-end accuracy), and
-    ``normal`` / ``special`` / ``normal_special`` are the unweighted category means."""
+    ``normal`` / ``special`` / ``normal_special`` are the unweighted category means, and
+    ``agent`` the mean of the two agent categories (the paper's ACEBench cell)."""
     cats: dict[str, dict[str, list[float]]] = {}
     for t in per_task:
         rate = sum(t["passed"]) / len(t["passed"])
-        group = conversation_of(t["task_id"]) if "multi_turn" in t["category"] else t["task_id"]
+        group = conversation_of(t["task_id"]) if t["category"].startswith("normal_multi_turn") else t["task_id"]
         cats.setdefault(t["category"], {}).setdefault(group, []).append(rate)
     out = {c: round(100.0 * sum(min(v) for v in groups.values()) / len(groups), 2)
            for c, groups in sorted(cats.items())}
@@ -193,6 +198,8 @@ def aggregate(per_task: list[dict[str, Any]]) -> dict[str, float]:
             out[name] = round(sum(xs) / len(xs), 2)
     if "normal" in out and "special" in out:
         out["normal_special"] = round((out["normal"] + out["special"]) / 2, 2)
+    if all(c in out for c in AGENT_CATEGORIES):  # the paper's ACEBench cell
+        out["agent"] = round(sum(out[c] for c in AGENT_CATEGORIES) / len(AGENT_CATEGORIES), 2)
     return out
 
 
@@ -201,7 +208,7 @@ def aggregate_counts(per_task: list[dict[str, Any]]) -> dict[str, int]:
     conversations for the multi-turn categories; the summaries sum their categories."""
     units: dict[str, set] = {}
     for t in per_task:
-        group = conversation_of(t["task_id"]) if "multi_turn" in t["category"] else t["task_id"]
+        group = conversation_of(t["task_id"]) if t["category"].startswith("normal_multi_turn") else t["task_id"]
         units.setdefault(t["category"], set()).add(group)
     out = {c: len(g) for c, g in sorted(units.items())}
     for name, prefix in (("normal", "normal_"), ("special", "special_")):
@@ -209,24 +216,33 @@ def aggregate_counts(per_task: list[dict[str, Any]]) -> dict[str, int]:
             out[name] = sum(v for c, v in out.items() if c.startswith(prefix))
     if "normal" in out and "special" in out:
         out["normal_special"] = out["normal"] + out["special"]
+    if all(c in out for c in AGENT_CATEGORIES):
+        out["agent"] = sum(out[c] for c in AGENT_CATEGORIES)
     return out
 
 
 class ACEBenchEnvironment(Environment):
-    """One ACEBench normal / special episode: one answer, graded (module docstring)."""
+    """One ACEBench normal / special episode: one answer, graded (module docstring); an
+    agent task's episode is run by an :class:`ACEBenchAgentEnvironment`."""
 
     env_id = ENV_ID
 
-    def __init__(self, strict_scalars: bool = False):
+    def __init__(self, strict_scalars: bool = False, user: UserSimulator | None = None):
         """``strict_scalars``: also compare top-level number / boolean values (upstream
-        only checks their type)."""
+        only checks their type); ``user``: the simulated user of ``agent_multi_turn``."""
         super().__init__()
-        self.strict_scalars = strict_scalars
+        self.strict_scalars, self.user, self.agent = strict_scalars, user, None
 
     def reset(self, task: Task) -> tuple[list[Message], list[ToolSchema]]:
         """The task's system and user prompts; no tools (the answer is call text)."""
         if task.env_id != ENV_ID:
             raise ValueError(f"ACEBenchEnvironment got a {task.env_id!r} task")
+        if task.payload["category"] in AGENT_CATEGORIES:
+            self.agent = ACEBenchAgentEnvironment(self.user)
+            opening = self.agent.reset(task)
+            self.task, self.done, self.stats = task, False, self.agent.stats
+            return opening
+        self.agent = None
         self.task, self.done = task, False
         self.stats = type(self.stats)()
         return ([{"role": "system", "content": task.payload["system"]},
@@ -234,6 +250,10 @@ class ACEBenchEnvironment(Environment):
 
     def step(self, turn: AssistantTurn) -> StepResult:
         """Grade the answer; the episode ends."""
+        if self.agent is not None:
+            result = self.agent.step(turn)
+            self.done = self.agent.done
+            return result
         self._begin_step()
         try:
             verdict = grade(self.task, turn, self.strict_scalars)
@@ -244,24 +264,30 @@ class ACEBenchEnvironment(Environment):
                           {"verdict": verdict, "stats": self.stats.as_dict()})
 
     def finish(self) -> float:
-        """No answer was given: 0."""
+        """No answer was given: 0 (an agent episode: its end state is graded)."""
         self.done = True
-        return 0.0
+        return self.agent.finish() if self.agent is not None else 0.0
 
 
 class ACEBenchTaskSource(HeldoutTaskSource):
-    """ACEBench's normal and special categories from ``data_dir`` (``data_en``); all are
-    held out. ``limit`` keeps the first N rows of each category, or the first N whole
-    conversations of a multi-turn category (smoke runs)."""
+    """ACEBench's categories from ``data_dir`` (``data_en``); all are held out. ``limit``
+    keeps the first N rows of each category, or the first N whole conversations of a
+    normal multi-turn category (smoke runs). ``user`` simulates the user of
+    ``agent_multi_turn`` (needed when that category is loaded)."""
 
     env_id = ENV_ID
 
     def __init__(self, data_dir: str, categories: Sequence[str] = NORMAL_CATEGORIES + SPECIAL_CATEGORIES,
-                 limit: int | None = None, strict_scalars: bool = False):
+                 limit: int | None = None, strict_scalars: bool = False, user: UserSimulator | None = None):
         """Load every category now (errors before anything runs)."""
-        self.strict_scalars = strict_scalars
+        if "agent_multi_turn" in categories and user is None:
+            raise ValueError("agent_multi_turn needs a simulated user: pass ACEBenchTaskSource(user=...)")
+        self.strict_scalars, self.user = strict_scalars, user
         self._all = []
         for c in categories:
+            if c in AGENT_CATEGORIES:
+                self._all += load_agent_category(data_dir, c)[:limit]
+                continue
             tasks = load_category(data_dir, c)
             if limit is not None and "multi_turn" in c:
                 kept = list(dict.fromkeys(conversation_of(t.task_id) for t in tasks))[:limit]
@@ -271,8 +297,9 @@ class ACEBenchTaskSource(HeldoutTaskSource):
 
     def make_env(self) -> Environment:
         """A fresh :class:`ACEBenchEnvironment`."""
-        return ACEBenchEnvironment(self.strict_scalars)
+        return ACEBenchEnvironment(self.strict_scalars, self.user)
 
     def oracle_hint(self, task: Task) -> str:
-        """The possible answer(s), as JSON."""
-        return json.dumps(task.payload["ground_truth"], ensure_ascii=False)
+        """The possible answer(s) (agent tasks: the milestones), as JSON."""
+        key = "mile_stone" if task.payload["category"] in AGENT_CATEGORIES else "ground_truth"
+        return json.dumps(task.payload[key], ensure_ascii=False)
