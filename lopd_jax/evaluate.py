@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--suite_limit", type=int, default=None,
                    help="the first N problems of each benchmark (and of each BFCL subset); default all")
     s.add_argument("--grading_workers", type=int, default=2, help="parallel grading / environment threads")
+    s.add_argument("--acebench_user_model", default=None,
+                   help="Hugging Face checkpoint (or 'tiny') simulating ACEBench's multi-turn user "
+                        "(default: the evaluated policy; lopd_jax.acebench_user)")
     from train.launch import add_launch_flags
     add_launch_flags(p)
     return p
@@ -404,9 +407,13 @@ def suite(args: argparse.Namespace) -> dict[str, Any]:
                                      jax.random.fold_in(key, i), config, sampling, latents_for, on_turn=bar.update)
         return out
 
+    user = None
+    if args.suite in ("tool_use", "all") and not sampler.multihost:
+        from lopd_jax.acebench_user import user_simulator  # imports train/, after JAX is configured
+        user = user_simulator(args, sampler, params, fmt)
     rows = []
     for bench in eval_suite.suite_benchmarks(args.suite):
-        row = eval_suite.run_benchmark(bench, roll, args)
+        row = eval_suite.run_benchmark(bench, roll, args, user=user)
         if row["status"] != "ok":
             _note(f"suite: {bench.name}: {row['status']}: {row['reason']}")
         rows.append(row)

