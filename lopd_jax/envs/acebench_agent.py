@@ -282,7 +282,7 @@ class ACEBenchAgentEnvironment(Environment):
         self.milestones.append(text)
         if calls is None:
             self.stats.parse_errors += 1
-            return self._observe(f"execution result:{[NOT_A_CALL]}")
+            return self._observe(f"execution result:{NOT_A_CALL}")
         results, failed = execute(self.instances, calls, stop_on_error=self.multi_turn)
         self.stats.tool_calls += len(calls)
         self.stats.tool_exceptions += int(failed)
