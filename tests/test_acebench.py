@@ -3,6 +3,7 @@ answers, and the suite row."""
 
 import json
 import os
+import shutil
 import re
 import time
 import types
@@ -312,29 +313,43 @@ def test_decode_calls():
 
 
 def _oracle_roll(answer):
+    """Roll each task through its environment: normal / special tasks answer once; agent
+    tasks replay their milestones (the first alternative), then finish."""
     def roll(tasks, sample, make_env, caps, name):
         out = []
         for task in tasks:
             with make_env() as env:
                 env.reset(task)
-                out.append(types.SimpleNamespace(reward=env.step(_turn(answer(task))).reward, env_stats={}))
+                if task.payload["category"].startswith("agent"):
+                    stones = task.payload["mile_stone"]
+                    result = None
+                    for m in (stones[0] if isinstance(stones[0], list) else stones):
+                        result = env.step(_turn(m))
+                    reward = result.reward if result.done else env.finish()
+                else:
+                    reward = env.step(_turn(answer(task))).reward
+                out.append(types.SimpleNamespace(reward=reward, env_stats=env.stats.as_dict()))
         return out
     return roll
 
 
+AGENT_FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "acebench")
+
+
 def test_suite_row(tmp_path):
+    """Costs about 1 s: 21 normal / special rows and 6 agent rows through their environments."""
     bench = next(b for b in eval_suite.BENCHMARKS if b.name.startswith("ACEBench"))
     args = types.SimpleNamespace(data_dir=str(tmp_path), suite_limit=None, suite_samples=1, max_steps=None,
                                  max_turn_tokens=None, max_total_tokens=None)
     missing = eval_suite.run_benchmark(bench, _oracle_roll(reference), args)
     assert missing["status"] == "not run" and missing["missing_file"].endswith(
-        os.path.join("acebench", "data_normal_single_turn_single_function.json"))
+        os.path.join("acebench", "data_agent_multi_step.json"))
     assert "github.com/ACEBench/ACEBench" in missing["reason"]
     write_fixture(str(tmp_path / "acebench"))
     row = eval_suite.run_benchmark(bench, _oracle_roll(reference), args)
-    assert row["status"] == "partial" and row["score"] is None and "agent categories" in row["reason"]
+    assert row["status"] == "partial" and row["score"] is None and "agent_multi_step and agent_multi_turn" in row["reason"]
     assert row["problems"] == 21 and row["normal_special_score"] == 100.0
-    assert row["user_simulator"].startswith("none")
+    assert row["user_simulator"] == "none"
     assert set(row["per_category"].values()) == {100.0}
     assert row["category_counts"]["normal_multi_turn_user_adjust"] == 2 and row["category_counts"]["special"] == 3
     limited = eval_suite.run_benchmark(bench, _oracle_roll(reference), types.SimpleNamespace(**{**vars(args), "suite_limit": 1}))
@@ -347,3 +362,24 @@ def test_suite_row(tmp_path):
     md = eval_suite.render_markdown(report)
     assert "| ACEBench (multi-step/turn avg) | - | 21 |" in md and "partial: the paper's ACEBench cell" in md
     assert "normal_special 100.0 (n=17)" in md
+    # the agent categories fill the Table 1 cell: their mean end-to-end accuracy
+    for name in os.listdir(AGENT_FIXTURES):
+        if name.endswith(".json"):
+            shutil.copy(os.path.join(AGENT_FIXTURES, name), tmp_path / "acebench" / name)
+    for name in os.listdir(os.path.join(AGENT_FIXTURES, "possible_answer")):
+        shutil.copy(os.path.join(AGENT_FIXTURES, "possible_answer", name), tmp_path / "acebench" / "possible_answer")
+    no_user = eval_suite.run_benchmark(bench, _oracle_roll(reference), args)
+    assert no_user["status"] == "partial" and "agent_multi_turn" in no_user["reason"]
+    assert no_user["per_category"]["agent_multi_step"] == 100.0
+    user = lambda chat: "ok"  # noqa: E731
+    user.name = "scripted"
+    full = eval_suite.run_benchmark(bench, _oracle_roll(reference), args, user=user)
+    assert full["status"] == "ok" and full["score"] == 100.0 and full["problems"] == 27
+    assert full["per_category"]["agent_multi_turn"] == 100.0 and full["category_counts"]["agent"] == 6
+    assert full["process_accuracy"] == {"agent_multi_step": 100.0, "agent_multi_turn": 100.0}
+    assert full["user_simulator"] == "scripted"
+    md = eval_suite.render_markdown({**report, "rows": [full]})
+    assert "| ACEBench (multi-step/turn avg) | 100.0 | 27 |" in md and "user simulator: scripted" in md
+    wrong = eval_suite.run_benchmark(bench, _oracle_roll(lambda t: "[]"), args, user=lambda chat: "ok")
+    assert wrong["score"] == 100.0  # the agent replays are right, the normal answers wrong
+    assert wrong["per_category"]["normal"] == 0.0
