@@ -1,7 +1,8 @@
 """Fused LM-head + weighted NLL with the gradient formed in the forward pass.
 
 :func:`weighted_linear_nll` computes ``sum(w * -log pi(target)) / sum(w)`` from final
-hidden states and the LM-head kernel, chunk by chunk over the sequence, and computes the
+hidden states and the LM-head kernel, chunk by chunk over the sequence (or ``sum(w * -log pi) / total_weight`` with a given
+batch-level ``total_weight``: a micro-batch's exact share of a larger batch's mean), and computes the
 loss's gradients with respect to the hidden states and the head in the same pass: for a
 token with normalized weight ``c``, d loss / d logits = ``c * (softmax - onehot(target))``,
 known as soon as the chunk's logits are. The backward pass only scales the two saved
@@ -39,6 +40,7 @@ def weighted_linear_nll(
     chunk_size: int = 512,
     compute_dtype=jnp.float32,
     logits_dtype=jnp.float32,
+    total_weight: jax.Array | float | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """``(loss, logp)``: the weighted token-mean NLL and ``log pi(target)`` per position.
 
@@ -51,6 +53,9 @@ def weighted_linear_nll(
       chunk_size: sequence positions per chunk (one chunk holds ``B * chunk_size`` rows of
         ``V`` logits). ``S`` is padded up to a multiple internally.
       compute_dtype, logits_dtype: as :func:`lopd_jax.losses_kl.project_logits`.
+      total_weight: the denominator in place of ``sum(w)`` (e.g. the whole batch's weight
+        when this call sees one length-bucketed pass of it, :mod:`train.bucketed_steps`);
+        None: this call's own ``sum(w)``.
 
     Returns:
       ``loss`` (fp32 scalar, differentiable in ``hidden`` and ``head``) and ``logp``
@@ -61,7 +66,8 @@ def weighted_linear_nll(
         raise ValueError(f"weights {weights.shape} must be [B, S] = {targets.shape}.")
     w = jax.lax.stop_gradient(weights.astype(jnp.float32))
     w = jnp.where(w > 0, w, 0.0)
-    coef = w / jnp.maximum(jnp.sum(w), 1e-9)
+    denom = jnp.sum(w) if total_weight is None else jnp.asarray(total_weight, jnp.float32)
+    coef = w / jnp.maximum(denom, 1e-9)
     loss, logp = _fused(hidden, head, targets, coef, chunk_size, jnp.dtype(compute_dtype), jnp.dtype(logits_dtype))
     return loss, jax.lax.stop_gradient(logp)
 

@@ -4,9 +4,10 @@ A padded step runs every row at the total-token cap. Here a step's rows are spli
 *passes* (:func:`lopd_jax.length_model.plan_passes`): each pass holds rows of one bucket
 length, cut to it, a multiple of the batch shards long (so every row is sharded as in the
 padded step). Step kinds: LOPD, GRPO, text distillation (OPSD / SDPO / SDFT / Skill-SD)
-and the composer cold start. One jitted pass function per step kind computes a pass's gradients and adds
-them (fp32) and its metrics to an accumulator on the devices; ``jax.jit`` compiles it
-once per bucket length. One jitted update then applies the optimizers (and the dual step)
+and the composer cold start here, the warm-up in :class:`train.warmup.BucketedSFTStep`.
+One jitted pass function per step kind computes a pass's gradients and adds them (fp32)
+and its metrics to an accumulator on the devices; ``jax.jit`` compiles it once per bucket
+length. One jitted update then applies the optimizers (and the dual step)
 to the summed gradients: the global batch stays one update.
 
 Exactness: every normalizer comes from the whole batch before the passes run, as in
@@ -61,7 +62,8 @@ class BucketedBatch:
     pass's length) plus ``row_valid`` (0 on padding rows) and ``row_index`` (the row in the
     batch, -1 on padding rows). ``plan``: the :class:`lopd_jax.length_model.Pass` es.
     ``rows``: the batch's rows; ``stats``: whole-batch numbers the update needs
-    (``mean_reward``, ``tokens`` attended, ``supervised`` N, ``rollouts`` R, ``rows``).
+    (``mean_reward``, ``tokens`` attended, ``supervised`` N, ``rollouts`` R, ``rows``, the
+    supervision ``weight``: sum of the positive ``loss_mask`` values, the warm-up's normalizer).
     Numpy on the host until :meth:`put`.
     """
 
@@ -118,7 +120,8 @@ def bucketed_batch(batch: dict, buckets: Sequence[int], shard_tokens: int, shard
         counts = np.where(np.asarray(batch["row_weight"]) != 0, counts, 0)
     stats = {"mean_reward": float(np.mean(np.asarray(batch["rewards"], np.float32))) if "rewards" in batch else 0.0,
              "tokens": float(np.asarray(batch["attention_mask"]).astype(np.float32).sum()),
-             "supervised": float(counts.sum()), "rollouts": float((counts > 0).sum()), "rows": B}
+             "supervised": float(counts.sum()), "rollouts": float((counts > 0).sum()), "rows": B,
+             "weight": float(np.maximum(np.asarray(batch["loss_mask"], np.float32)[:, 1:], 0).sum())}
     return BucketedBatch(passes, plan, B, stats)
 
 
@@ -131,8 +134,10 @@ class _BucketedStep:
     accumulation (compiled once per bucket) then one jitted update."""
 
     def __init__(self, system: LOPDSystem, example_state, pass_grads: Callable, update: Callable, argnums,
-                 state_sh, param_keys: tuple[str, ...] | None = None):
+                 state_sh, param_keys: tuple[str, ...] | None = None, frozen_sh=None):
         self.system, self.argnums = system, argnums
+        # the second argument's shardings (default: the frozen backbone's; the warm-up passes LoRA there)
+        self.frozen_sh = frozen_sh
         # the state entries trained (gradients in this order): by default the argnums of (student, composer)
         self.param_keys = param_keys or tuple(("student", "composer")[i] for i in argnums)
         self._pass_grads, self._update_fn = pass_grads, update
@@ -179,9 +184,9 @@ class _BucketedStep:
             self._update_jit = jax.jit(self._update_fn, donate_argnums=(0,))
         else:
             acc_sh = {"grads": self.grad_sh, "metrics": self._rep}
+            frozen_sh = system.frozen_shardings() if self.frozen_sh is None else self.frozen_sh
             self._pass_jit = jax.jit(self._accumulate, donate_argnums=(0,),
-                                     in_shardings=(acc_sh, self.state_sh, system.frozen_shardings(), batch_sh,
-                                                   self._rep, self._rep),
+                                     in_shardings=(acc_sh, self.state_sh, frozen_sh, batch_sh, self._rep, self._rep),
                                      out_shardings=acc_sh)
             self._update_jit = jax.jit(self._update_fn, donate_argnums=(0,),
                                        in_shardings=(self.state_sh, acc_sh, self._rep),

@@ -188,16 +188,25 @@ def warmup_stage(ctx: RunContext, writer):
     rows = batch_rows(ctx, cfg.stages.warmup_batch)
     pad_id = ctx.tokenizer.pad_token_id or 0
 
-    def batch_fn(s):
-        trajs, real = local_share(ctx, [demos[i] for i in pipe[s]], rows)
+    def arrays(trajs, real):
         arr = training_arrays(trajs, buckets=ctx.seq_buckets(), minimum=128, pad_id=pad_id)
         arr["mask"][real:] = 0  # padding rows carry no supervision
         return {"tokens": arr["tokens"], "attention_mask": arr["attention_mask"], "loss_mask": arr["mask"]}
 
+    def batch_fn(s):
+        items = [demos[i] for i in pipe[s]]
+        if cfg.lengths.enabled:  # the whole batch on every process: the pass plan needs every row's length
+            return ctx.bucketed(arrays(items + [items[-1]] * (rows - len(items)), len(items)))
+        return arrays(*local_share(ctx, items, rows))
+
     opt, step = warmup.make_sft_step(system, cfg.stages)
     state = {"step": jnp.zeros((), jnp.int32), "params": jax.tree.map(jnp.copy, theta0)}
     state["opt"] = opt.init(state["params"])
-    jitted, state_sh = warmup.jit_sft_step(system, opt, step, state, batch_fn(0))
+    if cfg.lengths.enabled:  # length-bucketed passes, one update (train.warmup.BucketedSFTStep)
+        jitted = warmup.BucketedSFTStep(system, state, opt)
+        state_sh = jitted.state_sh
+    else:
+        jitted, state_sh = warmup.jit_sft_step(system, opt, step, state, batch_fn(0))
     if state_sh is not None:  # committed like the step's outputs, so step 2 does not recompile
         from train import mesh as mesh_lib
         state = mesh_lib.put(state, state_sh)

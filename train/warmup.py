@@ -22,6 +22,8 @@ from lopd_jax import losses
 from lopd_jax.linear_nll import weighted_linear_nll
 from lopd_jax.losses_kl import chunked_token_logp
 from lopd_jax.types import Task
+from train import mesh as mesh_lib
+from train.bucketed_steps import BucketedBatch, _BucketedStep
 from train.rollout import Trajectory
 
 
@@ -121,24 +123,46 @@ def weigh_hint_tokens(plain: Trajectory, hinted: Trajectory, weight: float) -> T
     return dataclasses.replace(hinted, mask=hinted.mask.astype(np.float32) * scale)
 
 
-def sft_loss(system, params, lora0, batch):
+def sft_loss(system, params, lora0, batch, totals: dict | None = None):
     """Token-mean NLL of the supervised (assistant) tokens under backbone ``params``, each
-    token weighted by its ``loss_mask`` value (1, or :func:`weigh_hint_tokens`' weight)."""
+    token weighted by its ``loss_mask`` value (1, or :func:`weigh_hint_tokens`' weight).
+
+    ``totals``: the whole batch's ``{"weight": sum of the positive token weights, "tokens":
+    supervised tokens}`` when ``batch`` is one length-bucketed pass of it
+    (:class:`train.bucketed_steps.BucketedSFTStep`): the loss and the ``nll`` metric are then
+    this pass's exact shares of the batch's, so the passes sum to the padded step's values.
+    None: the batch's own (the padded step).
+    """
     model = system.backbone(params, jax.lax.stop_gradient(lora0))
     tokens, amask = batch["tokens"], batch["attention_mask"].astype(bool)
     hidden = model(tokens, attention_mask=amask, return_hidden=True)
     weight = batch["loss_mask"][:, 1:].astype(jnp.float32)
     head_args = (hidden[:, :-1], model.lm_head_kernel(), tokens[:, 1:])
     chunking = dict(chunk_size=system.step_cfg.logits_chunk, compute_dtype=system.model_cfg.jnp_dtype)
+    total_weight = None if totals is None else totals["weight"]
     if system.rules is None or system.rules.mesh.size == 1:
         # One device: the fused head + NLL (three head matmuls, no recomputed logits).
-        loss, logp = weighted_linear_nll(*head_args, weight, **chunking)
+        loss, logp = weighted_linear_nll(*head_args, weight, total_weight=total_weight, **chunking)
     else:
         # Sharded: the head's gradient must be reduced across devices once, not per chunk.
         logp = chunked_token_logp(*head_args, **chunking)
-        loss = losses.weighted_token_mean(-logp, weight)
-    nll = losses.nll_token_mean(logp, weight)  # unweighted, the logged metric
+        if totals is None:
+            loss = losses.weighted_token_mean(-logp, weight)
+        else:
+            w = jnp.where(weight > 0, weight, 0.0)
+            loss = jnp.sum(jnp.where(w > 0, -logp, 0.0) * w) / jnp.maximum(total_weight, 1e-9)
+    # unweighted, the logged metric
+    nll = losses.masked_token_mean(-logp, weight, None if totals is None else totals["tokens"])
     return loss, {"nll": nll, "tokens": jnp.sum(weight > 0, dtype=jnp.float32)}
+
+
+def sft_update(opt, state, grads, metrics):
+    """``(state, metrics)`` after one optimizer step of ``opt`` on ``grads`` (the padded and
+    the length-bucketed warm-up end here); adds ``grad_norm`` to ``metrics``."""
+    updates, new_opt = opt.update(grads, state["opt"], state["params"])
+    metrics = dict(metrics, grad_norm=optax.global_norm(grads))
+    return {"step": state["step"] + 1, "params": optax.apply_updates(state["params"], updates),
+            "opt": new_opt}, metrics
 
 
 def learning_rate(stages):
@@ -163,25 +187,54 @@ def make_sft_step(system, stages, clip: float = 1.0):
     def step(state, lora0, batch):
         (loss, metrics), grads = jax.value_and_grad(lambda p: sft_loss(system, p, lora0, batch), has_aux=True)(
             state["params"])
-        updates, new_opt = opt.update(grads, state["opt"], state["params"])
-        metrics["grad_norm"] = optax.global_norm(grads)
-        return {"step": state["step"] + 1, "params": optax.apply_updates(state["params"], updates),
-                "opt": new_opt}, metrics
+        return sft_update(opt, state, grads, metrics)
 
     return opt, step
+
+
+def sft_state_shardings(system, opt, example_state):
+    """The warm-up state's shardings (``step`` replicated, ``params`` like theta0, the
+    optimizer state like its parameters); None without a mesh."""
+    if system.rules is None:
+        return None
+    psh = system.frozen_shardings()
+    return {"step": system.rules.replicated(), "params": psh,
+            "opt": mesh_lib.opt_state_shardings(opt, example_state["opt"], psh, system.rules)}
 
 
 def jit_sft_step(system, opt, step, example_state, example_batch):
     """``(jitted step, state shardings)``: ``step`` with explicit in / out shardings on the
     system's mesh (state shardings None without a mesh)."""
-    from train import mesh as mesh_lib
     if system.rules is None:
         return jax.jit(step, donate_argnums=(0,)), None
     rep = system.rules.replicated()
-    psh = system.frozen_shardings()
-    state_sh = {"step": rep, "params": psh,
-                "opt": mesh_lib.opt_state_shardings(opt, example_state["opt"], psh, system.rules)}
+    state_sh = sft_state_shardings(system, opt, example_state)
     lora_sh = system.composer_shardings()["lora"]
     batch_sh = system.batch_shardings(example_batch)
     return jax.jit(step, in_shardings=(state_sh, lora_sh, batch_sh), out_shardings=(state_sh, rep),
                    donate_argnums=(0,)), state_sh
+
+
+class BucketedSFTStep(_BucketedStep):
+    """The warm-up step (:func:`make_sft_step`) on a
+    :class:`train.bucketed_steps.BucketedBatch`: ``(state, lora0, batch) -> (state,
+    metrics)``. Each pass's loss is its share of the whole batch's weighted token mean
+    (:func:`sft_loss` with the batch's ``totals``), so the summed gradients are the padded
+    step's; then one :func:`sft_update`. ``opt``: the optimizer of :func:`make_sft_step`."""
+
+    def __init__(self, system, example_state, opt):
+        def pass_grads(state, lora0, mb, totals, i):
+            (_, metrics), grads = jax.value_and_grad(lambda p: sft_loss(system, p, lora0, mb, totals),
+                                                     has_aux=True)(state["params"])
+            return (grads,), metrics
+
+        def update(state, acc, extras):
+            grads = jax.tree.map(lambda g, p: g.astype(p.dtype), acc["grads"][0], state["params"])
+            return sft_update(opt, state, grads, dict(acc["metrics"]))
+
+        lora_sh = None if system.rules is None else system.composer_shardings()["lora"]
+        super().__init__(system, example_state, pass_grads, update, (0,),
+                         sft_state_shardings(system, opt, example_state), param_keys=("params",), frozen_sh=lora_sh)
+
+    def _totals(self, batch: BucketedBatch) -> dict:
+        return {"weight": jnp.float32(batch.stats["weight"]), "tokens": jnp.float32(batch.stats["supervised"])}
