@@ -18,17 +18,34 @@ decode (S = 1), prefill and mixed rows of both.
 ``num_pages`` pages of each row (a static bound the caller sets to the longest live row,
 so it reads live pages, not the row's cap) and runs :func:`models.attention.plain_attention`.
 :func:`ragged_kernel_attention` calls the TPU Pallas kernel on the same pool and returns
-the same values (tests check both, the kernel in interpret mode on CPU).
+the same values (tests check both, the kernel's reference on CPU).
+
+**Backend dispatch.** :func:`attend` writes a layer's new keys / values and attends, on the
+backend :func:`resolve_backend` picks: ``"kernel"`` (the TPU Pallas kernel
+``ragged_paged_attention``, mixed prefill + decode, sliding window through its
+``sliding_window``) on TPU devices, ``"xla"`` (the pure-JAX path) elsewhere; either can be
+forced. With a mesh, the kernel path runs per shard under ``shard_map``: rows and pages
+over ``data``, KV heads over ``tensor`` (the inference layout,
+:mod:`train.inference_layout`). Page ids in the table stay **global** on both backends;
+the kernel path subtracts its data shard's first page, so a row of data shard ``d`` must
+own pages of shard ``d``'s range (``d * P / D ..``) when ``data > 1``.
 """
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
+from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
+from jax.sharding import Mesh, PartitionSpec as P
 
 from models.attention import plain_attention
 
-__all__ = ["combine_kv", "paged_attention", "ragged_kernel_attention", "write_kv", "gather_kv"]
+__all__ = ["BACKENDS", "attend", "combine_kv", "gather_kv", "kernel_blocks", "paged_attention",
+           "ragged_kernel_attention", "resolve_backend", "write_kv"]
+
+BACKENDS = ("auto", "xla", "kernel")
 
 
 def combine_kv(k: jax.Array, v: jax.Array) -> jax.Array:
@@ -94,9 +111,7 @@ def ragged_kernel_attention(q: jax.Array, kv_pages: jax.Array, page_table: jax.A
     kernel by a function of the same signature (e.g. its reference implementation
     ``ref_ragged_paged_attention``). Returns [B, S, KV, G, hd].
     """
-    if kernel is None:
-        from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention as kernel
-
+    kernel = ragged_paged_attention if kernel is None else kernel
     B, S, KV, G, hd = q.shape
     flat = q.reshape(B * S, KV * G, hd)
     starts = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(q_lens.astype(jnp.int32))])
@@ -113,3 +128,75 @@ def ragged_kernel_attention(q: jax.Array, kv_pages: jax.Array, page_table: jax.A
     idx = jnp.clip(starts[b] + s, 0, B * S - 1)
     res = jnp.take(out, idx.reshape(-1), axis=0).reshape(B, S, KV, G, hd)
     return jnp.where((s < q_lens[:, None])[..., None, None, None], res, 0).astype(q.dtype)
+
+
+def resolve_backend(backend: str, mesh: Mesh | None = None) -> str:
+    """``"xla"`` or ``"kernel"``: ``"auto"`` is the kernel on TPU devices (the mesh's, or
+    the default backend without a mesh; an AOT topology's devices are TPU), else XLA."""
+    if backend not in BACKENDS:
+        raise ValueError(f"paged attention backend {backend!r} is not one of {BACKENDS}")
+    if backend != "auto":
+        return backend
+    platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+    return "kernel" if platform == "tpu" else "xla"
+
+
+def kernel_blocks(num_pages: int, num_queries: int, pages_per_block: int = 8,
+                  queries_per_block: int = 32) -> dict:
+    """Block sizes for the ragged kernel, capped by the call's shapes (the kernel requires
+    ``num_kv_pages_per_block <= pages per row``). Given explicitly because without a local
+    TPU (AOT compiles) the kernel cannot look up its tuned sizes."""
+    return {"num_kv_pages_per_block": max(1, min(pages_per_block, num_pages)),
+            "num_queries_per_block": max(1, min(queries_per_block, num_queries))}
+
+
+def _kernel_shard(k, v, q, pool, page_table, positions, valid, kv_lens, *, window, scale, num_pages, kernel,
+                  data_axis):
+    """Write + ragged kernel on one shard's rows, pages and KV heads (global page ids in)."""
+    if data_axis is not None:
+        page_table = page_table - jax.lax.axis_index(data_axis) * pool.shape[0]
+    pool = write_kv(pool, k, v, page_table, positions, valid)
+    table = page_table[:, :num_pages]
+    q_lens = valid.sum(axis=1).astype(jnp.int32)
+    blocks = kernel_blocks(num_pages, q.shape[0] * q.shape[1]) if kernel is None else {}  # a stand-in has none
+    out = ragged_kernel_attention(q, pool, table, kv_lens, q_lens, window, scale, kernel=kernel, **blocks)
+    return out, pool
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, pool: jax.Array, page_table: jax.Array, positions: jax.Array,
+           valid: jax.Array, kv_lens: jax.Array, window: int, scale: float, num_pages: int, *,
+           backend: str = "auto", mesh: Mesh | None = None, kernel=None) -> tuple[jax.Array, jax.Array]:
+    """Write one layer's new keys / values and attend over the pool; the backend switch.
+
+    Args:
+      q: [B, S, KV, G, hd] queries at ``positions`` [B, S]; k / v: [B, S, KV, hd].
+      pool / page_table: the layer's page pool and the rows' (global) page ids.
+      valid: [B, S] real tokens; on the kernel path they must be a prefix of each row and
+        the row's last tokens (``positions`` ending at ``kv_lens - 1``), as the engine feeds.
+      kv_lens: [B] tokens in each row's cache after this write.
+      window: static sliding window (0 = none); scale: softmax scale.
+      num_pages: static count of leading table pages attention reads.
+      backend: ``"auto"`` / ``"xla"`` / ``"kernel"`` (:func:`resolve_backend`).
+      mesh: the inference mesh (``data`` / ``tensor`` axes) for the kernel's ``shard_map``.
+      kernel: a stand-in for the TPU kernel with its signature (tests pass its reference).
+
+    Returns:
+      ``(out [B, S, KV, G, hd], new pool)``.
+    """
+    if resolve_backend(backend, mesh) == "xla":
+        pool = write_kv(pool, k, v, page_table, positions, valid)
+        return paged_attention(q, pool, page_table, kv_lens, positions, window, scale, num_pages), pool
+    fn = functools.partial(_kernel_shard, window=int(window), scale=scale, num_pages=int(num_pages), kernel=kernel,
+                           data_axis=None)
+    if mesh is None:
+        return fn(k, v, q, pool, page_table, positions, valid, kv_lens)
+    data = "data" if mesh.shape.get("data", 1) > 1 else None
+    tensor = "tensor" if mesh.shape.get("tensor", 1) > 1 else None
+    rows = P(data)
+    heads4 = P(data, None, tensor, None)
+    fn = functools.partial(fn.func, **{**fn.keywords, "data_axis": data})
+    return jax.shard_map(fn, mesh=mesh, check_vma=False,
+                         in_specs=(heads4, heads4, P(data, None, tensor, None, None), P(data, None, tensor, None),
+                                   rows, rows, rows, rows),
+                         out_specs=(P(data, None, tensor, None, None), P(data, None, tensor, None)))(
+        k, v, q, pool, page_table, positions, valid, kv_lens)

@@ -2,7 +2,8 @@
 mixed prefill + decode rows, with and without a sliding window; JAX's TPU kernels against
 the same pool: the decode kernel ``paged_attention`` run in TPU interpret mode, the ragged
 kernel's own reference (its interpreter run fails in JAX 0.10.2, see docs/engine.md), and
-both kernels AOT-compiled for a v5p topology."""
+both kernels AOT-compiled for a v5p topology, bare and as the dispatched attention of the
+paged decoder step on an inference mesh (data x tensor)."""
 
 import os
 import subprocess
@@ -14,8 +15,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from flax import nnx
+from jax.experimental.pallas.ops.tpu.ragged_paged_attention.kernel import ref_ragged_paged_attention
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
 from models.attention import plain_attention
-from models.paged_attention import combine_kv, paged_attention, ragged_kernel_attention, write_kv
+from models.config import named_config
+from models.decoder import Decoder
+from models.paged_attention import (combine_kv, paged_attention, ragged_kernel_attention, resolve_backend,
+                                    write_kv)
+from train.decode_step import layer_weights
+from train.paged_step import empty_pools, paged_forward
 
 B, KV, G, hd, PS, NP, PPS = 3, 2, 2, 16, 4, 24, 6
 LENS = np.asarray([9, 3, 17])  # tokens per row after the call
@@ -70,8 +80,6 @@ def test_combine_kv_interleaves_as_the_ragged_kernel_reads():
 def test_ragged_kernel_reference_equals_paged_path():
     """The ragged kernel's contract (its reference implementation: packed queries, pages of
     interleaved k / v, ``cu_q_lens``, ``sliding_window``) gives our path's values."""
-    from jax.experimental.pallas.ops.tpu.ragged_paged_attention.kernel import ref_ragged_paged_attention
-
     q_lens = np.asarray([4, 1, 3])
     pool, table, _, _, q, q_pos = _setup(tuple(q_lens), seed=1)
     ours = paged_attention(jnp.asarray(q), pool, jnp.asarray(table), jnp.asarray(LENS), jnp.asarray(q_pos), 3, 0.25)
@@ -87,6 +95,91 @@ def test_ragged_kernel_reference_equals_paged_path():
     valid = np.arange(q.shape[1])[None] < q_lens[:, None]
     np.testing.assert_allclose(np.asarray(wrapped)[valid], np.asarray(ours)[valid], atol=1e-5)
     assert (np.asarray(wrapped)[~valid] == 0).all()
+
+
+def _jax_kernel(q, pool, kv_lens, table, cu, num_seqs, *, sm_scale, sliding_window):
+    """The ragged kernel's contract (packed queries, ``cu_q_lens``) in jittable JAX: a
+    stand-in that lets the kernel path's plumbing (packing, ``shard_map``, local page ids)
+    run under jit on CPU, where the reference's Python loop over rows cannot."""
+    B = table.shape[0]
+    n = q.shape[0]
+    row = jnp.clip(jnp.searchsorted(cu, jnp.arange(n), side="right") - 1, 0, B - 1)
+    q_pos = kv_lens[row] - (cu[row + 1] - jnp.arange(n))
+    KV = pool.shape[2] // 2
+    qr = q.reshape(n, 1, KV, -1, q.shape[-1])
+    return paged_attention(qr, pool, table[row], kv_lens[row], q_pos[:, None], sliding_window or 0,
+                           sm_scale).reshape(q.shape)
+
+
+def _forward_case(name="tiny_olmo3", ps=4, pages_per_row=8):
+    """A tiny model, a history of 3 rows prefilled through the XLA path, and a mixed next
+    call (row 0: 3 new tokens, row 1: decode, row 2: idle). Page ids are a permutation in
+    which row ``b`` owns pages of the ``b``-th quarter of the pool (what a data-sharded
+    kernel path needs). Returns ``(model, layers, pools, table, call)``."""
+    cfg = named_config(name)
+    model = Decoder(cfg, rngs=nnx.Rngs(0))
+    layers = layer_weights(model, False)
+    rows, NPG = 4, 4 * pages_per_row
+    rs = np.random.RandomState(0)
+    table = np.stack([b * pages_per_row + rs.permutation(pages_per_row) for b in range(rows)]).astype(np.int32)
+    pools = empty_pools(cfg, NPG, ps, jnp.float32)
+    hist = np.asarray([13, 6, 9, 0])
+    T = int(hist.max())
+    ids = rs.randint(1, cfg.vocab_size, (rows, T)).astype(np.int32)
+    pos = np.broadcast_to(np.arange(T), (rows, T)).astype(np.int32)
+    _, pools = paged_forward(model, layers, jnp.asarray(ids), jnp.asarray(pos), jnp.asarray(pos < hist[:, None]),
+                             jnp.asarray(hist), pools, jnp.asarray(table), pages_per_row, backend="xla")
+    n = np.asarray([3, 1, 0, 0])
+    S = 3
+    ids2 = rs.randint(1, cfg.vocab_size, (rows, S)).astype(np.int32)
+    pos2 = (hist[:, None] + np.arange(S)[None]).astype(np.int32)
+    call = (jnp.asarray(ids2), jnp.asarray(pos2), jnp.asarray(np.arange(S)[None] < n[:, None]),
+            jnp.asarray(hist + n))
+    return model, layers, pools, table, call, n
+
+
+def test_dispatch_resolves_by_platform():
+    assert resolve_backend("auto") == "xla"  # CPU here
+    assert resolve_backend("kernel") == "kernel" and resolve_backend("xla") == "xla"
+    with pytest.raises(ValueError, match="backend 'splash' is not one of"):
+        resolve_backend("splash")
+
+
+def test_kernel_path_of_the_paged_decoder_equals_the_xla_path():
+    """The decoder step with attention dispatched to the kernel path (here the kernel's own
+    reference, eagerly: it needs concrete lengths), Olmo-3's sliding window through the
+    kernel's ``sliding_window``, equals the pure-JAX path on the rows' real tokens, and
+    both write the same pages (to fp32 rounding)."""
+    model, layers, pools, table, (ids, pos, valid, lens), n = _forward_case()
+    args = (model, layers, ids, pos, valid, lens)
+    h_x, p_x = paged_forward(*args, pools, jnp.asarray(table), 8, backend="xla")
+    h_k, p_k = paged_forward(*args, pools, jnp.asarray(table), 8, backend="kernel", kernel=ref_ragged_paged_attention)
+    v = np.asarray(valid)
+    np.testing.assert_allclose(np.asarray(h_k)[v], np.asarray(h_x)[v], atol=1e-5)
+    for a, b in zip(p_k, p_x):  # later layers' keys carry the earlier layers' rounding
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+
+
+def test_kernel_path_under_shard_map_on_an_inference_mesh():
+    """On a data 2 x tensor 2 mesh the kernel path runs per shard (rows and pages over
+    data, KV heads over tensor, global page ids shifted to the shard's own) inside one jit;
+    with a jittable stand-in for the kernel it equals the XLA path."""
+    model, layers, pools, table, (ids, pos, valid, lens), n = _forward_case()
+    mesh = jax.make_mesh((2, 2), ("data", "tensor"), axis_types=(AxisType.Auto,) * 2, devices=jax.devices()[:4])
+    pool_sh = NamedSharding(mesh, P("data", None, "tensor", None))
+    pools_s = tuple(jax.device_put(p, pool_sh) for p in pools)
+
+    @jax.jit
+    def run(pools, table, ids, pos, valid, lens):
+        return paged_forward(model, layers, ids, pos, valid, lens, pools, table, 8, backend="kernel", mesh=mesh,
+                             kernel=_jax_kernel)
+
+    h_k, p_k = run(pools_s, jnp.asarray(table), ids, pos, valid, lens)
+    h_x, p_x = paged_forward(model, layers, ids, pos, valid, lens, pools, jnp.asarray(table), 8, backend="xla")
+    v = np.asarray(valid)
+    np.testing.assert_allclose(np.asarray(h_k)[v], np.asarray(h_x)[v], atol=1e-5)
+    for a, b in zip(p_k, p_x):  # later layers' keys carry the earlier layers' rounding
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
 
 
 def test_tpu_decode_kernel_in_interpret_mode_equals_paged_path():
@@ -133,6 +226,34 @@ AOT = textwrap.dedent("""
     for c in (c1, c2):
         assert "tpu_custom_call" in c.as_text(), "no Mosaic kernel in the compiled program"
     print("AOT OK", c1.memory_analysis().temp_size_in_bytes, c2.memory_analysis().temp_size_in_bytes)
+
+    # the paged decoder step (2 Olmo-3 layers: sliding + full) with attention dispatched by
+    # the mesh's platform, on an inference mesh data 2 x tensor 2
+    from flax import nnx
+    from jax.sharding import AxisType
+    from models.config import named_config
+    from models.decoder import Decoder
+    from train.decode_step import layer_weights
+    from train.paged_step import paged_forward
+    cfg = named_config("olmo3_7b", dtype="bfloat16", param_dtype="bfloat16")
+    cfg = cfg.replace(num_layers=2, layer_types=("sliding_attention", "full_attention"))
+    m2 = jax.make_mesh((2, 2), ("data", "tensor"), axis_types=(AxisType.Auto,) * 2, devices=devs)
+    gd, state = nnx.split(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0))))
+    rep = NamedSharding(m2, P())
+    params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep), state)
+    rows, W, pages = 8, 4, 64
+    pool = jax.ShapeDtypeStruct((pages, 64, 2 * cfg.num_kv_heads, cfg.head_dim), jnp.bfloat16,
+                                sharding=NamedSharding(m2, P("data", None, "tensor", None)))
+    r = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=NamedSharding(m2, P("data")))
+    def step(params, pools, ids, pos, valid, lens, table):
+        m = nnx.merge(gd, params)
+        return paged_forward(m, layer_weights(m, False), ids, pos, valid, lens, pools, table, W, mesh=m2)
+    c3 = jax.jit(step, donate_argnums=(1,)).lower(params, (pool, pool), r((rows, 1), jnp.int32),
+                                                   r((rows, 1), jnp.int32), r((rows, 1), jnp.bool_),
+                                                   r((rows,), jnp.int32), r((rows, W), jnp.int32)).compile()
+    n = c3.as_text().count('custom_call_target="tpu_custom_call"')
+    assert n >= 2, f"{n} Mosaic kernels in the paged decoder step, expected one per layer"
+    print("AOT decoder step OK", n)
 """)
 
 
@@ -141,4 +262,4 @@ def test_tpu_kernels_aot_compile_for_v5p():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": root, "JAX_PLATFORMS": ""}
     r = subprocess.run([sys.executable, "-c", AOT], cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0 and "AOT OK" in r.stdout, r.stderr[-3000:]
+    assert r.returncode == 0 and "AOT decoder step OK" in r.stdout, r.stderr[-3000:]

@@ -7,6 +7,10 @@ pages and attends over the row's cached tokens. The layer math is the decoder's
 tables per layer type, sliding windows per layer, GQA, LoRA. Layers are unrolled with
 per-layer weights (:func:`train.decode_step.layer_weights`) and per-layer page pools, so
 a pool is updated in place and never copied.
+
+Attention goes through :func:`models.paged_attention.attend`: JAX's TPU kernel
+(``ragged_paged_attention``) on TPU, the pure-JAX path elsewhere, or either one forced
+with ``backend``; with an inference ``mesh`` the kernel runs per shard.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models.decoder import layer_tables, rms_norm
-from models.paged_attention import paged_attention, write_kv
+from models.paged_attention import attend
 from models.rope import apply_rope, cos_sin
 from train.decode_step import _proj
 
@@ -31,7 +35,8 @@ def empty_pools(cfg, num_pages: int, page_size: int, dtype=None) -> tuple[jax.Ar
     return tuple(jnp.zeros(shape, dtype or cfg.jnp_dtype) for _ in range(cfg.num_layers))
 
 
-def _layer(cfg, x, p, cos, sin, pos, valid, kv_lens, window: int, pool, page_table, num_pages: int, lora: bool):
+def _layer(cfg, x, p, cos, sin, pos, valid, kv_lens, window: int, pool, page_table, num_pages: int, lora: bool,
+           attn_kw: dict):
     """One layer for S queries per row. x [B, S, D]; pos / valid [B, S]. Returns (x, pool)."""
     eps, wf = cfg.rms_norm_eps, cfg.rmsnorm_weight_first
     B, S = x.shape[:2]
@@ -50,9 +55,8 @@ def _layer(cfg, x, p, cos, sin, pos, valid, kv_lens, window: int, pool, page_tab
         k = rms_norm(k.reshape(B, S, KV * hd), p["k_norm"], eps, wf).reshape(B, S, KV, hd)
     q = apply_rope(q, cos, sin)
     k = apply_rope(k, cos, sin)
-    pool = write_kv(pool, k, v, page_table, pos, valid)
-    o = paged_attention(q.reshape(B, S, KV, H // KV, hd), pool, page_table, kv_lens, pos, window,
-                        1.0 / math.sqrt(hd), num_pages)
+    o, pool = attend(q.reshape(B, S, KV, H // KV, hd), k, v, pool, page_table, pos, valid, kv_lens, window,
+                     1.0 / math.sqrt(hd), num_pages, **attn_kw)
     o = _proj(cfg, "o", o.reshape(B, S, H, hd), p, 2, lora)
     x = x + o if pre else x + rms_norm(o, p["attn_norm"], eps, wf)
 
@@ -65,7 +69,8 @@ def _layer(cfg, x, p, cos, sin, pos, valid, kv_lens, window: int, pool, page_tab
 
 def paged_forward(model: nnx.Module, layers: list[dict], ids: jax.Array | None, positions: jax.Array,
                   valid: jax.Array, kv_lens: jax.Array, pools: tuple[jax.Array, ...], page_table: jax.Array,
-                  num_pages: int, lora: bool = False, inputs_embeds: jax.Array | None = None):
+                  num_pages: int, lora: bool = False, inputs_embeds: jax.Array | None = None, *,
+                  backend: str = "auto", mesh=None, kernel=None):
     """Feed ``ids`` [B, S] (or ``inputs_embeds`` [B, S, D]) at ``positions`` [B, S].
 
     Args:
@@ -76,6 +81,7 @@ def paged_forward(model: nnx.Module, layers: list[dict], ids: jax.Array | None, 
       pools: per-layer page pools; page_table [B, pages_per_row].
       num_pages: static count of leading pages per row attention reads (covers ``kv_lens``).
       lora: apply the LoRA adapters.
+      backend / mesh / kernel: the attention backend (:func:`models.paged_attention.attend`).
 
     Returns:
       ``(final-norm hidden states [B, S, D], new pools)``.
@@ -92,6 +98,6 @@ def paged_forward(model: nnx.Module, layers: list[dict], ids: jax.Array | None, 
     for i, p in enumerate(layers):
         cos, sin = tables[int(rope_index[i])]
         x, pools[i] = _layer(cfg, x, p, cos, sin, pos, valid, kv_lens, int(windows[i]), pools[i], page_table,
-                             num_pages, lora)
+                             num_pages, lora, {"backend": backend, "mesh": mesh, "kernel": kernel})
     h = rms_norm(x, model.final_norm[...], cfg.rms_norm_eps, cfg.rmsnorm_weight_first)
     return h, tuple(pools)
