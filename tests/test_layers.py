@@ -27,6 +27,7 @@ PROGRAMS = {
     "lopd_jax.compile_buckets",  # the compile check's length-bucket figures
     "lopd_jax.sweep", "lopd_jax.sweep_report",  # arms x seeds x grid runs and their report
     "lopd_jax.premise",  # the premise check: Base, Base + oracle text, Base + Composer
+    "lopd_jax.demo",  # make demo: LOPD from the shipped miniature starting point
     "lopd_jax.acebench_user",  # the suite's ACEBench user simulator (a policy through train.rollout)
 }
 
