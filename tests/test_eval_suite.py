@@ -151,6 +151,47 @@ def test_suite_command_on_a_tiny_model_writes_both_reports(tmp_path):
     assert "MbppPlus" in md and "greedy" in md
 
 
+def _write_acebench_agent(folder):
+    """One multi-step and one multi-turn row of the agent fixtures (upstream's format), their
+    API docs cut to the APIs the task needs so that the prompts fit a 6,144-token cap."""
+    src = os.path.join(ROOT, "tests", "fixtures", "acebench")
+    os.makedirs(os.path.join(folder, "possible_answer"))
+    for category, keep in (("agent_multi_step", "agent_multi_step_2"), ("agent_multi_turn", "agent_multi_turn_0")):
+        row = next(r for r in map(json.loads, open(os.path.join(src, f"data_{category}.json"))) if r["id"] == keep)
+        row["function"] = [f for f in row["function"] if f["name"] in (
+            "turn_on_wifi", "login_food_platform", "add_food_delivery_order", "get_earliest_message_id",
+            "delete_message", "send_message")]
+        with open(os.path.join(folder, f"data_{category}.json"), "w") as f:
+            f.write(json.dumps(row) + "\n")
+        answers = [x for x in open(os.path.join(src, "possible_answer", f"data_{category}.json"))
+                   if json.loads(x)["id"] == keep]
+        with open(os.path.join(folder, "possible_answer", f"data_{category}.json"), "w") as f:
+            f.writelines(answers)
+
+
+def test_suite_tool_use_on_a_tiny_model_fills_the_acebench_cell(tmp_path):
+    """The ACEBench agent episodes run with the policy as the simulated user and fill the
+    Table 1 cell (about 35 s of CPU: compiles for 3-6k-token prompts and the user's turns)."""
+    data, out = tmp_path / "data", tmp_path / "out"
+    out.mkdir()
+    _write_acebench_agent(str(data / "acebench"))
+    cmd = [sys.executable, "-m", "lopd_jax.evaluate", "--suite=tool_use", "--model=tiny", f"--data_dir={data}",
+           f"--out_dir={out}", "--suite_limit=1", "--max_turn_tokens=8", "--max_total_tokens=6144",
+           "--max_steps=2", "--batch_size=4"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    rows = {r["benchmark"]: r for r in report["rows"]}
+    assert rows["EnvScaler"]["status"] == "not run"
+    ace = rows["ACEBench (multi-step/turn avg)"]
+    assert ace["status"] == "ok" and 0.0 <= ace["score"] <= 100.0 and ace["problems"] == 2, ace
+    assert set(ace["per_category"]) == {"agent_multi_step", "agent_multi_turn", "agent"}
+    assert set(ace["process_accuracy"]) == {"agent_multi_step", "agent_multi_turn"}
+    assert ace["user_simulator"] == "policy (the evaluated model)"
+    assert "user simulator: policy" in (out / "report.md").read_text()
+
+
 def test_sweep_report_gains_the_suite_rows_per_arm():
     records = [{"name": "lopd", "suite": {"HumanEval+": 50.0, "MBPP+": None}},
                {"name": "lopd", "suite": {"HumanEval+": 60.0, "MBPP+": None}},
