@@ -36,7 +36,7 @@ def test_reshard_gives_the_training_logits_in_bf16():
     ids = jax.random.randint(jax.random.key(1), (4, 12), 1, cfg.vocab_size)
     ref = nnx.jit(lambda m, x: m(x, lora=True))(model, ids).astype(jnp.float32)
 
-    mesh = inference_mesh(jax.devices(), tensor=2)
+    mesh = inference_mesh(train_mesh.devices.flat, tensor=2)
     reshard, gd, out_sh = make_reshard(cfg, train_sh, mesh)
     infer = reshard(params)
     assert reshard(params) is not None and reshard._cache_size() == 1  # one compiled call, reused

@@ -24,6 +24,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh
 
@@ -65,12 +66,17 @@ def default_tensor(cfg: ModelConfig, chips: int) -> int:
 
 
 def inference_mesh(devices, tensor: int) -> Mesh:
-    """A ``(data, tensor)`` mesh over ``devices`` (the trainer's chips), Auto axes."""
+    """A ``(data, tensor)`` mesh over ``devices`` in their order, Auto axes.
+
+    Pass the training mesh's devices (``train_mesh.devices.flat``): a jitted reshard needs
+    its input and output shardings over one device order (TPU rejects two orders), and
+    consecutive devices of a topology-aware training mesh are neighbours, which keeps each
+    tensor group's collectives local."""
     devices = list(devices)
     if tensor < 1 or len(devices) % tensor:
         raise ValueError(f"inference tensor width {tensor} must divide the {len(devices)} devices")
-    return jax.make_mesh((len(devices) // tensor, tensor), ("data", "tensor"), axis_types=(AxisType.Auto,) * 2,
-                         devices=devices)
+    grid = np.asarray(devices, dtype=object).reshape(len(devices) // tensor, tensor)
+    return Mesh(grid, ("data", "tensor"), axis_types=(AxisType.Auto,) * 2)
 
 
 def inference_model_config(cfg: ModelConfig, dtype: str = "bfloat16") -> ModelConfig:
