@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from lopd_jax.envs.evalplus import EvalPlusTaskSource, grade, load_problems, output_matches
+from lopd_jax.envs.evalplus import (EvalPlusTaskSource, expected_outputs, grade, load_problems, output_matches,
+                                    time_limits)
 from lopd_jax.types import AssistantTurn
 
 # Rows in the exact layout of HumanEvalPlus-v0.1.10.jsonl.gz / MbppPlus-v0.2.0.jsonl.gz.
@@ -155,3 +156,41 @@ def test_malformed_rows_name_file_line_and_field(tmp_path, change, field):
     (tmp_path / "bad.jsonl").write_text(json.dumps(HE_ROWS[0]) + "\n{oops\n")
     with pytest.raises(ValueError, match=r"bad.jsonl:2: not a JSON line"):
         load_problems(str(tmp_path / "bad.jsonl"))
+
+
+SLOW_ROW = {"task_id": "HumanEval/0", "prompt": "\n\ndef add_one(x: int) -> int:\n    \"\"\" x + 1 \"\"\"\n",
+            "canonical_solution": "\n    import time\n    if x == 7:\n        time.sleep(0.5)\n    return x + 1\n",
+            "entry_point": "add_one", "contract": "", "atol": 0, "base_input": [[1], [7]], "plus_input": [[3]]}
+
+
+def test_time_limits_are_per_input(tmp_path):
+    """Each input gets max(1 s, 4 x the canonical solution's time on it): a solution slow
+    (1.3 s) where the canonical one is fast fails there; as slow where the canonical one
+    takes 0.5 s (limit >= 2 s) it passes. About 5 s (sleeps)."""
+    source = EvalPlusTaskSource(_write(tmp_path / "HumanEvalPlus.jsonl", [SLOW_ROW], gz=False))
+    task = source.all_tasks()[0]
+    ref = expected_outputs(task.payload, source.sandbox)
+    assert ref["outputs"] == [2, 8, 4] and ref["ref_times"][1] >= 0.5 > ref["ref_times"][0]
+    limits = time_limits(ref["ref_times"])
+    assert limits[0] == limits[2] == 1.0 and limits[1] >= 2.0
+    slow_here = "def add_one(x):\n    import time\n    if x == {}:\n        time.sleep(1.3)\n    return x + 1\n"
+    reward, feedback, _, verdicts = grade(task.payload, slow_here.format(3), source.sandbox)
+    assert reward == 0.0 and verdicts == {"base_passed": 1, "plus_passed": 0}, feedback
+    assert "time limit exceeded (1 s for this test)" in feedback
+    reward, feedback, _, _ = grade(task.payload, slow_here.format(7), source.sandbox)
+    assert reward == 1.0, feedback
+
+
+def test_mbpp_special_oracles_581_and_558():
+    """Upstream's newer MBPP+ oracles: surface_Area within atol of the pyramid formula with
+    a perpendicular height; digit_distance_nums on zero-padded digits."""
+    # base 3, height 4: round(9 + 4 * 3 * sqrt(1.5**2 + 16) / 2) = 35; a slant-height reading gives 33
+    assert output_matches([3, 4], 35, 33, 0, "mbpp", "surface_Area")
+    assert output_matches([3, 4], 33, 33, 0, "mbpp", "surface_Area")
+    assert not output_matches([3, 4], 36, 33, 0, "mbpp", "surface_Area")
+    assert not output_matches([3, 4], 35, 33, 0, "humaneval", "surface_Area")  # MBPP only
+    # 123 vs 56 -> 123 vs 056: 1 + 3 + 3 = 7; zip without padding would give 4 + 4 = 8
+    assert output_matches([123, 56], 7, 8, 0, "mbpp", "digit_distance_nums")
+    assert output_matches([123, 56], 8, 8, 0, "mbpp", "digit_distance_nums")
+    assert not output_matches([123, 56], 9, 8, 0, "mbpp", "digit_distance_nums")
+    assert not output_matches([123, 56], "7", 8, 0, "mbpp", "digit_distance_nums")

@@ -53,8 +53,10 @@ def _describe(e):
     except BaseException:
         return type(e).__name__
 
+_LIMIT_TEXT = ["%d s per test" % _PER_CALL_S]
+
 def _on_alarm(signum, frame):
-    raise TimeoutError("time limit exceeded (%d s per test)" % _PER_CALL_S)
+    raise TimeoutError("time limit exceeded (%s)" % _LIMIT_TEXT[0])
 '''
 
 _CALLS = r'''
@@ -63,6 +65,9 @@ _ENTRY = __ENTRY__
 _CLASS = __CLASS__
 _CALL_LIST = _json.loads(__CALLS__)
 _STOP_ON_EXC = __STOP__
+_LIMITS = _json.loads(__LIMITS__)
+_TIMED = __TIMED__
+import time as _time
 _signal.signal(_signal.SIGALRM, _on_alarm)
 _ns = {"__name__": "__main__"}
 try:
@@ -80,14 +85,23 @@ except BaseException as e:
     _signal.alarm(0)
     _emit({"error": "the code failed before the tests ran: " + _describe(e)})
 _results = []
-for _args, _kwargs in _CALL_LIST:
+for _i, (_args, _kwargs) in enumerate(_CALL_LIST):
     try:
-        _signal.alarm(_PER_CALL_S)
-        _value = _fn(*wire_decode(_args), **wire_decode(_kwargs))
-        _signal.alarm(0)
+        _a, _k = wire_decode(_args), wire_decode(_kwargs)
+        if _LIMITS is None:
+            _signal.alarm(_PER_CALL_S)
+        else:
+            _LIMIT_TEXT[0] = "%.3g s for this test" % _LIMITS[_i]
+            _signal.setitimer(_signal.ITIMER_REAL, _LIMITS[_i])
+        _t0 = _time.perf_counter()
+        _value = _fn(*_a, **_k)
+        _dt = _time.perf_counter() - _t0
+        _signal.setitimer(_signal.ITIMER_REAL, 0)
         _results.append({"ok": wire_encode(_value)})
+        if _TIMED:
+            _results[-1]["t"] = _dt
     except BaseException as e:
-        _signal.alarm(0)
+        _signal.setitimer(_signal.ITIMER_REAL, 0)
         _results.append({"exc": _describe(e)})
         if isinstance(e, TimeoutError):
             _results[-1]["timeout"] = True
@@ -159,18 +173,26 @@ def _common(per_call_s: int) -> str:
 
 
 def call_program(source: str, entry: str, calls: list, per_call_s: int,
-                 method_class: str | None = None, stop_on_exception: bool = True) -> str:
+                 method_class: str | None = None, stop_on_exception: bool = True,
+                 time_limits: list[float] | None = None, timed: bool = False) -> str:
     """A program that runs ``source`` and calls ``entry`` once per ``calls`` item.
 
     ``calls`` holds ``[wire args list, wire kwargs dict]`` pairs; with ``method_class``
     (TACO's ``Solution``) the entry is that class's method when the code defines it. The
     run stops at the first exception (``stop_on_exception``) or time-out (always; the
-    entry then has ``"timeout": true``).
+    entry then has ``"timeout": true``). Each call may take ``per_call_s`` seconds, or
+    ``time_limits[i]`` (float seconds, one per call: EvalPlus's per-input limits) when
+    given; ``timed`` adds each successful call's run time, ``"t"`` in seconds (the
+    reference timings of trusted code; a candidate's own report is never trusted).
     """
+    if time_limits is not None and len(time_limits) != len(calls):
+        raise ValueError(f"time_limits has {len(time_limits)} entries for {len(calls)} calls")
+    limits = None if time_limits is None else [float(x) for x in time_limits]
     return _common(per_call_s) + _fill(_CALLS, {
         "__SOURCE__": repr(source), "__ENTRY__": repr(entry),
         "__CLASS__": repr(method_class), "__CALLS__": repr(json.dumps(calls)),
-        "__STOP__": repr(bool(stop_on_exception))})
+        "__STOP__": repr(bool(stop_on_exception)), "__LIMITS__": repr(json.dumps(limits)),
+        "__TIMED__": repr(bool(timed))})
 
 
 def stdin_program(source: str, inputs: list[str], per_call_s: int, cap_bytes: int) -> str:

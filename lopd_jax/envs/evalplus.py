@@ -17,14 +17,17 @@ Grading (upstream ``evalplus/evaluate.py`` + ``evalplus/eval/__init__.py``):
   base inputs then the plus inputs in one sandboxed harness run; it sees the inputs only,
   and its outputs come back as plain data (:mod:`lopd_jax.envs.wire`).
 * Each output is compared here, outside the sandbox: ``out == exp``; MBPP's special
-  oracles (``are_equivalent``, ``sum_div``, set-equal and not-None tasks) and HumanEval's
+  oracles (``are_equivalent``, ``sum_div``, ``surface_Area`` = Mbpp/581 within ``atol`` of
+  upstream's pyramid formula, ``digit_distance_nums`` = Mbpp/558 with zero-padded digits,
+  set-equal and not-None tasks) and HumanEval's
   ``find_zero`` (``|poly(xs, out)| <= atol``); then, when not equal and ``atol`` is
   non-zero (``1e-6`` is enforced for float expected values), same type, same length and
   ``numpy.allclose(out, exp, rtol=1e-7, atol=atol)``.
-* Time limit per test: ``max(1.0, 4.0 x reference)`` seconds (upstream's
-  ``DEFAULT_MIN_TIME_LIMIT`` and ``DEFAULT_GT_TIME_LIMIT_FACTOR``), where *reference* is
-  the canonical solution's whole run on this problem's inputs (an upper bound of each
-  input's own time, which upstream measures per input), rounded up to whole seconds.
+* Time limit per input: ``max(1.0, 4.0 x reference)`` seconds (evalplus 0.3.1's
+  ``DEFAULT_MIN_TIME_LIMIT`` and ``DEFAULT_GT_TIME_LIMIT_FACTOR``; upstream's main branch
+  raised the minimum to 4.0 in April 2025), where *reference* is the canonical solution's
+  time on that input, measured inside the sandbox (:func:`time_limits`); the whole run may
+  take ``min(60, sum of the limits)`` plus 5 s of start-up.
 * ``base`` passes when every base input passes; ``plus`` when every base and plus input
   does. The episode reward is the plus verdict; ``env_stats`` holds ``base_passed`` and
   ``plus_passed``.
@@ -156,17 +159,20 @@ def _calls(payload: dict[str, Any]) -> list:
             for args in payload["base_input"] + payload["plus_input"]]
 
 
-def _run(body: str, payload: dict[str, Any], cfg: SandboxConfig, per_call_s: int, timeout_s: float):
+def _run(body: str, payload: dict[str, Any], cfg: SandboxConfig, per_call_s: int, timeout_s: float,
+         time_limits: list[float] | None = None, timed: bool = False):
     program = call_program(body, payload["entry_point"], _calls(payload), per_call_s,
-                           stop_on_exception=False)
+                           stop_on_exception=False, time_limits=time_limits, timed=timed)
     cfg = dataclasses.replace(cfg, timeout_s=timeout_s,
                               max_output_bytes=max(cfg.max_output_bytes, _OUTPUT_CAP))
     return run_python(program, config=cfg)
 
 
 def expected_outputs(payload: dict[str, Any], cfg: SandboxConfig) -> dict[str, Any]:
-    """``{"outputs": [...], "ref_s": seconds}`` of the canonical solution (cached per
-    problem); RuntimeError naming the task when it does not run cleanly."""
+    """``{"outputs": [...], "ref_times": [seconds per input]}`` of the canonical solution
+    (cached per problem; each call timed inside the sandbox, as upstream's
+    ``trusted_exec(record_time=True)``); RuntimeError naming the task when it does not run
+    cleanly."""
     key = hashlib.sha256(json.dumps([payload["task_id"], payload["prompt"],
                                      payload["canonical_solution"], _calls(payload)]).encode()
                          ).hexdigest()
@@ -177,7 +183,7 @@ def expected_outputs(payload: dict[str, Any], cfg: SandboxConfig) -> dict[str, A
             return _expected[key]
         n = len(payload["base_input"]) + len(payload["plus_input"])
         result = _run(payload["prompt"] + payload["canonical_solution"], payload, cfg,
-                      per_call_s=60, timeout_s=max(cfg.timeout_s, 60.0 + 0.5 * n))
+                      per_call_s=60, timeout_s=max(cfg.timeout_s, 60.0 + 0.5 * n), timed=True)
         entries, why = _results_or_failure(result)
         if entries is None or len(entries) != n or any("exc" in e for e in entries):
             bad = why or next((f"input {i}: {e['exc']}" for i, e in enumerate(entries or [])
@@ -185,7 +191,7 @@ def expected_outputs(payload: dict[str, Any], cfg: SandboxConfig) -> dict[str, A
             raise RuntimeError(f"{payload.get('file', '?')}: task {payload['task_id']}: the "
                                f"canonical solution does not run: {bad}")
         outputs = [wire_decode(e["ok"]) for e in entries]
-        _expected[key] = {"outputs": outputs, "ref_s": result.wall_time_s}
+        _expected[key] = {"outputs": outputs, "ref_times": [float(e.get("t", 0.0)) for e in entries]}
         return _expected[key]
 
 
@@ -199,6 +205,19 @@ def _poly(xs: list, x: float) -> float:
     return sum(c * math.pow(x, i) for i, c in enumerate(xs))
 
 
+def _surface_area(base_edge: float, height: float) -> int:
+    """Upstream's oracle for Mbpp/581: a square pyramid of perpendicular ``height``."""
+    slant = math.sqrt((base_edge / 2) ** 2 + height ** 2)
+    return round(base_edge ** 2 + 4 * (base_edge * slant) / 2)
+
+
+def _digit_distance(num1: int, num2: int) -> int:
+    """Upstream's oracle for Mbpp/558: digits compared after zero-padding to one length."""
+    a, b = str(num1), str(num2)
+    width = max(len(a), len(b))
+    return sum(abs(int(x) - int(y)) for x, y in zip(a.zfill(width), b.zfill(width)))
+
+
 def output_matches(inp: list, out: Any, exp: Any, atol: float, dataset: str,
                    entry_point: str) -> bool:
     """EvalPlus's comparison of one output (see the module docstring); ``out`` and ``exp``
@@ -210,6 +229,10 @@ def output_matches(inp: list, out: Any, exp: Any, atol: float, dataset: str,
                 exact = True
             elif entry_point == "sum_div":
                 exact = exact or out == 0
+            elif entry_point == "surface_Area":  # Mbpp/581
+                exact = exact or abs(out - _surface_area(*inp)) <= atol
+            elif entry_point == "digit_distance_nums":  # Mbpp/558
+                exact = exact or out == _digit_distance(*inp)
             elif entry_point in MBPP_OUTPUT_SET_EQ_TASKS:
                 exact = set(out) == set(exp)
             elif entry_point in MBPP_OUTPUT_NOT_NONE_TASKS:
@@ -237,6 +260,12 @@ def candidate_source(payload: dict[str, Any], code: str) -> str:
     return code if payload["dataset"] == "mbpp" else humaneval_body(payload, code)
 
 
+def time_limits(ref_times: list[float]) -> list[float]:
+    """Upstream's per-input limits: ``max(MIN_TIME_LIMIT, GT_TIME_LIMIT_FACTOR * t)`` for
+    each input's reference time ``t`` (``untrusted_check``)."""
+    return [max(MIN_TIME_LIMIT, GT_TIME_LIMIT_FACTOR * t) for t in ref_times]
+
+
 def grade(payload: dict[str, Any], code: str, cfg: SandboxConfig
           ) -> tuple[float, str, str, dict[str, int]]:
     """Grade ``code``: (reward = plus verdict, feedback, sandbox status, {base_passed,
@@ -244,10 +273,10 @@ def grade(payload: dict[str, Any], code: str, cfg: SandboxConfig
     ref = expected_outputs(payload, cfg)
     n_base = len(payload["base_input"])
     inputs = payload["base_input"] + payload["plus_input"]
-    per_call = max(MIN_TIME_LIMIT, GT_TIME_LIMIT_FACTOR * ref["ref_s"])
-    per_call_s = int(math.ceil(per_call))
-    timeout_s = max(cfg.timeout_s, per_call * 2 + 5.0)
-    result = _run(candidate_source(payload, code), payload, cfg, per_call_s, timeout_s)
+    limits = time_limits(ref["ref_times"])
+    timeout_s = max(cfg.timeout_s, min(60.0, sum(limits)) + 5.0)
+    result = _run(candidate_source(payload, code), payload, cfg, int(math.ceil(max(limits))), timeout_s,
+                  time_limits=limits)
     entries, why = _results_or_failure(result)
     verdicts = {"base_passed": 0, "plus_passed": 0}
     if entries is None:
