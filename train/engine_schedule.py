@@ -21,7 +21,8 @@ Both return useful slot-steps over slot-steps (``utilisation``: every decode cal
 as the engine's metrics count) and over ``rows x elapsed steps`` (``time_utilisation``:
 idle waits for environments included); the engine also ``steady_utilisation`` (up to the
 moment the last episode of the round starts: the schedule's own losses, before the
-round's drain, where the longest episodes finish alone) and the live tokens (context of
+round's drain, where the longest episodes finish alone), the decoding rows' context per
+call (``running_tokens_mean``: the KV a decode step reads) and the live tokens (context of
 every started, unfinished episode: what its pages hold) at each chunk, which sizes the
 page pool (:func:`pool_pages`).
 """
@@ -90,6 +91,7 @@ def simulate_engine(eps: list[Episode], slots: int, in_flight: int, chunk: int, 
     started = done = 0
     t = useful = slot_steps = 0
     steady = None  # (useful, slot-steps) when the last episode starts: the round's drain follows
+    running = chunks = 0  # context of the decoding rows, summed over rows and decode calls
     live_samples = []
     while done < len(eps):
         while env and env[0][0] <= t:
@@ -110,6 +112,8 @@ def simulate_engine(eps: list[Episode], slots: int, in_flight: int, chunk: int, 
             t = max(t, env[0][0]) if env else t  # nothing to decode: wait for an environment
             continue
         live_samples.append(sum(ctx))  # not started and finished episodes count 0
+        running += sum(ctx[x[0]] for x in slot if x is not None)
+        chunks += 1
         for s in range(slots):
             if slot[s] is None:
                 continue
@@ -133,7 +137,8 @@ def simulate_engine(eps: list[Episode], slots: int, in_flight: int, chunk: int, 
     steady = steady or (useful, slot_steps)
     return {"utilisation": useful / max(slot_steps, 1), "time_utilisation": useful / max(slots * t, 1),
             "steady_utilisation": steady[0] / max(steady[1], 1),
-            "steps": t, "useful": useful, "live_tokens_mean": float(live.mean()),
+            "steps": t, "useful": useful, "running_tokens_mean": running / max(chunks, 1),
+            "live_tokens_mean": float(live.mean()),
             "live_tokens_p99": float(np.percentile(live, 99)), "live_tokens_max": float(live.max())}
 
 
