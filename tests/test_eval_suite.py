@@ -11,6 +11,8 @@ import pytest
 
 from lopd_jax import eval_suite
 from lopd_jax.envs.bfcl import ground_truth_turns
+from lopd_jax.envs.code import HumanEvalTaskSource
+from lopd_jax.envs.envscaler import EnvScalerTaskSource
 from lopd_jax.types import AssistantTurn
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -233,3 +235,17 @@ def test_suite_with_a_composer_run(tmp_path_factory, tmp_path):
     rows = {r["benchmark"]: r for r in report["rows"]}
     assert rows["HumanEval+"]["status"] == "ok" and rows["LiveCodeBench v5"]["status"] == "ok"
     assert rows["MBPP+"]["status"] == "not run"
+
+
+def test_task_sources_take_a_limit(tmp_path):
+    """--suite_limit reaches HumanEval and EnvScaler through their own ``limit`` argument."""
+    assert [t.task_id for t in HumanEvalTaskSource(limit=2).tasks("heldout")] == ["HumanEval/0", "HumanEval/1"]
+    folder = os.path.join(ROOT, "tests", "fixtures", "envscaler")
+    row = json.loads(open(os.path.join(folder, "tasks_heldout.jsonl")).readline())
+    (tmp_path / "two.jsonl").write_text("".join(json.dumps({**row, "task_id": f"t{i}"}) + "\n" for i in range(2)))
+    paths = dict(heldout_path=str(tmp_path / "two.jsonl"), env_items_path=os.path.join(folder, "env_items.json"))
+    assert [t.task_id for t in EnvScalerTaskSource(**paths).tasks("heldout")] == ["t0", "t1"]
+    assert [t.task_id for t in EnvScalerTaskSource(**paths, limit=1).tasks("heldout")] == ["t0"]
+    for bad in (lambda: HumanEvalTaskSource(limit=0), lambda: EnvScalerTaskSource(**paths, limit=0)):
+        with pytest.raises(ValueError, match="limit must be >= 1"):
+            bad()
