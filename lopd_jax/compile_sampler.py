@@ -11,8 +11,8 @@ process). It then
    flight = ``engine.max_in_flight`` x processes (0: twice the slots); the page pool from
    a schedule simulation of the engine on the config's length distribution
    (:mod:`train.engine_schedule`): 1.25 x the 99th percentile of live tokens plus a page
-   per episode in flight (``engine.num_pages`` x processes when set; the rule's size is
-   printed beside it);
+   per episode in flight, or ``engine.num_pages`` x processes when that is larger (a
+   smaller configured pool is reported: its episodes would wait or be preempted more);
 2. **compiles** the engine's decode step (one token for every slot: the paged decoder with
    attention dispatched to JAX's ``ragged_paged_attention`` kernel on the TPU topology,
    the LM head and per-row sampling) on the **inference layout**
@@ -69,10 +69,12 @@ def sizing(cfg, processes: int, episodes_per_slot: int, env_steps: int) -> dict:
     sim = simulate_engine(eps, slots, in_flight, e.decode_chunk, env_steps)
     static = simulate_static(eps, slots, env_steps)
     rule = pool_pages(sim["live_tokens_p99"], in_flight, e.page_size, r.max_total_tokens)
-    pages = e.num_pages * processes if e.num_pages else rule
+    configured = e.num_pages * processes
+    pages = max(configured, rule)
     return {"slots": slots, "in_flight": in_flight, "episodes": len(eps), "page_size": e.page_size,
-            "decode_chunk": e.decode_chunk, "pages_rule": rule, "pages": pages,
-            "pages_from": "engine.num_pages" if e.num_pages else "rule", "engine_sim": sim, "static_sim": static,
+            "decode_chunk": e.decode_chunk, "pages_rule": rule, "pages_configured": configured, "pages": pages,
+            "pages_from": "engine.num_pages" if configured >= rule else "rule", "engine_sim": sim,
+            "static_sim": static,
             "max_total_tokens": r.max_total_tokens}
 
 
@@ -232,7 +234,8 @@ def print_report(r: dict) -> None:
           f"inference mesh data={r['data']} x tensor={r['tensor']}  training mesh {r['train_mesh']}  "
           f"compile {r['compile_s']}  attention kernels {r['attention_kernels']}")
     print(f"  slots {s['slots']}  in flight {s['in_flight']}  pages {s['pages']:,} x {s['page_size']} tokens "
-          f"({s['pages_from']}; rule 1.25 x p99 live + 1 per episode: {s['pages_rule']:,})  live tokens mean "
+          f"({s['pages_from']}; rule 1.25 x p99 live + 1 per episode: {s['pages_rule']:,}; engine.num_pages x "
+          f"processes: {s['pages_configured']:,})  live tokens mean "
           f"{es['live_tokens_mean']:,.0f} p99 {es['live_tokens_p99']:,.0f}  utilisation engine "
           f"{es['utilisation']:.3f} (steady {es['steady_utilisation']:.3f}) static {ss['utilisation']:.3f} "
           f"({s['episodes']} episodes, {s['max_total_tokens']:,}-token cap)")

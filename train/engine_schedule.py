@@ -134,9 +134,9 @@ def simulate_engine(eps: list[Episode], slots: int, in_flight: int, chunk: int, 
         slot_steps += slots * chunk
         t += chunk
     live = np.asarray(live_samples, np.float64)
-    steady = steady or (useful, slot_steps)
+    steady = steady or (0, 0)  # (0, 0): every episode started before the first decode call (nan)
     return {"utilisation": useful / max(slot_steps, 1), "time_utilisation": useful / max(slots * t, 1),
-            "steady_utilisation": steady[0] / max(steady[1], 1),
+            "steady_utilisation": steady[0] / steady[1] if steady[1] else float("nan"),
             "steps": t, "useful": useful, "running_tokens_mean": running / max(chunks, 1),
             "live_tokens_mean": float(live.mean()),
             "live_tokens_p99": float(np.percentile(live, 99)), "live_tokens_max": float(live.max())}
