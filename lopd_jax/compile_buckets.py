@@ -1,8 +1,11 @@
-"""The compile check's length-aware figures: the bucketed step's shapes and the step-time estimate.
+"""The compile check's length-aware figures: every training step's bucketed shapes and step-time estimate.
 
-:func:`length_report` (called by :mod:`lopd_jax.compile_check`) compiles, for every
-bucket of ``lengths.buckets`` (plus the cap), the largest pass the trainer can run
-(:class:`train.bucketed_steps.BucketedLOPDStep`: rows per shard as
+:func:`stage_steps` names the steps a run config trains with: the warm-up (SFT, when
+``stages.warmup_steps`` > 0), the composer cold start (composer arms with
+``stages.cold_start_steps`` > 0) and the arm's step (LOPD, GRPO or text distillation).
+:func:`length_report` (called by :mod:`lopd_jax.compile_check` per step) compiles, for every
+bucket of ``lengths.buckets`` (plus the cap), the largest pass the trainer can run (the
+step's :mod:`train.bucketed_steps` class: rows per shard as
 :func:`lopd_jax.length_model.plan_passes` rounds them, at most the batch's) and the update,
 reports per-chip memory of the largest, and estimates the model FLOPs per real token and
 the step time at 100% of the slice's peak for the ``lengths`` distribution, padded and
@@ -14,10 +17,15 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from lopd_jax.arm_config import GROUP_ARMS
 from lopd_jax.length_model import rows_per_pass, step_estimate
 
 # dense bf16 peak per chip, FLOP/s (Cloud TPU spec sheets)
 PEAK_FLOPS = {"v5p": 459e12, "v5e": 197e12, "v6e": 918e12, "v4": 275e12}
+STEP_KINDS = ("warmup", "cold_start", "lopd", "grpo", "text")
+STEP_NAMES = {"warmup": "warm-up (SFT)", "cold_start": "cold start", "lopd": "LOPD", "grpo": "GRPO",
+              "text": "text distillation"}
+LOPD_ARMS = ("lopd", "lopd_frozen_composer")
 
 
 def _gib(x: float) -> float:
@@ -32,61 +40,131 @@ def _memory(compiled) -> dict:
             "total": _gib(total)}
 
 
-def shard_tokens(cfg, spec, shards: int) -> int:
+def stage_steps(cfg) -> list[str]:
+    """The training steps run config ``cfg`` runs, in order (of :data:`STEP_KINDS`): ``warmup``
+    when ``stages.warmup_steps`` > 0, ``cold_start`` when the arm uses the composer and
+    ``stages.cold_start_steps`` > 0, then the arm's step (``lopd``, ``grpo`` or ``text``)."""
+    steps = ["warmup"] if cfg.stages.warmup_steps > 0 else []
+    if cfg.arm in LOPD_ARMS and cfg.stages.cold_start_steps > 0:
+        steps.append("cold_start")
+    steps.append("lopd" if cfg.arm in LOPD_ARMS else "grpo" if cfg.arm == "grpo" else "text")
+    return steps
+
+
+def step_rows(cfg, spec, kind: str, shards: int) -> int:
+    """Rows of one ``kind`` step's batch: the warm-up's and cold start's batch sizes, else the
+    rollouts per step; rounded up to a multiple of the batch shards (as the trainer pads)."""
+    n = {"warmup": cfg.stages.warmup_batch, "cold_start": cfg.stages.cold_start_batch}.get(kind, spec.batch)
+    return -(-n // shards) * shards
+
+
+def shard_tokens(cfg, spec, shards: int, rows: int | None = None) -> int:
     """Tokens per batch shard and pass: ``lengths.bucket_tokens``, or the padded step's
-    (``steps.micro_batch`` rows, or all of a shard's rows, times the cap) -- as
-    :meth:`train.run_context.RunContext.bucketed`."""
-    local = max(1, spec.batch // shards)
+    (``steps.micro_batch`` rows, or all of a shard's rows, times the cap) for a batch of
+    ``rows`` (default the rollouts per step) -- as :meth:`train.run_context.RunContext.bucketed`."""
+    local = max(1, (spec.batch if rows is None else rows) // shards)
     micro = spec.steps.micro_batch
     return cfg.lengths.bucket_tokens or (micro if 0 < micro < local else local) * spec.seq
 
 
-def length_report(cfg, spec, system, gen: str, chips: int, flops_fn, compile_passes: bool = True) -> dict:
-    """The length-aware figures of run config ``cfg`` (see the module docstring).
+def _abstract_pass(cfg, spec, kind: str, rows: int, seq: int) -> dict:
+    """``jax.ShapeDtypeStruct`` s of one pass of ``rows`` x ``seq`` of a ``kind`` step (the
+    keys the trainer's batches of that stage carry, plus ``row_valid`` / ``row_index``)."""
+    import jax  # the compile check configures JAX (platform, devices) before this runs
+    import jax.numpy as jnp
 
-    ``system``: the compile check's abstract :class:`train.system.LOPDSystem` on the
-    topology's mesh; ``flops_fn(rows, seq)``: model FLOPs of ``rows`` trajectories of
-    ``seq`` tokens; ``gen``: the TPU generation (``cpu``: no time estimate).
-    """
-    # JAX and train/ import here: the compile check configures JAX (platform, devices) first
-    from train.bucketed_steps import BucketedLOPDStep
     from train.step_spec import abstract_lopd_batch
 
+    sds = jax.ShapeDtypeStruct
+    b = abstract_lopd_batch(dataclasses.replace(spec, batch=rows, seq=seq))
+    seq_keys = {k: b[k] for k in ("tokens", "attention_mask", "loss_mask")}
+    if kind == "warmup":
+        b = seq_keys
+    elif kind == "cold_start":
+        b.pop("rewards")
+    elif kind == "grpo":
+        b = seq_keys | {"rewards": b["rewards"], "old_logp": sds((rows, seq), jnp.float32),
+                        "advantages": sds((rows,), jnp.float32)}
+    elif kind == "text":
+        b = seq_keys | {"insert_at": b["insert_at"], "rewards": b["rewards"],
+                        "ctx_ids": sds((rows, cfg.arms.context_tokens), jnp.int32), "ctx_len": sds((rows,), jnp.int32),
+                        "row_weight": sds((rows,), jnp.float32)}
+    return b | {"row_valid": sds((rows,), jnp.float32), "row_index": sds((rows,), jnp.int32)}
+
+
+def _bucketed_step(cfg, system, kind: str):
+    """``(step, abstract state, abstract second argument)`` of the ``kind`` bucketed step."""
+    # JAX and train/ import here: the compile check configures JAX (platform, devices) first
     import jax
     import jax.numpy as jnp
 
+    from train.bucketed_steps import BucketedColdStartStep, BucketedGRPOStep, BucketedLOPDStep, BucketedTextStep
+    from train.warmup import BucketedSFTStep, make_sft_step
+
+    state, frozen = system.abstract_state(cfg.seed)
+    if kind == "lopd":
+        return BucketedLOPDStep(system, state), state, frozen
+    if kind == "grpo":
+        return BucketedGRPOStep(system, state, cfg.arms.group_size if cfg.arm in GROUP_ARMS else cfg.env.group_size), \
+            state, frozen
+    if kind == "text":
+        ema = cfg.arms.ema_decay if cfg.arm == "sdft" else None
+        state = state if ema is None else {**state, "ema": state["student"]}
+        return BucketedTextStep(system, state, ema), state, frozen
+    if kind == "cold_start":
+        cold = jax.eval_shape(lambda c, rng: {"step": jnp.zeros((), jnp.int32), "rng": rng, "composer": c,
+                                              "composer_opt": {k: system.cold_start_opt[k].init(c[k]) for k in c}},
+                              state["composer"], state["rng"])
+        return BucketedColdStartStep(system, cold), cold, frozen
+    opt, _ = make_sft_step(system, cfg.stages)
+    warm = jax.eval_shape(lambda p: {"step": jnp.zeros((), jnp.int32), "params": p, "opt": opt.init(p)}, frozen)
+    return BucketedSFTStep(system, warm, opt), warm, state["composer"]["lora"]
+
+
+def length_report(cfg, spec, system, gen: str, chips: int, flops_fn, compile_passes: bool = True,
+                  kind: str = "lopd") -> dict:
+    """The length-aware figures of the ``kind`` step (:data:`STEP_KINDS`) of run config ``cfg``
+    (see the module docstring).
+
+    ``system``: the compile check's abstract :class:`train.system.LOPDSystem` on the
+    topology's mesh; ``flops_fn(rows, seq)``: model FLOPs of the step on ``rows``
+    trajectories of ``seq`` tokens; ``gen``: the TPU generation (``cpu``: no time estimate).
+    """
+    import jax  # the compile check configures JAX (platform, devices) before this runs
+
+    from train.bucketed_steps import BucketedBatch
+
+    if kind not in STEP_KINDS:
+        raise ValueError(f"unknown step {kind!r}; choose from {STEP_KINDS}")
     lengths = cfg.lengths
     shards = system.batch_shards(spec.batch)
-    per_shard_tokens = shard_tokens(cfg, spec, shards)
+    rows = step_rows(cfg, spec, kind, shards)
+    per_shard_tokens = shard_tokens(cfg, spec, shards, rows)
     buckets = lengths.bucket_lengths(spec.seq)
-    out: dict = {"buckets": list(buckets), "shard_tokens": per_shard_tokens, "batch_shards": shards,
-                 "fill": lengths.fill,
+    out: dict = {"step": kind, "rows": rows, "buckets": list(buckets), "shard_tokens": per_shard_tokens,
+                 "batch_shards": shards, "fill": lengths.fill,
                  "distribution": {k: getattr(lengths, k) for k in ("prompt_median", "prompt_sigma", "turns_mean",
                                                                     "turn_median", "turn_sigma", "first_turn_median",
                                                                     "obs_median", "obs_sigma")}}
     peak = PEAK_FLOPS.get(gen)
-    est = step_estimate(lengths, flops_fn, spec.batch, spec.seq, shards, per_shard_tokens,
-                        (peak or 1.0) * chips)
+    est = step_estimate(lengths, flops_fn, rows, spec.seq, shards, per_shard_tokens, (peak or 1.0) * chips)
     if peak is None:
         for side in ("padded", "bucketed"):
             est[side].pop("seconds")
     out["estimate"] = est | {"buckets": list(est["buckets"]), "peak_flops_per_chip": peak}
     if not (compile_passes and lengths.enabled):
         return out
-    state, frozen = system.abstract_state()
-    step = BucketedLOPDStep(system, state)
+    step, state, second = _bucketed_step(cfg, system, kind)
     sds = jax.ShapeDtypeStruct
-    totals = {k: sds((), jnp.float32) for k in ("tokens", "rollouts", "anchor_elements")}
-    max_per_shard = 1 << (-(-spec.batch // shards) - 1).bit_length()
+    stats = {k: 0.0 for k in ("mean_reward", "tokens", "supervised", "rollouts", "weight")} | {"rows": rows}
+    totals = jax.tree.map(lambda x: sds(x.shape, x.dtype), step._totals(BucketedBatch([], [], rows, stats)))
+    max_per_shard = 1 << (-(-rows // shards) - 1).bit_length()
     passes, t0 = [], time.time()
     update_mem = None
     for seq in buckets:
-        rows = min(rows_per_pass(seq, per_shard_tokens, shards) // shards, max_per_shard) * shards
-        b = abstract_lopd_batch(dataclasses.replace(spec, batch=rows, seq=seq))
-        b["row_valid"] = sds((rows,), jnp.float32)
-        b["row_index"] = sds((rows,), jnp.int32)
-        lowered_pass, lowered_update = step.lower(state, frozen, b, spec.batch, totals)
-        passes.append({"rows": rows, "seq": seq, "per_chip_gib": _memory(lowered_pass.compile())})
+        n = min(rows_per_pass(seq, per_shard_tokens, shards) // shards, max_per_shard) * shards
+        lowered_pass, lowered_update = step.lower(state, second, _abstract_pass(cfg, spec, kind, n, seq), rows, totals)
+        passes.append({"rows": n, "seq": seq, "per_chip_gib": _memory(lowered_pass.compile())})
         if update_mem is None:
             update_mem = _memory(lowered_update.compile())
     out["compile_s"] = round(time.time() - t0, 1)
@@ -103,34 +181,42 @@ def memory_line(m: dict, hbm_gib: float | None, label: str = "per chip GiB") -> 
             + (f"  / HBM {hbm_gib:.0f}" if hbm_gib else ""))
 
 
+def distribution_line(rep: dict) -> str:
+    """The report line of the episode-length distribution of a :func:`length_report`."""
+    d, est = rep["distribution"], rep["estimate"]
+    return (f"  episode lengths: prompt median {d['prompt_median']:g} (sigma {d['prompt_sigma']:g}), turns mean "
+            f"{d['turns_mean']:g}, turn median {d['turn_median']:g} (sigma {d['turn_sigma']:g})"
+            + (f", first turn median {d['first_turn_median']:g}" if d["first_turn_median"] else "")
+            + f", observation median {d['obs_median']:g} (sigma {d['obs_sigma']:g}): mean episode "
+            f"{est['mean_length']:,.0f} tokens")
+
+
 def length_lines(rep: dict, hbm_gib: float | None) -> list[str]:
-    """The compile check's report lines of :func:`length_report`'s ``rep``."""
-    lines = []
-    est, d = rep["estimate"], rep["distribution"]
+    """The compile check's report lines of :func:`length_report`'s ``rep`` (one step)."""
+    est = rep["estimate"]
+    lines = [f"  {STEP_NAMES[rep['step']]} step, {rep['rows']} rows per batch:"]
     if "passes" in rep:
         big = rep["largest"]
-        lines.append(f"  length buckets {tuple(rep['buckets'])}, {rep['shard_tokens']} tokens per shard and pass, "
+        lines.append(f"    length buckets {tuple(rep['buckets'])}, {rep['shard_tokens']} tokens per shard and pass, "
                      f"fill {rep['fill']}: compiled {len(rep['passes'])} pass shapes (rows x seq "
                      + ", ".join(f"{p['rows']}x{p['seq']}" for p in rep["passes"]) + f") + update in {rep['compile_s']} s")
-        lines.append(memory_line(big["per_chip_gib"], hbm_gib, f"largest pass {big['rows']}x{big['seq']} per chip GiB"))
-        lines.append(memory_line(rep["update_per_chip_gib"], hbm_gib, "update per chip GiB"))
+        lines.append("  " + memory_line(big["per_chip_gib"], hbm_gib,
+                                        f"largest pass {big['rows']}x{big['seq']} per chip GiB"))
+        lines.append("  " + memory_line(rep["update_per_chip_gib"], hbm_gib, "update per chip GiB"))
     else:
-        lines.append(f"  length buckets off (lengths.buckets=()); estimate for buckets {tuple(rep['buckets'])}")
-    lines.append(f"  episode lengths: prompt median {d['prompt_median']:g} (sigma {d['prompt_sigma']:g}), turns mean "
-                 f"{d['turns_mean']:g}, turn median {d['turn_median']:g} (sigma {d['turn_sigma']:g})"
-                 + (f", first turn median {d['first_turn_median']:g}" if d["first_turn_median"] else "")
-                 + f", observation median {d['obs_median']:g} (sigma {d['obs_sigma']:g}): mean episode "
-                 f"{est['mean_length']:,.0f} tokens")
+        lines.append(f"    length buckets off (lengths.buckets=()): not compiled; estimate for buckets "
+                     f"{tuple(rep['buckets'])}")
     p, b = est["padded"], est["bucketed"]
-    lines.append(f"  model FLOPs/step padded {p['flops']:.3e} ({p['real_fraction']:.0%} of row tokens real), "
+    lines.append(f"    model FLOPs/step padded {p['flops']:.3e} ({p['real_fraction']:.0%} of row tokens real), "
                  f"length-aware {b['flops']:.3e} ({b['real_fraction']:.0%} real)")
-    lines.append(f"  model FLOPs per real token: padded {p['flops_per_real_token']:.3e}, "
+    lines.append(f"    model FLOPs per real token: padded {p['flops_per_real_token']:.3e}, "
                  f"length-aware {b['flops_per_real_token']:.3e}")
     if "seconds" in p:
-        lines.append(f"  est. step time at 100% peak ({est['peak_flops_per_chip'] / 1e12:.0f} TFLOP/s per chip): "
+        lines.append(f"    est. step time at 100% peak ({est['peak_flops_per_chip'] / 1e12:.0f} TFLOP/s per chip): "
                      f"padded {p['seconds']:.1f} s, length-aware {b['seconds']:.1f} s "
                      f"({p['seconds'] / b['seconds']:.2f}x)")
     return lines
 
 
-__all__ = ["PEAK_FLOPS", "shard_tokens", "length_report", "length_lines"]
+__all__ = ["PEAK_FLOPS", "STEP_KINDS", "STEP_NAMES", "stage_steps", "step_rows", "shard_tokens", "length_report",
+           "memory_line", "distribution_line", "length_lines"]

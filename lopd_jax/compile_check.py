@@ -44,7 +44,8 @@ import re
 import sys
 import time
 
-from lopd_jax.compile_buckets import length_lines, length_report, memory_line
+from lopd_jax.compile_buckets import (STEP_KINDS, distribution_line, length_lines, length_report, memory_line,
+                                     stage_steps)
 
 HBM_GIB = {"v5e": 16.0, "v5p": 95.0, "v6e": 32.0, "v4": 32.0}
 # chips per "name-N": v5p and v4 count TensorCores (2 per chip); v5e / v6e count chips.
@@ -112,26 +113,52 @@ def model_flops(mcfg, ccfg, batch: int, seq: int, exp_len: int, l_ins: int) -> d
     t_s, t_t, t_e = batch * seq, batch * (seq + l_ins), batch * ccfg.n_ret * exp_len
     student = 6 * n_layer * t_s + 3 * attn(seq, batch) + 6 * head * t_s
     teacher = 4 * n_layer * t_t + 2 * attn(seq + l_ins, batch) + 4 * head * t_s
-    encoder = 4 * n_layer * t_e + 2 * attn(exp_len, batch * ccfg.n_ret) + 2 * n_layer * t_e + attn(exp_len, batch * ccfg.n_ret)
-    return {"student": student, "teacher": teacher, "encoder": encoder, "total": student + teacher + encoder}
+    anchor = 2 * n_layer * t_e + attn(exp_len, batch * ccfg.n_ret)
+    encoder = 4 * n_layer * t_e + 2 * attn(exp_len, batch * ccfg.n_ret) + anchor
+    return {"student": student, "teacher": teacher, "encoder": encoder, "anchor": anchor,
+            "total": student + teacher + encoder}
 
 
-def build_step(spec, layout, devices):
-    """(compiled, system) for the LOPD step of ``spec`` lowered on ``devices`` with abstract inputs."""
+def step_flops(kind: str, mcfg, ccfg, batch: int, seq: int, exp_len: int, l_ins: int, ctx_tokens: int = 0) -> float:
+    """Analytic FLOPs of one training step of ``kind`` (:data:`lopd_jax.compile_buckets.STEP_KINDS`)
+    from :func:`model_flops`' parts: ``lopd`` all of them; ``warmup`` and ``grpo`` the
+    student's fwd + bwd; ``cold_start`` the teacher (latents spliced; fwd + activation
+    backward into the composer) and the encoder without the anchor; ``text`` the student
+    and the teacher's forward over the sequence plus a ``ctx_tokens`` context block."""
+    f = model_flops(mcfg, ccfg, batch, seq, exp_len, l_ins)
+    if kind == "lopd":
+        return f["total"]
+    if kind in ("warmup", "grpo"):
+        return f["student"]
+    if kind == "cold_start":
+        return f["teacher"] + f["encoder"] - f["anchor"]
+    if kind == "text":
+        return f["student"] + model_flops(mcfg, ccfg, batch, seq, exp_len, ctx_tokens)["teacher"] / 2
+    raise ValueError(f"unknown step {kind!r}")
+
+
+def build_system(spec, layout, devices):
+    """The abstract :class:`train.system.LOPDSystem` of ``spec`` on a mesh of ``devices`` (no weights)."""
     from flax import nnx
 
     from lopd_jax.composer import make_compressor
     from models.decoder import Decoder
     from train import mesh as mesh_lib
-    from train.step_spec import abstract_lopd_batch
-    from train.steps import make_lopd_step
     from train.system import LOPDSystem
 
     mesh = mesh_lib.make_mesh(spec.mesh, devices)
     rules = mesh_lib.rules_for(mesh, spec.mesh)
     backbone = nnx.eval_shape(lambda: Decoder(spec.model, rngs=nnx.Rngs(0), rules=rules))
     compressor = nnx.eval_shape(lambda: make_compressor(spec.model, spec.composer, nnx.Rngs(0)))
-    system = LOPDSystem(backbone, compressor, spec.composer, layout, spec.steps, rules)
+    return LOPDSystem(backbone, compressor, spec.composer, layout, spec.steps, rules)
+
+
+def build_step(spec, layout, devices):
+    """(compiled, system) for the LOPD step of ``spec`` lowered on ``devices`` with abstract inputs."""
+    from train.step_spec import abstract_lopd_batch
+    from train.steps import make_lopd_step
+
+    system = build_system(spec, layout, devices)
     state, frozen = system.abstract_state()
     b = abstract_lopd_batch(spec)
     step = make_lopd_step(system, state, b)
@@ -235,24 +262,22 @@ def _gib(x):
     return x / 2**30
 
 
-def run(args) -> dict:
-    """Compile, measure and return the report dict (see :func:`parse_args` for ``args``)."""
-    cfg = run_config(args)
-    spec, layout = step_inputs(cfg)
-    devices, gen, hbm = topology_devices(args.topology)
+def selected_steps(cfg, names: str | None) -> list[str]:
+    """The steps to compile: ``--steps`` (comma-separated :data:`STEP_KINDS`), or every
+    training step ``cfg`` runs (:func:`lopd_jax.compile_buckets.stage_steps`)."""
+    if not names:
+        return stage_steps(cfg)
+    steps = [n.strip() for n in names.split(",") if n.strip()]
+    bad = [n for n in steps if n not in STEP_KINDS]
+    if bad or not steps:
+        raise ValueError(f"--steps={names!r}: choose from {', '.join(STEP_KINDS)} (comma-separated)")
+    return steps
+
+
+def _padded_lopd(args, head, spec, layout, devices, hbm):
+    """``(report, system)``: ``head`` with the padded LOPD step's compile time, per-chip memory
+    and FLOPs (``--flops``: compiled too); on a program XLA refuses for HBM, system None."""
     mcfg, ccfg = spec.model, spec.composer
-    from models.partitioning import DEFAULT_RULES
-    head = {"config": args.config, "model": cfg.model.name or cfg.model.hf_path, "topology": args.topology,
-            "chips": len(devices), "batch": spec.batch, "seq": spec.seq, "exp_len": spec.exp_len,
-            "exp_uncut": cfg.composer.max_experience_tokens is None,
-            "mesh": dict(zip(("data", "fsdp", "tensor"), spec.mesh.shape(len(devices)))),
-            "rules": [list(r) for r in spec.mesh.rules if r not in DEFAULT_RULES], "remat": mcfg.remat_policy, "attention": mcfg.attention_impl,
-            "dtype": mcfg.dtype, "param_dtype": mcfg.param_dtype, "logits_chunk": spec.steps.logits_chunk,
-            "micro_batch": spec.steps.micro_batch, "hbm_gib": hbm}
-    if args.dry_run:  # config, tokenizer and topology resolved; nothing lowered or compiled
-        return head | {"dry_run": True, "latent_block_tokens": layout.length,
-                       "model_flops": model_flops(mcfg, spec.composer, spec.batch, spec.seq, spec.exp_len,
-                                                  layout.length)["total"]}
     t0 = time.time()
     try:
         compiled, system = build_step(spec, layout, devices)
@@ -262,7 +287,7 @@ def run(args) -> dict:
             raise
         return head | {"fits": False, "compile_s": round(time.time() - t0, 1),
                        "per_chip_gib": {"temporaries": float(match.group(1))},  # XLA prints GiB as "G"
-                       "error": str(e).splitlines()[0][:300]}
+                       "error": str(e).splitlines()[0][:300]}, None
     compile_s = time.time() - t0
     mem = compiled.memory_analysis()
     total = mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes + mem.temp_size_in_bytes
@@ -296,11 +321,43 @@ def run(args) -> dict:
         report["compiled_flops"] = compiled_flops
         report["flops_ratio"] = compiled_flops / mf["total"]
     report["fits"] = hbm is None or report["per_chip_gib"]["total"] <= hbm
-    # length buckets (lopd_jax.compile_buckets): their pass shapes, and the step-time estimate
-    report["lengths"] = length_report(cfg, spec, system, gen, len(devices), lambda rows, seq: model_flops(
-        mcfg, ccfg, rows, seq, spec.exp_len, system.layout.length)["total"])
-    if hbm is not None and "largest" in report["lengths"]:
-        report["fits"] = report["fits"] and report["lengths"]["largest"]["per_chip_gib"]["total"] <= hbm
+    return report, system
+
+
+def run(args) -> dict:
+    """Compile, measure and return the report dict (see :func:`parse_args` for ``args``)."""
+    cfg = run_config(args)
+    steps = selected_steps(cfg, args.steps)
+    spec, layout = step_inputs(cfg)
+    devices, gen, hbm = topology_devices(args.topology)
+    mcfg, ccfg = spec.model, spec.composer
+    from models.partitioning import DEFAULT_RULES
+    head = {"config": args.config, "model": cfg.model.name or cfg.model.hf_path, "topology": args.topology,
+            "chips": len(devices), "batch": spec.batch, "seq": spec.seq, "exp_len": spec.exp_len,
+            "exp_uncut": cfg.composer.max_experience_tokens is None,
+            "mesh": dict(zip(("data", "fsdp", "tensor"), spec.mesh.shape(len(devices)))),
+            "rules": [list(r) for r in spec.mesh.rules if r not in DEFAULT_RULES], "remat": mcfg.remat_policy, "attention": mcfg.attention_impl,
+            "dtype": mcfg.dtype, "param_dtype": mcfg.param_dtype, "logits_chunk": spec.steps.logits_chunk,
+            "micro_batch": spec.steps.micro_batch, "hbm_gib": hbm, "steps": steps}
+    if args.dry_run:  # config, tokenizer and topology resolved; nothing lowered or compiled
+        return head | {"dry_run": True, "latent_block_tokens": layout.length,
+                       "model_flops": model_flops(mcfg, spec.composer, spec.batch, spec.seq, spec.exp_len,
+                                                  layout.length)["total"]}
+    if "lopd" in steps:  # the padded LOPD step: the reference the length-aware figures stand beside
+        report, system = _padded_lopd(args, head, spec, layout, devices, hbm)
+        if system is None:
+            return report
+    else:
+        report, system = head | {"fits": True}, build_system(spec, layout, devices)
+    # every step's length buckets (lopd_jax.compile_buckets): their pass shapes, and the step-time estimate
+    report["length_steps"] = {}
+    for kind in steps:
+        flops = lambda rows, seq, kind=kind: step_flops(kind, mcfg, ccfg, rows, seq, spec.exp_len,  # noqa: E731
+                                                         system.layout.length, cfg.arms.context_tokens)
+        rep = length_report(cfg, spec, system, gen, len(devices), flops, kind=kind)
+        report["length_steps"][kind] = rep
+        if hbm is not None and "largest" in rep:
+            report["fits"] = report["fits"] and rep["largest"]["per_chip_gib"]["total"] <= hbm
     return report
 
 
@@ -333,6 +390,10 @@ def parse_args(argv=None):
     p.add_argument("--flops", action="store_true",
                    help="also count compiled FLOPs (two more compiles of unrolled 1- and 2-layer variants)")
     p.add_argument("--json", default=None, help="also write the report here")
+    p.add_argument("--steps", default=None,
+                   help=f"comma-separated training steps to compile ({', '.join(STEP_KINDS)}); default: every "
+                        "step the config runs (warm-up, cold start, the arm's). The padded LOPD step compiles "
+                        "when lopd is one of them")
     p.add_argument("--dry_run", action="store_true",
                    help="resolve the config, tokenizer, mesh and topology, print them and stop before compiling")
     p.add_argument("overrides", nargs="*", help="dotted config overrides key=value, as for lopd_jax.train")
@@ -365,28 +426,35 @@ def main(argv=None) -> int:
               f"model FLOPs/step {report['model_flops']:.3e}: resolved, not compiled")
         write_report(report, args.json)
         return 0
-    m = report["per_chip_gib"]
     if "error" in report:
+        m = report["per_chip_gib"]
         print(f"LOPD step  config={report['config']}  topology={report['topology']} ({report['chips']} chips)  "
               f"batch={report['batch']} x {report['seq']} tokens: DOES NOT FIT -- XLA needs "
               f"{m['temporaries']:.1f} GiB of temporaries per chip (HBM {report['hbm_gib']} GiB)")
         write_report(report, args.json)
         return 1
     mesh = report["mesh"]
-    print(f"LOPD step  config={report['config']} ({report['model']})  topology={report['topology']} "
-          f"({report['chips']} chips)  batch={report['batch']} x {report['seq']} tokens, "
+    padded = "per_chip_gib" in report
+    print(f"{'padded LOPD step' if padded else 'steps'}  config={report['config']} ({report['model']})  "
+          f"topology={report['topology']} ({report['chips']} chips)  batch={report['batch']} x {report['seq']} tokens, "
           f"experiences {report['exp_len']}{' (uncut: assumed)' if report['exp_uncut'] else ''}  mesh data={mesh['data']} fsdp={mesh['fsdp']} tensor={mesh['tensor']}"
           + (f"  rules changed: {report['rules']}" if report["rules"] else ""))
     print(f"  attention={report['attention']}  micro_batch={report['micro_batch']}  remat={report['remat']}  "
-          f"dtype={report['dtype']} (params {report['param_dtype']})  logits_chunk={report['logits_chunk']}  "
-          f"compile {report['compile_s']} s")
-    print(memory_line(m, report["hbm_gib"]))
-    print(f"  model FLOPs/step {report['model_flops']:.3e}", end="")
-    if "compiled_flops" in report:
-        print(f"  compiled FLOPs/step {report['compiled_flops']:.3e}  ratio {report['flops_ratio']:.3f}")
+          f"dtype={report['dtype']} (params {report['param_dtype']})  logits_chunk={report['logits_chunk']}"
+          + (f"  compile {report['compile_s']} s" if padded else ""))
+    if padded:
+        print(memory_line(report["per_chip_gib"], report["hbm_gib"]))
+        print(f"  model FLOPs/step {report['model_flops']:.3e}", end="")
+        if "compiled_flops" in report:
+            print(f"  compiled FLOPs/step {report['compiled_flops']:.3e}  ratio {report['flops_ratio']:.3f}")
+        else:
+            print()
     else:
-        print()
-    print("\n".join(length_lines(report["lengths"], report["hbm_gib"])))
+        print(f"  padded LOPD step not compiled (--steps={','.join(report['steps'])})")
+    reps = list(report["length_steps"].values())
+    print(distribution_line(reps[0]))
+    for rep in reps:
+        print("\n".join(length_lines(rep, report["hbm_gib"])))
     return verdict(report, args.json)
 
 

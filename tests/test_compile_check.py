@@ -196,3 +196,62 @@ def test_tpu_worker_version_check(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == (0 if _has_libtpu() else 1), proc.stdout + proc.stderr
     assert proc.stdout.startswith("jax ")
+
+
+def test_compile_check_steps_follow_the_run_config():
+    """The steps the check compiles are the ones the run trains with: warm-up (when it runs),
+    the cold start (composer arms), then the arm's step; ``--steps`` picks some, by name."""
+    from lopd_jax.compile_buckets import stage_steps
+    from lopd_jax.compile_check import selected_steps
+    from lopd_jax.overrides import apply_overrides, load_config
+
+    tiny = load_config("tiny")
+    assert stage_steps(tiny) == ["warmup", "cold_start", "lopd"]
+    assert stage_steps(load_config("qwen3_8b")) == ["cold_start", "lopd"]  # real checkpoints skip the warm-up
+    assert stage_steps(apply_overrides(tiny, ["arm=grpo", "arms.group_size=4"])) == ["warmup", "grpo"]
+    assert stage_steps(apply_overrides(tiny, ["arm=sdft", "stages.warmup_steps=0"])) == ["text"]
+    assert stage_steps(apply_overrides(tiny, ["arm=lopd_frozen_composer"])) == ["warmup", "cold_start", "lopd"]
+    assert selected_steps(tiny, "cold_start, lopd") == ["cold_start", "lopd"]
+    with pytest.raises(ValueError, match="--steps='packing': choose from warmup, cold_start, lopd, grpo, text"):
+        selected_steps(tiny, "packing")
+
+
+def test_step_flops_add_up_to_the_lopd_step():
+    """The per-step FLOP models are parts of the LOPD step's: the cold start drops the student
+    and the anchor, the warm-up and GRPO are the student alone."""
+    from lopd_jax.compile_check import model_flops, step_flops
+    from lopd_jax.composer import ComposerConfig
+    from models.config import named_config
+
+    cfg, ccfg = named_config("qwen3_8b"), ComposerConfig()
+    f = model_flops(cfg, ccfg, 2, 4096, 1024, 100)
+    flops = {k: step_flops(k, cfg, ccfg, 2, 4096, 1024, 100, ctx_tokens=256) for k in
+             ("warmup", "cold_start", "lopd", "grpo", "text")}
+    assert flops["lopd"] == f["total"] == flops["warmup"] + flops["cold_start"] + f["anchor"]
+    assert flops["grpo"] == flops["warmup"] < flops["text"] < flops["warmup"] * 1.5 < flops["lopd"]
+
+
+def test_compile_check_compiles_each_steps_buckets(tmp_path, capsys):
+    """With length buckets, every step the run trains with compiles its pass shapes (here the
+    GRPO arm's warm-up and GRPO steps: 2 shapes each + their updates, on 2 CPU devices; no
+    padded LOPD step, which this arm does not run) and prints per step the largest pass's
+    memory, model FLOPs per real token padded and length-aware."""
+    from lopd_jax.compile_check import main
+
+    out = tmp_path / "r.json"
+    args = ["--config=tiny", "--topology=cpu:2", "arm=grpo", "arms.group_size=4", "rollout.max_total_tokens=256",
+            "lengths.buckets=128", "lengths.prompt_median=40", "lengths.turn_median=20", "lengths.obs_median=10",
+            f"--json={out}"]
+    assert main(args) == 0
+    report = json.loads(out.read_text())
+    text = capsys.readouterr().out
+    assert report["steps"] == ["warmup", "grpo"] and "per_chip_gib" not in report  # no padded LOPD compile
+    assert "padded LOPD step not compiled" in text and "mean episode" in text
+    for kind, name in (("warmup", "warm-up (SFT) step, 8 rows"), ("grpo", "GRPO step, 8 rows")):
+        rep = report["length_steps"][kind]
+        assert [(p["rows"], p["seq"]) for p in rep["passes"]] == [(8, 128), (8, 256)]
+        assert rep["largest"]["seq"] == 256 and rep["largest"]["per_chip_gib"]["total"] > 0
+        est = rep["estimate"]
+        assert est["bucketed"]["flops_per_real_token"] < est["padded"]["flops_per_real_token"]
+        assert name in text
+    assert text.count("largest pass 8x256 per chip GiB") == 2 and text.count("model FLOPs per real token") == 2
