@@ -15,6 +15,7 @@ length-aware (:func:`lopd_jax.length_model.step_estimate`). :func:`length_lines`
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 
 from lopd_jax.arm_config import GROUP_ARMS
@@ -161,14 +162,17 @@ def length_report(cfg, spec, system, gen: str, chips: int, flops_fn, compile_pas
     max_per_shard = 1 << (-(-rows // shards) - 1).bit_length()
     passes, t0 = [], time.time()
     update_mem = None
-    for seq in buckets:
+    for seq in reversed(buckets):  # longest first: the likely largest pass is known first on a long compile
         n = min(rows_per_pass(seq, per_shard_tokens, shards) // shards, max_per_shard) * shards
         lowered_pass, lowered_update = step.lower(state, second, _abstract_pass(cfg, spec, kind, n, seq), rows, totals)
         passes.append({"rows": n, "seq": seq, "per_chip_gib": _memory(lowered_pass.compile())})
+        # progress on stderr: a real-size compile takes minutes per pass
+        print(f"  [{STEP_NAMES[kind]}] compiled pass {n}x{seq}: {passes[-1]['per_chip_gib']['total']:.2f} GiB per "
+              f"chip ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
         if update_mem is None:
             update_mem = _memory(lowered_update.compile())
     out["compile_s"] = round(time.time() - t0, 1)
-    out["passes"] = passes
+    out["passes"] = passes[::-1]
     out["update_per_chip_gib"] = update_mem
     out["largest"] = max(passes, key=lambda p: p["per_chip_gib"]["total"])
     return out
