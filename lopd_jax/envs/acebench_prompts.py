@@ -1,4 +1,5 @@
-"""ACEBench's English prompts for the normal and special categories, verbatim.
+"""ACEBench's English prompts, verbatim: the normal and special categories', then (at the
+end) the agent categories' agent and simulated-user prompts.
 
 The text of ``SYSTEM_PROMPT_FOR_NORMAL_DATA_EN``, ``SYSTEM_PROMPT_FOR_PREFERENCE_DATA_EN``,
 ``SYSTEM_PROMPT_FOR_SPECIAL_DATA_EN`` and ``USER_PROMPT_EN`` in ACEBench's
