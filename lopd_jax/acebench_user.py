@@ -11,6 +11,7 @@ threads.
 
 from __future__ import annotations
 
+import copy
 import threading
 from typing import Any
 
@@ -20,8 +21,9 @@ from lopd_jax.chat import make_chat_format
 from lopd_jax.envs.base import Environment
 from lopd_jax.evaluate import TINY, load_policy
 from lopd_jax.types import AssistantTurn, Message, StepResult, Task, ToolSchema
+from train.engine import Engine
 from train.rollout import RolloutConfig, rollout
-from train.sampler import Sampler, SamplingParams
+from train.sampling import SamplingParams
 
 
 class _ReplyEnvironment(Environment):
@@ -46,18 +48,19 @@ class _ReplyEnvironment(Environment):
 
 
 class RolloutUser:
-    """A :data:`lopd_jax.envs.acebench_agent.UserSimulator` backed by a sampler (greedy).
+    """A :data:`lopd_jax.envs.acebench_agent.UserSimulator` backed by a rollout engine (greedy).
 
     ``name`` is recorded in the report (e.g. ``"policy"`` or the checkpoint path).
     """
 
-    def __init__(self, sampler: Sampler, params: Any, fmt: Any, name: str, max_turn_tokens: int,
+    def __init__(self, engine: Engine, params: Any, fmt: Any, name: str, max_turn_tokens: int,
                  max_total_tokens: int, seed: int = 0):
         """``max_turn_tokens`` / ``max_total_tokens``: the caps of each reply."""
-        if sampler.multihost:
+        if jax.process_count() > 1:
             raise ValueError("the ACEBench user simulator runs on one process; a multi-host policy cannot "
                              "simulate it (pass --acebench_user_model, or run the suite on one host)")
-        self.sampler, self.params, self.fmt, self.name = sampler, params, fmt, name
+        # its own copy: a reply is rolled out while the agent's engine is inside its own run
+        self.engine, self.params, self.fmt, self.name = copy.copy(engine), params, fmt, name
         self.config = RolloutConfig(max_env_steps=1, max_turn_tokens=max_turn_tokens,
                                     max_total_tokens=max_total_tokens)
         self.key, self.calls, self.lock = jax.random.key(seed), 0, threading.Lock()
@@ -68,23 +71,23 @@ class RolloutUser:
                     payload={"messages": list(messages)})
         with self.lock:
             self.calls += 1
-            traj, = rollout(self.sampler, self.params, self.fmt, _ReplyEnvironment, [task],
+            traj, = rollout(self.engine, self.params, self.fmt, _ReplyEnvironment, [task],
                             jax.random.fold_in(self.key, self.calls), self.config,
                             sampling=SamplingParams(0.0, 1.0, 0))
         last = traj.messages[-1]
         return str(last.get("content") or "") if last.get("role") == "assistant" else ""
 
 
-def user_simulator(args: Any, sampler: Sampler, params: Any, fmt: Any) -> RolloutUser:
+def user_simulator(args: Any, engine: Engine, params: Any, fmt: Any) -> RolloutUser:
     """The suite's simulator: ``args.acebench_user_model`` (a checkpoint, or ``tiny``)
-    loaded as a second policy, else the evaluated policy (``sampler``, ``params``, ``fmt``)."""
+    loaded as a second policy, else the evaluated policy (``engine``, ``params``, ``fmt``)."""
     caps = dict(max_turn_tokens=args.max_turn_tokens or 10_000, max_total_tokens=args.max_total_tokens or 40_960)
     path = getattr(args, "acebench_user_model", None)
     if not path:
-        return RolloutUser(sampler, params, fmt, "policy (the evaluated model)", seed=args.seed, **caps)
+        return RolloutUser(engine, params, fmt, "policy (the evaluated model)", seed=args.seed, **caps)
     model, tok, family = load_policy(path, seed=args.seed, dtype=args.dtype)
     user_fmt = make_chat_format(family, tok, enable_thinking=args.enable_thinking,
                                 use_tokenizer_template=path != TINY and bool(getattr(tok, "chat_template", None)))
-    user_sampler = Sampler(model, stop_ids=user_fmt.stop_ids, pad_id=tok.pad_token_id or 0)
-    return RolloutUser(user_sampler, Sampler.params_of(model), user_fmt, f"checkpoint {path}", seed=args.seed,
+    user_engine = Engine(model, stop_ids=user_fmt.stop_ids, pad_id=tok.pad_token_id or 0)
+    return RolloutUser(user_engine, Engine.params_of(model), user_fmt, f"checkpoint {path}", seed=args.seed,
                        **caps)

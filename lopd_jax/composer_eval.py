@@ -39,7 +39,6 @@ class ComposerRun:
     stage: str
     step: int
     latents_fn: object = dataclasses.field(default=None, repr=False)
-    host_embed: object = dataclasses.field(default=None, repr=False)  # theta0's embedding table, numpy
 
     def base_params(self) -> dict:
         """The sampler's parameters of the base policy theta0 (LoRA slots with B = 0 are
@@ -127,9 +126,8 @@ def rows_latent_context(run: ComposerRun, tasks: Sequence, lo: int, hi: int):
     ``tasks`` (the same list on every process) that this process rolls out.
 
     On one process: :func:`latent_context` of those tasks. On several, every process
-    encodes the whole batch (one global program), takes its rows of the latents as host
-    numpy, and embeds its prompts with a host copy of theta0's embedding table, so the
-    rollout's per-process inputs are this process's rows only.
+    encodes the whole batch (one global program) and takes its rows of the latents as host
+    numpy, so the rollout's per-process inputs are this process's rows only.
     """
     if jax.process_count() == 1:
         return latent_context(run, list(tasks)[lo:hi])
@@ -139,18 +137,13 @@ def rows_latent_context(run: ComposerRun, tasks: Sequence, lo: int, hi: int):
     from train.rollout import LatentContext
 
     latents = np.asarray(multihost_utils.process_allgather(task_latents(run, tasks), tiled=True))[lo:hi]
-    if run.host_embed is None:
-        run.host_embed = np.asarray(multihost_utils.process_allgather(run.frozen["embed"], tiled=True))
-    table, dtype = run.host_embed, run.ctx.model_cfg.jnp_dtype
-    return LatentContext(eval_layout(run.ctx), latents, lambda ids: jnp.take(table, ids, axis=0).astype(dtype))
+    return LatentContext(eval_layout(run.ctx), latents)
 
 
 def latent_context(run: ComposerRun, tasks: Sequence, latents=None):
     """A :class:`train.rollout.LatentContext` for ``tasks`` (``latents`` default:
-    :func:`task_latents`), embedding ids with theta0's embedding table."""
+    :func:`task_latents`); the other prompt ids take the policy's own embeddings."""
     from train.rollout import LatentContext
 
-    embed_table = run.frozen["embed"]
-    dtype = run.ctx.model_cfg.jnp_dtype
     latents = task_latents(run, tasks) if latents is None else latents
-    return LatentContext(eval_layout(run.ctx), latents, lambda ids: jnp.take(embed_table, ids, axis=0).astype(dtype))
+    return LatentContext(eval_layout(run.ctx), latents)

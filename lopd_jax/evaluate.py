@@ -16,7 +16,10 @@ row: the run's base policy theta0 with its composer's latents (from ``n_ret`` ex
 retrieved from the run's bank per task) spliced into the prompt, on the run's own task
 source, tokenizer and chat format (:mod:`lopd_jax.composer_eval`);
 ``--composer_stage`` picks the LOPD or cold-start composer (default: LOPD if present). Tasks are rolled out in batches of
-``--batch_size`` with :func:`train.rollout.rollout`; the statistics are
+``--batch_size`` with :func:`train.rollout.rollout` on the rollout engine (``--slots`` decode
+slots; with ``--composer_from``, the run's ``engine`` settings); task ``i`` is episode ``i``
+under ``--seed`` whatever the batch, so sampled trajectories do not depend on
+``--batch_size`` or the slots. The statistics are
 :func:`lopd_jax.eval_stats.behaviour_stats`. The metrics are printed as JSON and, with
 ``--out``, written with per-task results. Bad arguments exit with status 2.
 
@@ -41,6 +44,8 @@ checkpoint options (``--config``, ``--checkpoint``) can be added there later.
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import json
 import os
 import sys
@@ -82,8 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"tokens per model turn (default: the run's; else {caps.max_turn_tokens})")
     p.add_argument("--max_total_tokens", type=int, default=None,
                    help=f"tokens per episode (default: the run's; else {caps.max_total_tokens})")
-    p.add_argument("--batch_size", type=int, default=32, help="trajectories sampled together")
-    p.add_argument("--env_workers", type=int, default=0, help="threads for environment steps")
+    p.add_argument("--batch_size", type=int, default=32, help="episodes handed to the engine together")
+    p.add_argument("--slots", type=int, default=None, help="the engine's decode slots (default: --batch_size)")
+    p.add_argument("--env_workers", type=int, default=0,
+                   help="threads for environment steps (0: on the engine's thread)")
     p.add_argument("--chat_format", default=None, help="chat format family (default: the model's family)")
     p.add_argument("--enable_thinking", action="store_true", default=None,
                    help="let the model open a <think> block (default: the run's setting for its export)")
@@ -143,6 +150,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         (args.max_turn_tokens is None or args.max_turn_tokens >= 1, "--max_turn_tokens must be >= 1"),
         (args.max_total_tokens is None or args.max_total_tokens >= 2, "--max_total_tokens must be >= 2"),
         (args.batch_size >= 1, "--batch_size must be >= 1"),
+        (args.slots is None or args.slots >= 1, "--slots must be >= 1"),
         (args.env_workers >= 0, "--env_workers must be >= 0"),
     ]
     for ok, message in checks:
@@ -204,7 +212,7 @@ def load_policy(model_arg: str, *, seed: int = 0, dtype: str = "float32", rules=
 
 
 def sharded_params(model, rules) -> dict:
-    """The sampler's parameter dict of ``model`` placed on ``rules``' mesh by each
+    """The rollout's parameter dict of ``model`` placed on ``rules``' mesh by each
     parameter's logical axes (the layout a training run gives theta0)."""
     from flax import nnx
 
@@ -218,33 +226,39 @@ def sharded_params(model, rules) -> dict:
     return params
 
 
-def rollout_batch(sampler, params, fmt, make_env, tasks, rng, config, sampling, latents_for=None,
-                  on_turn=None) -> list:
+def rollout_batch(engine, params, fmt, make_env, tasks, rng, config, sampling, latents_for=None,
+                  on_finish=None, first_episode: int = 0) -> list:
     """Trajectories of every task of ``tasks`` (one batch, the same list on every process),
-    in order, on every process.
+    in order, on every process; task ``i`` is episode ``first_episode + i``.
 
-    One process rolls out the whole batch. On several (a :attr:`train.sampler.Sampler.multihost`
-    sampler) each process rolls out the rows it owns of the batch bucket and the
-    trajectories are gathered (:func:`train.distributed.allgather_list`).
-    ``latents_for(tasks, lo, hi)`` gives the :class:`train.rollout.LatentContext` of
-    ``tasks[lo:hi]`` (Base + Composer); ``on_turn`` is :func:`train.rollout.rollout`'s
-    progress callback (this process's episodes).
+    One process rolls out the whole batch. On several, each process rolls out an even,
+    contiguous share on its own engine and the trajectories are gathered
+    (:func:`train.distributed.allgather_list`). ``latents_for(tasks, lo, hi)`` gives the
+    :class:`train.rollout.LatentContext` of ``tasks[lo:hi]`` (Base + Composer);
+    ``on_finish`` is :func:`train.rollout.rollout`'s progress callback (this process's
+    episodes).
     """
+    import jax
+
     from train import distributed
     from train.rollout import rollout
 
     tasks = list(tasks)
-    if not sampler.multihost:
-        latents = None if latents_for is None else latents_for(tasks, 0, len(tasks))
-        return rollout(sampler, params, fmt, make_env, tasks, rng, config, sampling=sampling, latents=latents,
-                       on_turn=on_turn)
-    rows = sampler.batch_bucket(len(tasks))
-    lo, hi = sampler.local_rows(rows)
-    lo, hi = min(lo, len(tasks)), min(hi, len(tasks))
+    per = -(-len(tasks) // jax.process_count())
+    lo, hi = (min(len(tasks), jax.process_index() * per + k) for k in (0, per))
     latents = None if latents_for is None else latents_for(tasks, lo, hi)
-    mine = rollout(sampler, params, fmt, make_env, tasks[lo:hi], rng, config, sampling=sampling, latents=latents,
-                   global_rows=rows, on_turn=on_turn)
-    return distributed.allgather_list(mine)
+    mine = rollout(engine, params, fmt, make_env, tasks[lo:hi], rng, config, sampling, latents,
+                   first_episode=first_episode + lo, on_finish=on_finish)
+    return mine if jax.process_count() == 1 else distributed.allgather_list(mine)
+
+
+def make_engine(model, fmt, tok, sampling, args, env_workers: int):
+    """The rollout engine for ``--model``: ``--slots`` slots (default ``--batch_size``),
+    ``env_workers`` environment threads, :class:`train.engine.EngineConfig`'s other defaults."""
+    from train.engine import Engine, EngineConfig
+
+    config = EngineConfig(slots=getattr(args, "slots", None) or args.batch_size, env_workers=env_workers)
+    return Engine(model, stop_ids=fmt.stop_ids, config=config, sampling=sampling, pad_id=tok.pad_token_id or 0)
 
 
 def fill_run_defaults(args: argparse.Namespace, run_cfg=None) -> str | None:
@@ -299,9 +313,10 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from lopd_jax.chat import make_chat_format
     from lopd_jax.envs.registry import get_task_source
     from lopd_jax.eval_stats import behaviour_stats
-    from train.rollout import RolloutConfig
+    from train.engine import Engine
     from train.metrics import Progress
-    from train.sampler import Sampler, SamplingParams
+    from train.rollout import RolloutConfig
+    from train.sampling import SamplingParams
 
     run = None
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k)
@@ -309,7 +324,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         from lopd_jax.composer_eval import load_composer_run
 
         run = load_composer_run(args.composer_from, args.composer_stage)
-        source, fmt, sampler, params = run.ctx.source, run.ctx.fmt, run.ctx.sampler, run.base_params()
+        source, fmt, engine, params = run.ctx.source, run.ctx.fmt, run.ctx.engine, run.base_params()
         _note(fill_run_defaults(args, run.ctx.cfg))
     else:
         _note(fill_run_defaults(args))
@@ -325,16 +340,15 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         # a checkpoint renders prompts with its own chat template (apply_chat_template)
         fmt = make_chat_format(args.chat_format or family, tok, enable_thinking=args.enable_thinking,
                                use_tokenizer_template=args.model != TINY and bool(getattr(tok, "chat_template", None)))
-        sampler = Sampler(model, stop_ids=fmt.stop_ids, sampling=sampling, pad_id=tok.pad_token_id or 0,
-                          rules=rules)
-        params = Sampler.params_of(model) if rules is None else sharded_params(model, rules)
+        engine = make_engine(model, fmt, tok, sampling, args, args.env_workers)
+        params = Engine.params_of(model) if rules is None else sharded_params(model, rules)
     tasks = source.tasks(args.split)
     if args.num_tasks is not None:
         tasks = tasks[: args.num_tasks]
     if not tasks:
         raise ValueError(f"the {args.env or 'run'!r} source has no {args.split!r} tasks")
     config = RolloutConfig(max_env_steps=args.max_steps, max_turn_tokens=args.max_turn_tokens,
-                           max_total_tokens=args.max_total_tokens, env_workers=args.env_workers)
+                           max_total_tokens=args.max_total_tokens)
     rng = jax.random.key(args.seed)
     start = time.perf_counter()
     latents_for = None
@@ -345,8 +359,8 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     with Progress(len(tasks), "evaluate", unit="episode") as bar:
         # each process reports the episodes it rolls out: on a pod process 0's bar is its share
         for i in range(0, len(tasks), args.batch_size):
-            trajs += rollout_batch(sampler, params, fmt, source.make_env, tasks[i:i + args.batch_size],
-                                   jax.random.fold_in(rng, i), config, sampling, latents_for, on_turn=bar.update)
+            trajs += rollout_batch(engine, params, fmt, source.make_env, tasks[i:i + args.batch_size], rng, config,
+                                   sampling, latents_for, on_finish=bar.update, first_episode=i)
     elapsed = time.perf_counter() - start
     metrics = behaviour_stats(trajs, success_threshold=args.success_threshold)
     metrics["rollout_seconds"] = round(elapsed, 3)
@@ -371,8 +385,9 @@ def suite(args: argparse.Namespace) -> dict[str, Any]:
     from lopd_jax import eval_suite
     from lopd_jax.chat import make_chat_format
     from train.metrics import Progress
+    from train.engine import Engine
     from train.rollout import RolloutConfig
-    from train.sampler import Sampler, SamplingParams
+    from train.sampling import SamplingParams
 
     start = time.perf_counter()
     if args.enable_thinking is None:
@@ -383,7 +398,8 @@ def suite(args: argparse.Namespace) -> dict[str, Any]:
         from lopd_jax.composer_eval import load_composer_run, rows_latent_context
 
         run = load_composer_run(args.composer_from, args.composer_stage)
-        fmt, sampler, params = run.ctx.fmt, run.ctx.sampler, run.base_params()
+        fmt, engine, params = run.ctx.fmt, copy.copy(run.ctx.engine), run.base_params()
+        engine.config = dataclasses.replace(engine.config, env_workers=args.grading_workers)
         latents_for = lambda batch, lo, hi: rows_latent_context(run, batch, lo, hi)  # noqa: E731
     else:
         rules = None
@@ -393,24 +409,24 @@ def suite(args: argparse.Namespace) -> dict[str, Any]:
         model, tok, family = load_policy(args.model, seed=args.seed, dtype=args.dtype, rules=rules)
         fmt = make_chat_format(args.chat_format or family, tok, enable_thinking=args.enable_thinking,
                                use_tokenizer_template=args.model != TINY and bool(getattr(tok, "chat_template", None)))
-        sampler = Sampler(model, stop_ids=fmt.stop_ids, sampling=sampling, pad_id=tok.pad_token_id or 0, rules=rules)
-        params = Sampler.params_of(model) if rules is None else sharded_params(model, rules)
+        engine = make_engine(model, fmt, tok, sampling, args, args.grading_workers)
+        params = Engine.params_of(model) if rules is None else sharded_params(model, rules)
     rng = jax.random.key(args.seed)
 
     def roll(tasks, sample, make_env, caps, name):
-        config = RolloutConfig(env_workers=args.grading_workers, **caps)
+        config = RolloutConfig(**caps)
         key = jax.random.fold_in(rng, sample)
         out = []
         with Progress(len(tasks), f"{name} [{sample + 1}/{args.suite_samples}]", unit="episode") as bar:
             for i in range(0, len(tasks), args.batch_size):
-                out += rollout_batch(sampler, params, fmt, make_env, tasks[i:i + args.batch_size],
-                                     jax.random.fold_in(key, i), config, sampling, latents_for, on_turn=bar.update)
+                out += rollout_batch(engine, params, fmt, make_env, tasks[i:i + args.batch_size], key, config,
+                                     sampling, latents_for, on_finish=bar.update, first_episode=i)
         return out
 
     user = None
-    if args.suite in ("tool_use", "all") and not sampler.multihost:
+    if args.suite in ("tool_use", "all") and jax.process_count() == 1:
         from lopd_jax.acebench_user import user_simulator  # imports train/, after JAX is configured
-        user = user_simulator(args, sampler, params, fmt)
+        user = user_simulator(args, engine, params, fmt)
     rows = []
     for bench in eval_suite.suite_benchmarks(args.suite):
         row = eval_suite.run_benchmark(bench, roll, args, user=user)

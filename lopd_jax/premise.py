@@ -81,7 +81,7 @@ def measure(run, tasks: Sequence) -> dict[str, dict[str, Any]]:
             batch = tasks[i:i + B]
             make_env = hinted.make_env if name == "base + oracle text" else ctx.source.make_env
             latents = latent_context(run, batch) if name == "base + composer" else None
-            trajs += rollout(ctx.sampler, params, ctx.fmt, make_env, batch, jax.random.fold_in(key, i),
+            trajs += rollout(ctx.engine, params, ctx.fmt, make_env, batch, jax.random.fold_in(key, i),
                              r.rollout_config(), greedy, latents=latents)
         out[name] = _row(trajs, time.perf_counter() - t0)
     base = out["base"]

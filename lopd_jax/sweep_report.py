@@ -315,7 +315,7 @@ def base_composer_eval(workdir: str) -> dict[str, Any]:
     trajs = []
     for i in range(0, len(ctx.eval_tasks), B):
         tasks = ctx.eval_tasks[i:i + B]
-        trajs += rollout(ctx.sampler, run.base_params(), ctx.fmt, ctx.source.make_env, tasks,
+        trajs += rollout(ctx.engine, run.base_params(), ctx.fmt, ctx.source.make_env, tasks,
                          jax.random.fold_in(key, i), cfg.rollout.rollout_config(), greedy,
                          latents=latent_context(run, tasks))
     stats = _numeric(behaviour_stats(trajs))

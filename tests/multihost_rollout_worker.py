@@ -5,7 +5,7 @@
 Rolls out 8 synthetic tasks (global batch of 8 rows on an 8-device mesh) with the scripted
 oracle policy of ``tests/test_rollout.py``, through an environment that is deliberately
 host-dependent: its reward is offset by ``10 * (process_index + 1)`` and its observations
-name the host. Each process rolls out only the rows it owns; then the step-batch path is
+name the host. Each process rolls out only the rows it owns (on its own engine); then the step-batch path is
 taken (rewards and token rows of this process -> global arrays with
 ``make_array_from_process_local_data``), the global arrays are gathered back, and process 0
 writes, per row: the owning process the gathered global batch shows, its reward and
@@ -33,8 +33,9 @@ from lopd_jax.tokenizers import tiny_tokenizer  # noqa: E402
 from lopd_jax.types import StepResult  # noqa: E402
 from test_rollout import ScriptedLM, oracle_script  # noqa: E402
 from train import distributed, mesh as mesh_lib  # noqa: E402
+from train.engine import Engine, EngineConfig  # noqa: E402
 from train.rollout import RolloutConfig, rollout, training_arrays  # noqa: E402
-from train.sampler import BucketConfig, Sampler, SamplingParams  # noqa: E402
+from train.sampling import SamplingParams  # noqa: E402
 
 ROWS = 8
 
@@ -71,13 +72,13 @@ def main(out_path: str) -> None:
     mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig(data=1, fsdp=-1, tensor=1))
     rules = mesh_lib.rules_for(mesh)
     model = ScriptedLM(scripts, len(fmt.tokenizer), fmt.end_of_turn_id)
-    sampler = Sampler(model, stop_ids=fmt.stop_ids, sampling=SamplingParams(temperature=0.0), rules=rules,
-                      buckets=BucketConfig(chunk=(64, 2048), cache=(2048,), batch=(ROWS,), minimum=16))
-    params = jax.device_put(Sampler.params_of(model), rules.replicated())
-    lo, hi = sampler.local_rows(ROWS)
-    mine = rollout(sampler, params, fmt, lambda: HostDependentEnv(source.make_env()), tasks[lo:hi],
+    engine = Engine(model, stop_ids=fmt.stop_ids, sampling=SamplingParams(temperature=0.0),
+                    config=EngineConfig(slots=4, page_size=64, decode_chunk=8, prefill_chunk=256, env_workers=0))
+    params = jax.device_put(Engine.params_of(model), rules.replicated())
+    lo, hi = distributed.row_range(mesh_lib.batch_sharding(rules, 1), ROWS)
+    mine = rollout(engine, params, fmt, lambda: HostDependentEnv(source.make_env()), tasks[lo:hi],
                    jax.random.key(0), RolloutConfig(max_env_steps=4, max_turn_tokens=64, max_total_tokens=2048),
-                   global_rows=ROWS)
+                   first_episode=lo)
     # the step-batch path: process-local rows -> global arrays -> gathered back for the check
     arr = training_arrays(mine, length=2048)
     sh1, sh2 = mesh_lib.batch_sharding(rules, 1), mesh_lib.batch_sharding(rules, 2)

@@ -21,8 +21,9 @@ from lopd_jax.chat_base import LatentFraming
 from lopd_jax.envs.synthetic import SyntheticTaskSource
 from lopd_jax.splice import SpliceLayout
 from lopd_jax.tokenizers import tiny_tokenizer
+from train.engine import Engine, EngineConfig, EpisodeSpec
 from train.rollout import LatentContext, RolloutConfig, rollout
-from train.sampler import BucketConfig, Sampler, SamplingParams
+from train.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -37,39 +38,37 @@ def test_latent_rollout_equals_known_token_prompt_and_latents_matter():
     model, _, _ = load_policy("tiny", seed=1)
     block = fmt.framing_ids(LatentFraming(num_slots=6))
     layout = SpliceLayout(block.before_ids, block.after_ids, block.num_slots, block.slot_id)
-    sampler = Sampler(model, stop_ids=fmt.stop_ids, sampling=GREEDY, buckets=BucketConfig(minimum=16),
-                      pad_id=tok.pad_token_id)
-    params = Sampler.params_of(model)
-    embed = lambda ids: jnp.take(params["embed"], ids, axis=0)  # noqa: E731
+    engine = Engine(model, stop_ids=fmt.stop_ids, sampling=GREEDY, pad_id=tok.pad_token_id,
+                    config=EngineConfig(slots=3, page_size=64, decode_chunk=4, prefill_chunk=128))
+    params = Engine.params_of(model)
     cfg = RolloutConfig(max_env_steps=1, max_turn_tokens=12)
     known = jnp.broadcast_to(params["embed"][layout.slot_id], (len(tasks), layout.num_slots, model.cfg.hidden_size))
     key = jax.random.key(0)
-    with_known = rollout(sampler, params, fmt, source.make_env, tasks, key, cfg, latents=LatentContext(layout, known,
-                                                                                                       embed))
+    with_known = rollout(engine, params, fmt, source.make_env, tasks, key, cfg, latents=LatentContext(layout, known))
     # reference: plain sampling of the teacher-format prompts (the block's ids in the text)
     prompts, inserts = [], []
     for t in tasks:
         p = fmt.prompt_ids(*source.make_env().reset(t))
         prompts.append(p)
         inserts.append(fmt.insertion_point(p))
-    teacher = LatentContext(layout, known, embed).first_chunks(prompts, inserts)
+    teacher = LatentContext(layout, known).first_chunks(prompts, inserts)
     assert [len(x) - len(p) for x, p in zip(teacher, prompts)] == [layout.length] * 3
-    ref = sampler.generate(params, teacher, 12, jax.random.fold_in(key, 0))
+    ref = engine.run(params, [EpisodeSpec(t, 4096, 12, lambda *_: None) for t in teacher], key)
     for b, traj in enumerate(with_known):
         n = len(prompts[b])
+        gen, raw = ref[b].turns[0], ref[b].raw_logprobs[0]
         assert traj.tokens[:n].tolist() == prompts[b] and traj.insert_at == inserts[b]  # student-format ids
-        assert traj.tokens[n:n + len(ref.tokens[b])].tolist() == ref.tokens[b].tolist()
-        np.testing.assert_allclose(traj.raw_logprobs[n:n + len(ref.tokens[b])], ref.raw_logprobs[b], atol=1e-5)
+        assert traj.tokens[n:n + len(gen)].tolist() == gen.tolist()
+        np.testing.assert_allclose(traj.raw_logprobs[n:n + len(gen)], raw, atol=1e-5)
     # other latents: a different conditioning, so different log-probs of the first token
     rnd = jax.random.normal(jax.random.key(7), known.shape) * 0.5
-    with_rnd = rollout(sampler, params, fmt, source.make_env, tasks, key, cfg, latents=LatentContext(layout, rnd,
-                                                                                                     embed))
-    plain = rollout(sampler, params, fmt, source.make_env, tasks, key, cfg)
+    with_rnd = rollout(engine, params, fmt, source.make_env, tasks, key, cfg, latents=LatentContext(layout, rnd))
+    plain = rollout(engine, params, fmt, source.make_env, tasks, key, cfg)
     for a, b, c in zip(with_rnd, with_known, plain):
         n = int(np.flatnonzero(a.mask)[0])
         assert abs(a.raw_logprobs[n] - b.raw_logprobs[n]) > 1e-4 and abs(a.raw_logprobs[n] - c.raw_logprobs[n]) > 1e-4
     with pytest.raises(ValueError, match="latents for 2 tasks"):
-        rollout(sampler, params, fmt, source.make_env, tasks, key, cfg, latents=LatentContext(layout, rnd[:2], embed))
+        rollout(engine, params, fmt, source.make_env, tasks, key, cfg, latents=LatentContext(layout, rnd[:2]))
 
 
 def test_evaluate_composer_from_run(tmp_path_factory, tmp_path):
@@ -100,8 +99,8 @@ def test_evaluate_composer_from_run(tmp_path_factory, tmp_path):
     assert float(jnp.abs(lc.latents).mean()) > 0
     cfg = RolloutConfig(max_env_steps=1, max_turn_tokens=4)
     key = jax.random.key(0)
-    base = rollout(run.ctx.sampler, run.base_params(), run.ctx.fmt, run.ctx.source.make_env, tasks, key, cfg, GREEDY)
-    comp = rollout(run.ctx.sampler, run.base_params(), run.ctx.fmt, run.ctx.source.make_env, tasks, key, cfg, GREEDY,
+    base = rollout(run.ctx.engine, run.base_params(), run.ctx.fmt, run.ctx.source.make_env, tasks, key, cfg, GREEDY)
+    comp = rollout(run.ctx.engine, run.base_params(), run.ctx.fmt, run.ctx.source.make_env, tasks, key, cfg, GREEDY,
                    latents=lc)
     for a, b in zip(base, comp):
         n = int(np.flatnonzero(a.mask)[0])

@@ -2,7 +2,8 @@
 ``transformers.generate`` over several turns with more episodes than slots (Qwen3 GQA and
 Olmo-3 with a sliding window shorter than the sequence), sampled trajectories independent
 of the slot count, a full page pool (waits and preemptions), failing / sleeping
-environments, and the chat-format rollout wrapper against the old rollout."""
+environments, stop strings, input-embedding overrides, and :func:`train.rollout.rollout` on
+the engine independent of the batch split and the slots."""
 
 import threading
 
@@ -14,7 +15,7 @@ import transformers
 
 from models import from_pretrained
 from train.engine import Engine, EngineConfig, EpisodeSpec
-from train.sampler import SamplingParams
+from train.sampling import SamplingParams
 
 V = 96
 
@@ -100,8 +101,7 @@ def test_greedy_equals_transformers_over_turns_with_more_episodes_than_slots(pai
 
 
 def _params(model):
-    from train.sampler import Sampler
-    return Sampler.params_of(model)
+    return Engine.params_of(model)
 
 
 def _sampled_specs(n, stop_turns=3):
@@ -121,8 +121,8 @@ STOPS = (0, 17)
 
 @pytest.fixture(scope="module")
 def pool_full_run(qwen):
-    """2 slots and a pool too small for the work in flight: episodes of up to 48 + 4 tokens
-    (4 pages of 16) and pages for 1.25 of them."""
+    """2 slots and a pool too small for the work in flight: episodes of up to 48 tokens
+    (3 pages of 16) and pages for 1.67 of them."""
     engine = Engine(qwen, stop_ids=STOPS, config=EngineConfig(slots=2, page_size=16, num_pages=5, decode_chunk=4,
                                                               prefill_chunk=8), sampling=SAMPLING)
     return engine.run(_params(qwen), _sampled_specs(7), jax.random.key(5)), engine.metrics
@@ -161,7 +161,7 @@ def test_full_page_pool_waits_and_preempts_and_every_episode_finishes(qwen, pool
     assert m["preemptions"] > 0 and m["recomputed_tokens"] > 0 and m["admission_waits"] > 0
     assert m["peak_pages"] <= 5 and m["num_pages"] == 5
     with pytest.raises(ValueError, match="cannot hold one episode"):
-        Engine(qwen, stop_ids=(), config=EngineConfig(page_size=16, num_pages=3)).run(
+        Engine(qwen, stop_ids=(), config=EngineConfig(page_size=16, num_pages=2)).run(
             _params(qwen), _sampled_specs(1), jax.random.key(0))
 
 
@@ -197,32 +197,101 @@ def test_failing_and_sleeping_environments_do_not_stall_or_corrupt_others(qwen, 
     _same([r for i, r in enumerate(results) if i != 2], [r for i, r in enumerate(sampled_reference) if i != 2])
 
 
-def test_engine_rollout_equals_the_static_rollout_on_a_real_model():
-    """The chat-format wrapper: greedy trajectories (ids, masks, log-probs, rewards, finish
-    reasons) equal :func:`train.rollout.rollout`'s on the tiny policy and synthetic tasks."""
+def test_stop_strings_cut_the_turn_and_rewind_the_cache(qwen, pool_full_run):
+    """A stop string cuts a turn right after the token completing its first occurrence;
+    the next turn continues from the cut context, as if the tail had never been sampled."""
+    decode = lambda ids: "".join(chr(48 + int(i) % 64) for i in ids)  # noqa: E731  (one char per id)
+    ref = pool_full_run[0]
+    b = next(i for i, r in enumerate(ref) if len(r.turns) > 1 and len(r.turns[0]) >= 4)
+    first = ref[b].turns[0].tolist()
+    stop = decode(first[1:3])
+    cut = next(j for j in range(1, len(first) + 1) if stop in decode(first[:j]))
+    specs = _sampled_specs(7)
+    engine = Engine(qwen, stop_ids=STOPS, config=EngineConfig(slots=2, page_size=16, num_pages=64, decode_chunk=4,
+                                                              prefill_chunk=8), sampling=SAMPLING,
+                    stop_strings=(stop,), decode=decode)
+    out = engine.run(_params(qwen), specs, jax.random.key(5))
+    assert out[b].turns[0].tolist() == first[:cut] and cut < len(first)
+    # the cut context, fed from scratch as a first chunk, samples the same next turn
+    ctx = list(specs[b].first) + first[:cut] + OBS[0]
+    again = engine.run(_params(qwen), [EpisodeSpec(ctx, 48, specs[b].max_turn, _scripted(1, OBS))],
+                       jax.random.key(5), first_id=b)
+    assert again[0].turns[0].tolist() == out[b].turns[1].tolist()
+    with pytest.raises(ValueError, match="need a decode function"):
+        Engine(qwen, stop_ids=STOPS, stop_strings=("x",))
+
+
+def test_input_embeddings_replace_their_positions_and_first_id_names_the_episode(qwen):
+    """``EpisodeSpec.embeds`` equal to the ids' own embeddings change nothing; other
+    vectors change the first token's log-probs; ``first_id`` shifts the episodes' keys."""
+    params = _params(qwen)
+    engine = _five_slots(qwen)
+    specs = _sampled_specs(3, stop_turns=1)
+    plain = engine.run(params, specs, jax.random.key(5))
+    table = np.asarray(params["embed"])
+    same = [EpisodeSpec(s.first, s.max_total, s.max_turn, s.step, embeds=(1, table[list(s.first[1:2])]))
+            for s in specs]
+    _same(engine.run(params, same, jax.random.key(5)), plain)
+    other = [EpisodeSpec(s.first, s.max_total, s.max_turn, s.step, embeds=(0, table[[5]] * 3.0)) for s in specs]
+    moved = engine.run(params, other, jax.random.key(5))
+    assert all(abs(a.raw_logprobs[0][0] - b.raw_logprobs[0][0]) > 1e-4 for a, b in zip(moved, plain))
+    # episode identities 1, 2 (first_id=1) sample what episodes 1, 2 of the full run sampled
+    _same(engine.run(params, specs[1:], jax.random.key(5), first_id=1), plain[1:])
+    with pytest.raises(ValueError, match="outside its first chunk"):
+        engine.run(params, [EpisodeSpec([3, 4], 48, 4, _scripted(1, OBS), embeds=(1, table[[5, 6]]))],
+                   jax.random.key(0))
+
+
+def test_rollout_trajectories_do_not_depend_on_the_batch_split_or_slots():
+    """:func:`train.rollout.rollout` on the tiny policy, sampled: 4 tasks in one call on 4
+    slots == the same tasks in two calls of 2 (``first_episode``) on 2 slots, one episode
+    in flight at a time; chat format, environments and caps included."""
     from lopd_jax.chat import make_chat_format
     from lopd_jax.envs.synthetic import SyntheticTaskSource
     from lopd_jax.evaluate import load_policy
-    from train.engine_rollout import engine_rollout
     from train.rollout import RolloutConfig, rollout
-    from train.sampler import BucketConfig, Sampler
 
     model, tok, _ = load_policy("tiny", seed=1)
     fmt = make_chat_format("qwen3", tok)
     source = SyntheticTaskSource(n_train_per_family=1, n_heldout_per_family=1, seed=3)
-    tasks = source.tasks("train")[:2]
-    greedy = SamplingParams(temperature=0.0)
-    cfg = RolloutConfig(max_turn_tokens=5, max_env_steps=2)
-    sampler = Sampler(model, stop_ids=fmt.stop_ids, sampling=greedy, pad_id=tok.pad_token_id,
-                      buckets=BucketConfig(chunk=(64, 1280), cache=(1280,)))
-    ref = rollout(sampler, Sampler.params_of(model), fmt, source.make_env, tasks, jax.random.key(0), cfg)
-    engine = Engine(model, stop_ids=fmt.stop_ids, sampling=greedy, pad_id=tok.pad_token_id,
-                    config=EngineConfig(slots=2, page_size=64, decode_chunk=4, prefill_chunk=64))
-    out = engine_rollout(engine, Sampler.params_of(model), fmt, source.make_env, tasks, jax.random.key(0), cfg)
-    for a, b in zip(out, ref):
+    tasks = source.tasks("train")[:4]
+    cfg = RolloutConfig(max_turn_tokens=6, max_env_steps=2)
+    params = Engine.params_of(model)
+
+    def engine(slots, in_flight):
+        return Engine(model, stop_ids=fmt.stop_ids, sampling=SAMPLING, pad_id=tok.pad_token_id,
+                      config=EngineConfig(slots=slots, page_size=64, decode_chunk=4, prefill_chunk=64,
+                                          max_in_flight=in_flight, env_workers=0))
+
+    whole = rollout(engine(4, 0), params, fmt, source.make_env, tasks, jax.random.key(3), cfg)
+    e2 = engine(2, 1)
+    split = [t for i in (0, 2) for t in rollout(e2, params, fmt, source.make_env, tasks[i:i + 2],
+                                                jax.random.key(3), cfg, first_episode=i)]
+    for a, b in zip(whole, split):
         assert a.tokens.tolist() == b.tokens.tolist() and a.mask.tolist() == b.mask.tolist()
-        np.testing.assert_allclose(a.raw_logprobs, b.raw_logprobs, atol=1e-4)
-        assert (a.logprobs == b.logprobs).all()
-        assert (a.reward, a.finish_reason, a.turn_lengths, a.insert_at) == (b.reward, b.finish_reason,
-                                                                             b.turn_lengths, b.insert_at)
-        assert a.messages == b.messages
+        np.testing.assert_allclose(a.raw_logprobs, b.raw_logprobs, atol=1e-5)
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+        assert (a.reward, a.finish_reason, a.turn_lengths) == (b.reward, b.finish_reason, b.turn_lengths)
+    assert all(np.all(t.logprobs[t.mask > 0] < 0) for t in whole)  # sampled, not greedy
+    assert rollout(e2, params, fmt, source.make_env, [], jax.random.key(3), cfg) == []
+
+
+def test_evaluate_samples_the_same_trajectories_at_any_batch_size(tmp_path):
+    """``python -m lopd_jax.evaluate --temperature=1 --seed=S`` with ``--batch_size=2`` and
+    ``--batch_size=6`` (and so 2 and 6 slots): the same episodes, task by task."""
+    import json
+
+    from lopd_jax.evaluate import main
+
+    outs = []
+    for bs in (2, 6):
+        out = tmp_path / f"bs{bs}.json"
+        assert main(["--model=tiny", "--split=train", "--num_tasks=6", "--max_steps=2", "--max_turn_tokens=6",
+                     "--max_total_tokens=2048", "--temperature=1", "--seed=3", f"--batch_size={bs}",
+                     f"--out={out}"]) == 0
+        outs.append(json.loads(out.read_text())["trajectories"])
+    keys = ("task_id", "turn_lengths", "finish_reason", "reward", "num_turns")
+    assert [[t[k] for k in keys] for t in outs[0]] == [[t[k] for k in keys] for t in outs[1]]
+    np.testing.assert_allclose([t["mean_raw_logprob"] for t in outs[0]], [t["mean_raw_logprob"] for t in outs[1]],
+                               atol=1e-5)
+    assert len({t["mean_raw_logprob"] for t in outs[0]}) == 6  # sampled, distinct episodes

@@ -1,11 +1,13 @@
 """Multi-turn rollout through the synthetic environment with a scripted policy.
 
 The policy is a model whose greedy choice is the next id of whichever oracle script the
-context (read back from its own KV cache) is a prefix of, else the end-of-turn id. The
-sampler, cache reuse, batch compaction, chat format and environment all run for real, so
-the tests check rewards, supervision masks and that the trajectory ids are exactly the
-sampled ids plus the observation ids (no re-tokenization).
+context (read back from its own paged KV cache) is a prefix of, else the end-of-turn id.
+The engine (slots, pages, cache reuse across turns), chat format and environment all run
+for real, so the tests check rewards, supervision masks and that the trajectory ids are
+exactly the sampled ids plus the observation ids (no re-tokenization).
 """
+
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -18,16 +20,26 @@ from lopd_jax.envs.synthetic import SyntheticTaskSource, oracle_turns
 from lopd_jax.eval_stats import behaviour_stats
 from lopd_jax.tokenizers import tiny_tokenizer
 from lopd_jax.types import AssistantTurn
-from models.decoder import KVCache
+from train.engine import Engine, EngineConfig
 from train.rollout import RolloutConfig, rollout, training_arrays
-from train.sampler import BucketConfig, Sampler, SamplingParams
+from train.sampling import SamplingParams
+
+
+class _Shape(NamedTuple):
+    """The page-pool shape of :class:`ScriptedLM` (one layer, one "KV head" of width 1)."""
+
+    num_layers: int = 1
+    num_kv_heads: int = 1
+    head_dim: int = 1
+    jnp_dtype: Any = jnp.float32
 
 
 class ScriptedLM(nnx.Module):
     """Greedy-decodes the continuation of the script matching the context (see module doc).
 
-    Keeps the token ids themselves in its "KV cache" ([1, B, T, 1, 1]); hidden states are
-    scaled one-hot vectors of the chosen next id and the LM head is the identity.
+    Keeps the token ids themselves in its page pool ([pages, page_size, 2, 1]; the engine's
+    own paged cache); hidden states are scaled one-hot vectors of the chosen next id and
+    the LM head is the identity.
     """
 
     def __init__(self, scripts, vocab: int, fallback: int):
@@ -37,19 +49,23 @@ class ScriptedLM(nnx.Module):
             table[i, : len(s)] = s
         self.scripts = nnx.Variable(jnp.asarray(table))
         self.vocab, self.fallback = vocab, fallback
-
-    def init_cache(self, batch, max_len):
-        z = jnp.zeros((1, batch, max_len, 1, 1), jnp.float32)
-        return KVCache(z, z, jnp.zeros((batch,), jnp.int32))
+        self.cfg = _Shape()
 
     def lm_head_kernel(self):
         return jnp.eye(self.vocab, dtype=jnp.float32)
 
-    def __call__(self, input_ids, *, positions, attention_mask, cache, return_hidden=True):
+    def embed_tokens(self, ids):
+        return jax.nn.one_hot(ids, self.vocab)
+
+    def paged_forward(self, input_ids, positions, valid, kv_lens, pools, page_table, num_pages, inputs_embeds=None):
+        """The engine's forward (:func:`train.engine._forward`): write the ids into the rows'
+        pages, read each row's context back, pick the next script id per query."""
         B = input_ids.shape[0]
-        ctx = cache.k[0, :, :, 0, 0].at[jnp.arange(B)[:, None], positions].set(
-            input_ids.astype(jnp.float32), mode="drop")
-        lengths = jnp.maximum(cache.lengths, jnp.max(jnp.where(attention_mask, positions + 1, 0), axis=1))
+        pool = pools[0][:, :, 0, 0]  # [P, page_size]
+        P, ps = pool.shape
+        page = jnp.take_along_axis(page_table, jnp.minimum(positions // ps, page_table.shape[1] - 1), axis=1)
+        pool = pool.at[jnp.where(valid, page, P), positions % ps].set(input_ids.astype(jnp.float32), mode="drop")
+        ctx = pool[page_table[:, :num_pages]].reshape(B, num_pages * ps)
         T = ctx.shape[1]
         table = self.scripts[...]
         table = jnp.pad(table, ((0, 0), (0, max(0, T + 1 - table.shape[1]))), constant_values=-1)
@@ -60,8 +76,7 @@ class ScriptedLM(nnx.Module):
         nxt = table[which, positions + 1]
         tok = jnp.where((match.max(axis=1) > 0) & (nxt >= 0), nxt, self.fallback)
         hidden = 40.0 * jax.nn.one_hot(tok, self.vocab)
-        kv = ctx[None, :, :, None, None]
-        return hidden, KVCache(kv, kv, lengths)
+        return hidden, (jnp.broadcast_to(pool[:, :, None, None], pools[0].shape),)
 
 
 @pytest.fixture(scope="module")
@@ -94,20 +109,21 @@ def oracle_script(fmt, source, task, turns=None, turn_cap=None):
     return ids, mask, reward, n, env
 
 
-def _sampler(fmt, scripts):
+def _engine(fmt, scripts, env_workers=0):
     model = ScriptedLM(scripts, len(fmt.tokenizer), fmt.end_of_turn_id)
-    sampler = Sampler(model, stop_ids=fmt.stop_ids, sampling=SamplingParams(temperature=0.0),
-                      buckets=BucketConfig(chunk=(64, 2048), cache=(2048,), minimum=16))
-    return sampler, Sampler.params_of(model)
+    engine = Engine(model, stop_ids=fmt.stop_ids, sampling=SamplingParams(temperature=0.0),
+                    config=EngineConfig(slots=4, page_size=64, decode_chunk=8, prefill_chunk=256,
+                                        env_workers=env_workers))
+    return engine, Engine.params_of(model)
 
 
 def test_oracle_policy_gets_full_reward_with_exact_ids_and_mask(setup):
     fmt, source, tasks = setup
     expected = [oracle_script(fmt, source, t) for t in tasks]
     assert all(e[2] == 1.0 for e in expected) and len({e[3] for e in expected}) > 1
-    sampler, params = _sampler(fmt, [e[0] for e in expected])
-    trajs = rollout(sampler, params, fmt, source.make_env, tasks, jax.random.key(0),
-                    RolloutConfig(max_turn_tokens=64, env_workers=2))
+    engine, params = _engine(fmt, [e[0] for e in expected], env_workers=2)
+    trajs = rollout(engine, params, fmt, source.make_env, tasks, jax.random.key(0),
+                    RolloutConfig(max_turn_tokens=64))
     for traj, (ids, mask, reward, n_turns, _), task in zip(trajs, expected, tasks):
         assert traj.tokens.tolist() == ids  # sampled ids + observation ids, never re-tokenized
         assert traj.mask.tolist() == mask
@@ -142,8 +158,8 @@ def test_turn_cap_truncates_and_supplies_end_of_turn_unmasked(setup):
     turns = [oracle_turns(task)[0], AssistantTurn(raw="", content="")]
     ids, mask, reward, n, _ = oracle_script(fmt, source, task, turns=turns, turn_cap=cap)
     full = oracle_script(fmt, source, task)[0]
-    sampler, params = _sampler(fmt, [full])
-    (traj,) = rollout(sampler, params, fmt, source.make_env, [task], jax.random.key(0),
+    engine, params = _engine(fmt, [full])
+    (traj,) = rollout(engine, params, fmt, source.make_env, [task], jax.random.key(0),
                       RolloutConfig(max_turn_tokens=cap))
     assert traj.tokens.tolist() == ids and traj.mask.tolist() == mask
     first = mask.index(1)
@@ -156,8 +172,8 @@ def test_step_and_total_caps_score_with_finish(setup):
     fmt, source, tasks = setup
     multi = [t for t in tasks if len(oracle_turns(t)) >= 2][:2]
     scripts = [oracle_script(fmt, source, t)[0] for t in multi]
-    sampler, params = _sampler(fmt, scripts)
-    trajs = rollout(sampler, params, fmt, source.make_env, multi, jax.random.key(0),
+    engine, params = _engine(fmt, scripts)
+    trajs = rollout(engine, params, fmt, source.make_env, multi, jax.random.key(0),
                     RolloutConfig(max_env_steps=1, max_turn_tokens=64))
     for traj, task in zip(trajs, multi):
         ids, mask, _, _, env = oracle_script(fmt, source, task, turns=oracle_turns(task)[:1])
@@ -168,7 +184,7 @@ def test_step_and_total_caps_score_with_finish(setup):
     # total-token cap: the first turn is cut 5 tokens in and never reaches the environment
     task = multi[0]
     prompt_len = oracle_script(fmt, source, task)[1].index(1)
-    (traj,) = rollout(sampler, params, fmt, source.make_env, [task], jax.random.key(0),
+    (traj,) = rollout(engine, params, fmt, source.make_env, [task], jax.random.key(0),
                       RolloutConfig(max_total_tokens=prompt_len + 5, max_turn_tokens=64))
     fresh = source.make_env()
     fresh.reset(task)
@@ -183,9 +199,9 @@ def test_real_model_rollout_logprobs_align_with_training_forward(setup):
     from lopd_jax.losses import chunked_token_logp
 
     model, tok, _ = load_policy("tiny", seed=1)
-    sampler = Sampler(model, stop_ids=fmt.stop_ids, sampling=SamplingParams(temperature=1.0, top_p=0.9, top_k=50),
-                      buckets=BucketConfig(chunk=(64, 1280), cache=(1280,)), pad_id=tok.pad_token_id)
-    trajs = rollout(sampler, Sampler.params_of(model), fmt, source.make_env, tasks[:2], jax.random.key(2),
+    engine = Engine(model, stop_ids=fmt.stop_ids, sampling=SamplingParams(temperature=1.0, top_p=0.9, top_k=50),
+                    config=EngineConfig(slots=2, page_size=64, decode_chunk=8), pad_id=tok.pad_token_id)
+    trajs = rollout(engine, Engine.params_of(model), fmt, source.make_env, tasks[:2], jax.random.key(2),
                     RolloutConfig(max_turn_tokens=8))
     arrays = training_arrays(trajs, length=1280)
     ids = jnp.asarray(arrays["tokens"])

@@ -157,7 +157,7 @@ def test_evaluate_of_the_export_replays_the_runs_own_episodes(full_run, tmp_path
     from lopd_jax.run_config import load_run_config
     from train.rollout import rollout
     from train.run_reader import EXPORT_RUN_FILE, open_run
-    from train.sampler import SamplingParams
+    from train.sampling import SamplingParams
 
     workdir, _ = full_run
     info = json.load(open(os.path.join(workdir, "export", EXPORT_RUN_FILE)))
@@ -180,7 +180,7 @@ def test_evaluate_of_the_export_replays_the_runs_own_episodes(full_run, tmp_path
     ctx = run.ctx
     tasks = ctx.source.tasks("heldout")[:3]
     greedy = SamplingParams(temperature=0.0, top_p=ctx.cfg.rollout.top_p, top_k=ctx.cfg.rollout.top_k)
-    own = rollout(ctx.sampler, ctx.policy_params(run.student(), run.theta0()), ctx.fmt, ctx.source.make_env, tasks,
+    own = rollout(ctx.engine, ctx.policy_params(run.student(), run.theta0()), ctx.fmt, ctx.source.make_env, tasks,
                   jax.random.key(0), ctx.cfg.rollout.rollout_config(), greedy)
     for mine, theirs in zip(own, result["trajectories"]):
         assert theirs["task_id"] == mine.task.task_id

@@ -341,8 +341,8 @@ class PolicyStage(TrainingStage):
         shardings = impl.shardings(state)
         G = impl.group_size
         n_roll = rollouts_per_step(cfg)
-        if n_roll % ctx.sampler.batch_shards:
-            raise ValueError(f"{n_roll} rollouts per step do not split over {ctx.sampler.batch_shards} batch "
+        if n_roll % ctx.batch_shards:
+            raise ValueError(f"{n_roll} rollouts per step do not split over {ctx.batch_shards} batch "
                              "shards; make env.tasks_per_step * env.group_size a multiple of mesh.data * mesh.fsdp.")
         super().__init__(ctx, state, frozen, shardings, n_roll // G, G, bank_path, writer)
         self.impl, self.label, self.rows = impl, cfg.arm, n_roll
@@ -374,9 +374,9 @@ class PolicyStage(TrainingStage):
 
     def make_batch(self, s: int, trajs) -> dict:
         """This process's rows of the arm's batch (built from every row, the same on every
-        process; :meth:`train.sampler.Sampler.local_rows`)."""
+        process; :meth:`train.run_context.RunContext.local_rows`)."""
         batch = self.impl.batch(s, trajs)
-        lo, hi = self.ctx.sampler.local_rows(self.rows)
+        lo, hi = self.ctx.local_rows(self.rows)
         if (lo, hi) == (0, self.rows) or not isinstance(batch, dict):  # a BucketedBatch puts its own rows
             return batch
         for k, v in batch.items():

@@ -69,12 +69,12 @@ def local_share(ctx, items: Sequence, rows: int) -> tuple[list, int]:
     """This process's rows of a ``rows``-row batch of ``items`` (the same list on every
     process) padded by repeating the last item: ``(its items, how many are real)``.
 
-    Rows are owned as the batch sharding places them (:meth:`train.sampler.Sampler.local_rows`);
+    Rows are owned as the batch sharding places them (:meth:`train.run_context.RunContext.local_rows`);
     on one process this is ``(items + padding, len(items))``.
     """
     if not items:
         raise ValueError("a batch needs at least one item")
-    lo, hi = ctx.sampler.local_rows(rows)
+    lo, hi = ctx.local_rows(rows)
     padded = list(items) + [items[-1]] * (rows - len(items))
     return padded[lo:hi], max(0, min(hi, len(items)) - lo)
 
@@ -108,15 +108,15 @@ def gather_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def batch_rows(ctx, n: int) -> int:
     """``n`` rounded up to a multiple of the devices the batch is split over."""
-    return bucket(n, (n,), 1, ctx.sampler.batch_shards)
+    return bucket(n, (n,), 1, ctx.batch_shards)
 
 
 def lopd_batch(ctx, trajs: Sequence[Trajectory], bank: ExperienceBank) -> dict[str, np.ndarray]:
     """The LOPD step batch of one step's rollouts (with n_ret retrieved experiences each);
     multi-host: ``trajs`` are this process's rollouts, i.e. its rows of the batch."""
     total = len(trajs) * jax.process_count()
-    if total % ctx.sampler.batch_shards:
-        raise ValueError(f"{total} rollouts per step do not split over {ctx.sampler.batch_shards} batch "
+    if total % ctx.batch_shards:
+        raise ValueError(f"{total} rollouts per step do not split over {ctx.batch_shards} batch "
                          "shards; make env.tasks_per_step * env.group_size a multiple of mesh.data * mesh.fsdp.")
     return _step_arrays(ctx, trajs, bank, None)
 

@@ -25,10 +25,18 @@ The device holds a fixed set of decode **slots** and one page pool per layer
 * **Environments off the critical path.** A turn's ``step`` runs on a thread pool; the
   engine only waits for environments when no slot has work. A step that raises ends its
   episode (``error`` set) without touching the others.
+* **Stop strings** (optional, host-side): after each chunk a running turn whose decoded
+  text contains a stop string is cut right after the token that completes its first
+  occurrence; the cache is rewound to match, so the cut tail never conditions later turns.
+* **Input embeddings** (optional): an episode may replace the input embeddings of a run of
+  its first chunk's positions (:attr:`EpisodeSpec.embeds`; composer latents); a recompute
+  after preemption replaces them again.
+* **Multi-host.** An engine is process-local: each process runs its own episodes in its
+  own slots on its own devices (:meth:`Engine.local_params`), with no cross-host step.
 
-:class:`Engine` works on token-level :class:`EpisodeSpec` s;
-:func:`train.engine_rollout.engine_rollout` wraps it for chat formats and environments
-and returns :class:`train.rollout.Trajectory` s.
+:class:`Engine` works on token-level :class:`EpisodeSpec` s; :func:`train.rollout.rollout`
+runs chat-format episodes with environments on it and returns
+:class:`train.rollout.Trajectory` s.
 """
 
 from __future__ import annotations
@@ -95,7 +103,9 @@ class EpisodeSpec:
     raw_logprobs)``: called (on a worker thread) with each finished turn, returns the
     observation ids to append, or None when the episode is over. ``turn_caps``: optional
     per-turn caps (turn ``j`` is also capped at ``turn_caps[j]``; e.g. a benchmark's forced
-    turn lengths).
+    turn lengths). ``embeds``: optional ``(start, vectors [k, D])``: the input embeddings
+    of context positions ``start .. start + k - 1`` (inside ``first``) are ``vectors``
+    instead of their ids' embeddings.
     """
 
     first: Sequence[int]
@@ -103,6 +113,7 @@ class EpisodeSpec:
     max_turn: int
     step: Callable[[np.ndarray, np.ndarray, np.ndarray], Sequence[int] | None]
     turn_caps: Sequence[int] | None = None
+    embeds: tuple[int, np.ndarray] | None = None
 
 
 @dataclasses.dataclass
@@ -164,18 +175,35 @@ def _keys(rng, eids, pos):
     return jax.vmap(lambda e, p: jax.random.fold_in(jax.random.fold_in(rng, e), p))(eids, pos)
 
 
+def _forward(model, lora: bool):
+    """``f(ids, positions, valid, kv_lens, pools, page_table, num_pages, inputs_embeds)``
+    -> (hidden, pools): the model's own ``paged_forward`` if it defines one (a test
+    policy), else the decoder's (:func:`train.paged_step.paged_forward`)."""
+    own = getattr(model, "paged_forward", None)
+    if own is not None:
+        return own
+    layers = layer_weights(model, lora)
+    return lambda ids, pos, valid, kv_lens, pools, table, n, emb=None: paged_forward(
+        model, layers, ids, pos, valid, kv_lens, pools, table, n, lora, emb)
+
+
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3), donate_argnums=(5,))
 def _prefill(graphdef, top_k: int, greedy: bool, lora: bool, params, pools, ids, start, n, page_table, eids, rng,
-             temperature, top_p):
+             temperature, top_p, vectors=None, use_vec=None):
     """Feed ``ids[b, :n[b]]`` at positions ``start[b]..``; sample each row's next token.
-    Attention reads the ``page_table.shape[1]`` leading pages of each row."""
+    Attention reads the ``page_table.shape[1]`` leading pages of each row. With
+    ``vectors`` [B, C, D], positions where ``use_vec`` [B, C] is set take those input
+    embeddings instead of their ids'."""
     model = nnx.merge(graphdef, params)
     num_pages = page_table.shape[1]
     C = ids.shape[1]
     pos = start[:, None] + jnp.arange(C, dtype=jnp.int32)[None]
     valid = jnp.arange(C)[None] < n[:, None]
-    h, pools = paged_forward(model, layer_weights(model, lora), ids, pos, valid, start + n, pools, page_table,
-                             num_pages, lora)
+    emb = None
+    if vectors is not None:
+        base = model.embed_tokens(ids)
+        emb = jnp.where(use_vec[..., None], vectors.astype(base.dtype), base)
+    h, pools = _forward(model, lora)(ids, pos, valid, start + n, pools, page_table, num_pages, emb)
     last = jnp.take_along_axis(h, jnp.maximum(n - 1, 0)[:, None, None], axis=1)[:, 0].astype(jnp.float32)
     logits = jnp.dot(last, model.lm_head_kernel().astype(jnp.float32))
     tok, lp, raw = _sample_rows(logits, _keys(rng, eids, start + n), temperature, top_p, top_k, greedy)
@@ -189,14 +217,14 @@ def _decode(graphdef, steps: int, top_k: int, greedy: bool, lora: bool, stop_ids
     Attention reads the ``page_table.shape[1]`` leading pages of each row."""
     model = nnx.merge(graphdef, params)
     num_pages = page_table.shape[1]
-    layers = layer_weights(model, lora)
+    forward = _forward(model, lora)
     head = model.lm_head_kernel().astype(jnp.float32)
     stops = jnp.asarray(stop_ids, jnp.int32)
 
     def body(carry, _):
         pools, prev, lengths, live, n_gen = carry
-        h, pools = paged_forward(model, layers, prev[:, None], lengths[:, None], live[:, None],
-                                 lengths + live, pools, page_table, num_pages, lora)
+        h, pools = forward(prev[:, None], lengths[:, None], live[:, None], lengths + live, pools, page_table,
+                           num_pages)
         logits = jnp.dot(h[:, 0].astype(jnp.float32), head)
         tok, lp, raw = _sample_rows(logits, _keys(rng, eids, lengths + 1), temperature, top_p, top_k, greedy)
         lengths = lengths + live
@@ -210,21 +238,41 @@ def _decode(graphdef, steps: int, top_k: int, greedy: bool, lora: bool, stop_ids
     return (toks.T, lps.T, raws.T, n_gen), pools
 
 
+def _stop_string_cut(ids: Sequence[int], stop_strings: Sequence[str], decode: Callable[[list[int]], str]) -> int | None:
+    """Smallest ``j`` such that ``decode(ids[:j])`` contains a stop string, or None."""
+    if not any(s in decode(list(ids)) for s in stop_strings):
+        return None
+    lo, hi = 1, len(ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if any(s in decode(list(ids[:mid])) for s in stop_strings):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 class Engine:
     """Continuous-batching rollout engine over a paged KV cache (see the module docstring).
 
     Args:
       model: a :class:`models.decoder.Decoder` (only its graph is kept; parameters are
-        passed to :meth:`run`).
+        passed to :meth:`run`), or a module with ``cfg``, ``embed_tokens``,
+        ``lm_head_kernel`` and its own ``paged_forward`` (a test policy).
       stop_ids: end-of-turn ids.
       config: :class:`EngineConfig`.
       sampling: default :class:`SamplingParams`.
       lora: run with the LoRA adapters on.
       pad_id: id used for padding.
+      stop_strings / decode: optional host-side stop strings and the ``ids -> text``
+        function that finds them (e.g. a tokenizer's ``decode``).
     """
 
     def __init__(self, model: nnx.Module, *, stop_ids: Sequence[int], config: EngineConfig = EngineConfig(),
-                 sampling: SamplingParams = SamplingParams(), lora: bool = False, pad_id: int = 0):
+                 sampling: SamplingParams = SamplingParams(), lora: bool = False, pad_id: int = 0,
+                 stop_strings: Sequence[str] = (), decode: Callable[[list[int]], str] | None = None):
+        if stop_strings and decode is None:
+            raise ValueError("stop_strings need a decode function (ids -> text), e.g. tokenizer.decode")
         self.graphdef, _ = nnx.split(model)
         self.cfg = model.cfg
         self.stop_ids = tuple(int(i) for i in stop_ids)
@@ -232,14 +280,39 @@ class Engine:
         self.sampling = sampling
         self.lora = lora
         self.pad_id = int(pad_id)
+        self.stop_strings = tuple(stop_strings)
+        self.decode = decode
         self.metrics: dict[str, float] = {}
+
+    @staticmethod
+    def params_of(model: nnx.Module) -> dict:
+        """The model's parameter state as a pure dict (what :meth:`run` takes as ``params``)."""
+        return nnx.to_pure_dict(nnx.split(model)[1])
+
+    @staticmethod
+    def local_params(tree):
+        """``tree`` (parameters, keys) on this process's first device, where the engine runs.
+
+        Arrays spread over several processes (e.g. FSDP-sharded training weights) are first
+        replicated by one collective, which every process must call together.
+        """
+        device = jax.local_devices()[0]
+        leaves = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array) and not x.is_fully_addressable]
+        if leaves:
+            mesh = leaves[0].sharding.mesh
+            tree = jax.jit(lambda t: t, out_shardings=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))(
+                tree)
+            tree = jax.tree.map(lambda x: x.addressable_data(0) if isinstance(x, jax.Array) else x, tree)
+        return jax.device_put(tree, device)
 
     # ----- page pool -----
     def _pages_for(self, tokens: int) -> int:
         return -(-tokens // self.config.page_size)
 
     def _grow(self, ep: _Ep, tokens: int) -> bool:
-        need = self._pages_for(tokens) - len(ep.pages)
+        """Pages for ``tokens`` cached ids (never beyond the episode cap); False when the pool
+        has too few free pages."""
+        need = self._pages_for(min(tokens, ep.spec.max_total)) - len(ep.pages)
         if need > len(self._free):
             return False
         for _ in range(max(need, 0)):
@@ -259,6 +332,27 @@ class Engine:
                 t[r, :min(width, len(ep.pages))] = ep.pages[:width]
         return t
 
+    def _vectors(self, batch: Sequence[_Ep], pos: Sequence[int], C: int):
+        """The input-embedding overrides of one prefill piece: ``(vectors [slots, C, D],
+        use [slots, C])``, or ``(None, None)`` when no row's piece has any."""
+        hits = []
+        for r, ep in enumerate(batch):
+            if ep.spec.embeds is None:
+                continue
+            start, vec = ep.spec.embeds
+            lo, hi = max(start, pos[r]), min(start + len(vec), pos[r] + C, len(ep.ctx))
+            if lo < hi:
+                hits.append((r, lo - pos[r], np.asarray(vec[lo - start:hi - start])))
+        if not hits:
+            return None, None
+        dim, dtype = hits[0][2].shape[-1], hits[0][2].dtype
+        vectors = np.zeros((self.config.slots, C, dim), dtype)
+        use = np.zeros((self.config.slots, C), bool)
+        for r, at, vec in hits:
+            vectors[r, at:at + len(vec)] = vec
+            use[r, at:at + len(vec)] = True
+        return vectors, use
+
     def _prefill_batch(self, batch: Sequence[_Ep], params, pools, rng, top_k, greedy, temperature, top_p, m):
         """Feed every admitted episode's un-cached ids in pieces of ``prefill_chunk`` tokens
         (one call per piece for all of them, ``slots`` rows); return each one's first
@@ -276,8 +370,9 @@ class Engine:
                 piece = ep.ctx[pos[r]:pos[r] + C]
                 ids[r, :len(piece)] = piece
                 start[r], n[r], eids[r] = pos[r], len(piece), ep.eid
+            vectors, use = self._vectors(batch, pos, C)
             (tok, lp, raw), pools = _prefill(self.graphdef, top_k, greedy, self.lora, params, pools, ids, start, n,
-                                             table, eids, rng, temperature, top_p)
+                                             table, eids, rng, temperature, top_p, vectors, use)
             tok, lp, raw = np.asarray(tok), np.asarray(lp), np.asarray(raw)
             for r, ep in enumerate(batch):
                 if n[r] and pos[r] + n[r] == len(ep.ctx):  # this episode's last piece: its first token
@@ -287,13 +382,25 @@ class Engine:
             m["prefill_tokens"] += int(n.sum())
         return (*out, pools)
 
+    def _cut_at_stop_string(self, ep: _Ep) -> bool:
+        """Cut ``ep``'s running turn after the first stop string (rewinding its cache);
+        True if it had one."""
+        if not self.stop_strings or not ep.turn:
+            return False
+        cut = _stop_string_cut(ep.turn, self.stop_strings, self.decode)
+        if cut is None:
+            return False
+        ep.turn, ep.lps, ep.raws = ep.turn[:cut], ep.lps[:cut], ep.raws[:cut]
+        ep.cached = min(ep.cached, len(ep.ctx) + cut - 1)  # a turn's last id is never cached
+        return True
+
     def precompile(self, params, max_total: int, sampling: SamplingParams | None = None) -> int:
         """Compile (by running once on a scratch pool) every prefill and decode variant a run
         with episodes of up to ``max_total`` tokens can meet: one per power-of-two count of
         pages read. Returns the number of variants."""
         sp = sampling or self.sampling
         cfg, n = self.config, 0
-        row_pages = self._pages_for(max_total + cfg.decode_chunk)
+        row_pages = self._pages_for(max_total)
         pools = empty_pools(self.cfg, cfg.num_pages or cfg.slots * row_pages, cfg.page_size)
         S, C = cfg.slots, cfg.prefill_chunk
         args = (jnp.float32(sp.temperature), jnp.float32(sp.top_p))
@@ -312,15 +419,22 @@ class Engine:
             w *= 2
 
     # ----- the loop -----
-    def run(self, params, episodes: Sequence[EpisodeSpec], rng: jax.Array,
-            sampling: SamplingParams | None = None) -> list[EpisodeResult]:
+    def run(self, params, episodes: Sequence[EpisodeSpec], rng: jax.Array, sampling: SamplingParams | None = None,
+            *, first_id: int = 0, on_finish: Callable[[int], None] | None = None) -> list[EpisodeResult]:
         """Run every episode to its end; results in input order. Metrics of the run are in
-        :attr:`metrics`."""
+        :attr:`metrics`.
+
+        ``params`` and ``rng`` must be on this process's devices (:meth:`local_params`).
+        Episode ``i`` is identity ``first_id + i``: its tokens are sampled with
+        ``fold_in(rng, first_id + i)`` (then the position), so a batch split differently
+        (over calls or processes) samples the same tokens. ``on_finish(n)`` is called (on
+        this thread) whenever ``n`` episodes have just ended.
+        """
         sp = sampling or self.sampling
         cfg = self.config
         K, ps = cfg.decode_chunk, cfg.page_size
         max_total = max(e.max_total for e in episodes)
-        row_pages = self._pages_for(max_total + K)
+        row_pages = self._pages_for(max_total)
         self._num_pages = cfg.num_pages or cfg.slots * row_pages
         if self._num_pages < row_pages:
             raise ValueError(f"EngineConfig.num_pages={self._num_pages} cannot hold one episode of "
@@ -328,18 +442,23 @@ class Engine:
         for i, e in enumerate(episodes):
             if not 0 < len(e.first) < e.max_total:
                 raise ValueError(f"episode {i}: the first chunk has {len(e.first)} ids; it needs 1..max_total-1")
+            if e.embeds is not None and not 0 <= e.embeds[0] <= e.embeds[0] + len(e.embeds[1]) <= len(e.first):
+                raise ValueError(f"episode {i}: its input embeddings cover positions {e.embeds[0]}.."
+                                 f"{e.embeds[0] + len(e.embeds[1]) - 1}, outside its first chunk of {len(e.first)}")
         greedy, top_k = sp.temperature == 0, sp.top_k
         temperature, top_p = jnp.float32(sp.temperature), jnp.float32(sp.top_p)
         pools = empty_pools(self.cfg, self._num_pages, ps)
         self._free = list(range(self._num_pages - 1, -1, -1))
         self._peak = 0
-        eps = [_Ep(spec, i, [int(x) for x in spec.first]) for i, spec in enumerate(episodes)]
+        eps = [_Ep(spec, first_id + i, [int(x) for x in spec.first]) for i, spec in enumerate(episodes)]
         ready = collections.deque(eps)
         slots: list[_Ep | None] = [None] * cfg.slots
         prev = np.zeros(cfg.slots, np.int32)
         futures: dict[concurrent.futures.Future, _Ep] = {}
         m = collections.Counter()
         admitted = 0
+        in_flight = 0  # episodes started (admitted once) and not finished
+        limit = cfg.max_in_flight or len(eps)
         t0 = time.perf_counter()
         pool = concurrent.futures.ThreadPoolExecutor(cfg.env_workers) if cfg.env_workers else None
 
@@ -355,7 +474,8 @@ class Engine:
             ep.turn, ep.lps, ep.raws = [], [], []
             futures[_submit(pool, ep.spec.step, ids, lps, raws)] = ep
 
-        def finish_env(fut, ep: _Ep):
+        def finish_env(fut, ep: _Ep) -> bool:
+            """Take an environment step's result; True when the episode ended."""
             try:
                 obs = fut.result()
             except Exception as exc:  # a crashing environment ends its own episode only
@@ -365,13 +485,14 @@ class Engine:
             if obs is None:
                 self._release(ep)
                 ep.result.context = list(ep.ctx)
-                return
+                return True
             obs = [int(x) for x in obs]
             if len(ep.ctx) + len(obs) >= ep.spec.max_total:
                 raise ValueError(f"episode {ep.eid}: the observation leaves no room below max_total; "
                                  "the step function must end the episode instead")
             ep.ctx.extend(obs)
             ready.append(ep)
+            return False
 
         def preempt(ep: _Ep):
             """Free ``ep``'s pages; it is recomputed from its whole context when admitted
@@ -385,20 +506,31 @@ class Engine:
             ep.turn, ep.lps, ep.raws = [], [], []
             self._release(ep)
 
+        def turn_over(ep: _Ep) -> bool:
+            return self._cut_at_stop_string(ep) or ep.turn[-1] in self.stop_ids or len(ep.turn) >= ep.cap
+
         for ep in eps:
             ep.result = EpisodeResult([], [], [], [])
         try:
             while ready or futures or any(s is not None for s in slots):
-                for fut in [f for f in futures if f.done()]:
-                    finish_env(fut, futures.pop(fut))
-                # admission: ready work into free slots (FIFO; the head waits for pages)
+                done = [f for f in futures if f.done()]
+                ended = sum(finish_env(fut, futures.pop(fut)) for fut in done)
+                in_flight -= ended
+                if ended and on_finish is not None:
+                    on_finish(ended)
+                # admission: ready work into free slots (FIFO; the head waits for pages, and a
+                # new episode for room under max_in_flight)
                 batch = []
                 while ready and None in slots:
-                    ep = ready[0]
+                    j = next((j for j, e in enumerate(ready) if e.admitted or in_flight < limit), None)
+                    if j is None:
+                        break
+                    ep = ready[j]
                     if not self._grow(ep, len(ep.ctx) + min(K, ep.cap)):
                         m["admission_waits"] += 1
                         break
-                    ready.popleft()
+                    del ready[j]
+                    in_flight += ep.admitted == 0
                     ep.slot = slots.index(None)
                     slots[ep.slot] = ep
                     admitted += 1
@@ -412,7 +544,7 @@ class Engine:
                         ep.turn, ep.lps, ep.raws = [int(tok[r])], [float(lp[r])], [float(raw[r])]
                         m["useful_tokens"] += 1
                         prev[ep.slot] = tok[r]
-                        if int(tok[r]) in self.stop_ids or ep.cap <= 1:
+                        if turn_over(ep):
                             end_turn(ep)
                 running = sorted((ep for ep in slots if ep is not None), key=lambda e: e.admitted)
                 for ep in running:  # pages for this chunk; preempt the newest when the pool is full
@@ -444,7 +576,7 @@ class Engine:
                         m["useful_slot_steps"] += g
                         if g:
                             prev[s] = toks[s, g - 1]
-                        if ep.turn[-1] in self.stop_ids or len(ep.turn) >= ep.cap:
+                        if turn_over(ep):
                             end_turn(ep)
                 elif not batch:
                     if futures:

@@ -15,8 +15,8 @@ bit for bit.
 Multi-host (:mod:`train.distributed`): every process runs the same program; the task
 pipelines give every process the same global task list, and each process owns a
 contiguous block of every batch's rows (where the batch sharding puts them). It rolls out
-only those rows (its own environments; the sampler is one global SPMD program fed with
-process-local rows), builds only those rows of the step batches, and :func:`put_batch`
+only those rows (its own environments, on its own rollout engine: no step of a rollout
+involves another host), builds only those rows of the step batches, and :func:`put_batch`
 assembles the global arrays with ``jax.make_array_from_process_local_data``. No host
 needs another host's environment to be deterministic. What must agree is gathered:
 the bank's admitted experiences (so every host builds and retrieves from the same bank),
@@ -63,7 +63,7 @@ def log(msg: str) -> None:
 def evaluate_policy(ctx: RunContext, params) -> dict[str, Any]:
     """Greedy rollouts of the held-out tasks: mean reward, success rate and Table-3 stats."""
     from lopd_jax.eval_stats import behaviour_stats, no_tool_baseline
-    from train.sampler import SamplingParams
+    from train.sampling import SamplingParams
 
     r = ctx.cfg.rollout
     greedy = SamplingParams(temperature=0.0, top_p=r.top_p, top_k=r.top_k)

@@ -1,11 +1,11 @@
-"""The multi-turn rollout loop (SPEC 2.2): a batch of trajectories advancing together.
+"""Multi-turn rollouts (SPEC 2.2) on the continuous-batching engine (:mod:`train.engine`).
 
-Each turn, every active trajectory gets one assistant turn from :class:`train.sampler.Sampler`
-(one compiled prefill + decode call for the whole batch, KV cache reused across turns).
-Between turns, on the host, each trajectory's new ids are decoded and parsed with its
-:class:`lopd_jax.chat_base.ChatFormat`, passed to its :class:`Environment.step`, and the
-observation ids from ``ChatFormat.observation_ids`` are appended. Finished trajectories drop
-out of the batch (the cache shrinks to a smaller batch bucket when it can).
+:func:`rollout` runs one episode per task: each episode's prompt, then its turns, each
+turn's text parsed with its :class:`lopd_jax.chat_base.ChatFormat` and passed to its
+:class:`Environment.step`, and the observation ids from ``ChatFormat.observation_ids``
+appended -- with every episode advanced by :class:`train.engine.Engine`: a finished turn
+goes to its environment (on the engine's ``env_workers`` threads) while the other
+episodes keep decoding, and its slot takes the next ready episode.
 
 Token in, token out: ``Trajectory.tokens`` holds the exact sampled ids and the exact
 observation ids; nothing is re-tokenized. ``mask`` is 1 exactly on generated assistant
@@ -15,96 +15,90 @@ an end-of-turn id the chat format supplies after a turn cut off by the per-turn 
 ``tokens[j]``; 0 where ``mask`` is 0), so a training step compares them with the log-prob
 its logits at ``j - 1`` give to ``tokens[j]``.
 
+Determinism: task ``i`` of a call is episode ``first_episode + i``, sampled with
+``fold_in(rng, first_episode + i)`` (then each token's position). Its trajectory depends
+only on ``rng``, that identity and the weights -- not on the slots, the batch it was
+rolled out in, the process that ran it or timing.
+
 Composer conditioning (the paper's "Base + Composer" row): with a :class:`LatentContext`
 the first chunk of each trajectory is the teacher-format prompt -- the latent block
 (framing before, slots, framing after) inserted at the first user message's content, as
-:mod:`lopd_jax.splice` builds it for training -- and the prefill's input embeddings of the
-slots are the task's latent vectors. ``Trajectory.tokens`` stay in the student's format
-(no block); the block's length counts against ``max_total_tokens`` (the model's context).
+:mod:`lopd_jax.splice` builds it for training -- and the input embeddings of the slots are
+the task's latent vectors (the other ids take the policy's own embeddings).
+``Trajectory.tokens`` stay in the student's format (no block); the block's length counts
+against ``max_total_tokens`` (the model's context).
 
 Caps: at most ``max_env_steps`` environment steps; at most ``max_turn_tokens`` generated
 per turn; at most ``max_total_tokens`` in the whole trajectory (prompt and observations
 included). When a cap ends an episode, ``env.finish()`` scores the state. A turn cut off by
 the total cap is not passed to the environment (it cannot be followed by an observation).
+An environment whose ``step`` raises ends its own episode with finish reason
+``"env_error"`` and reward 0 (the environment contract says ``step`` never raises for
+anything the model wrote, so this is a broken environment, not a model error).
 
-Multi-host (a :attr:`Sampler.multihost` sampler): ``tasks`` are this process's rows only
-and ``global_rows`` the size of the whole batch; this process runs only its own
-environments, in the cache rows it owns (:meth:`Sampler.local_rows`), and may have no
-tasks at all. Every process makes the same number of sampler calls: a turn runs while
-any row on any host is live (one small cross-host reduction per turn).
+Multi-host: each process rolls out its own tasks on its own engine (no per-turn
+cross-host step); ``first_episode`` is the global index of its first task. The policy's
+parameters are brought to the process's devices first (:meth:`Engine.local_params`: one
+collective when they span processes, so every process calls :func:`rollout`, even one
+without tasks).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 from typing import Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from lopd_jax.chat_base import ChatFormat, TokenTrajectory
 from lopd_jax.envs.base import Environment
-from lopd_jax.splice import SpliceLayout, splice_latents
+from lopd_jax.shapes import bucket
+from lopd_jax.splice import SpliceLayout
 from lopd_jax.types import Message, Task, ToolSchema
-from train import distributed
-from train.sampler import Sampler, SamplingParams, bucket
+from train.engine import Engine, EpisodeSpec
+from train.sampling import SamplingParams
 
 FINISH_DONE = "done"
 FINISH_MAX_STEPS = "max_steps"
 FINISH_MAX_TOKENS = "max_tokens"
+FINISH_ENV_ERROR = "env_error"
 
 
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
-    """Episode caps (SPEC 2.2) and host-side parallelism.
-
-    ``env_workers > 0`` runs parsing and ``Environment.step`` of the batch's trajectories
-    in that many threads (useful for subprocess-isolated environments).
-    """
+    """Episode caps (SPEC 2.2). Host-side parallelism is the engine's
+    (:attr:`train.engine.EngineConfig.env_workers`)."""
 
     max_env_steps: int = 30
     max_turn_tokens: int = 2048
     max_total_tokens: int = 40_960
-    env_workers: int = 0
 
     def __post_init__(self):
         for name in ("max_env_steps", "max_turn_tokens", "max_total_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.env_workers < 0:
-            raise ValueError(f"RolloutConfig.env_workers must be >= 0, got {self.env_workers}")
 
 
 @dataclasses.dataclass(frozen=True)
 class LatentContext:
     """Latent conditioning of a rollout: ``latents[i]`` [num_slots, D] fill the slots of
-    the block ``layout`` inserted into task ``i``'s prompt; ``embed`` maps ids [B, C] to the
-    policy's input embeddings [B, C, D] (e.g. its embedding table)."""
+    the block ``layout`` inserted into task ``i``'s prompt."""
 
     layout: SpliceLayout
     latents: jax.Array | np.ndarray
-    embed: Callable
 
     def first_chunks(self, prompts: Sequence[Sequence[int]], insert_at: Sequence[int]) -> list[list[int]]:
         """Teacher-format prompts: the block's ids inserted at each insertion point."""
         block = [int(x) for x in self.layout.block_ids]
         return [list(p[:a]) + block + list(p[a:]) for p, a in zip(prompts, insert_at)]
 
-    def embeds(self, chunks: Sequence[Sequence[int] | None], rows: Sequence[int | None], insert_at: Sequence[int]):
-        """Input embeddings [len(chunks), C, D] of right-padded ``chunks`` (row ``r`` holds
-        task ``rows[r]``) with the slots replaced by the tasks' latents."""
-        C = max(len(c) for c in chunks if c is not None)
-        ids = np.zeros((len(chunks), C), np.int32)
-        at = np.zeros(len(chunks), np.int32)
-        take = np.zeros(len(chunks), np.int32)
-        for r, (c, i) in enumerate(zip(chunks, rows)):
-            if c is not None:
-                ids[r, :len(c)] = c
-                at[r], take[r] = insert_at[i], i
-        latents = jnp.take(jnp.asarray(self.latents), jnp.asarray(take), axis=0)
-        return splice_latents(self.embed(jnp.asarray(ids)), latents, jnp.asarray(at), self.layout)
+    def slot_embeds(self, insert_at: Sequence[int]) -> list[tuple[int, np.ndarray]]:
+        """Per task, ``(first slot position in its teacher-format prompt, latents [num_slots, D])``
+        (:attr:`train.engine.EpisodeSpec.embeds`)."""
+        latents = np.asarray(jax.device_get(self.latents))
+        first = len(self.layout.before_ids)
+        return [(int(a) + first, latents[i]) for i, a in enumerate(insert_at)]
 
 
 @dataclasses.dataclass
@@ -116,7 +110,8 @@ class Trajectory:
     ``tokens`` where the first user message's content starts (the latent splice point).
     ``num_turns`` counts generated assistant turns, ``turn_lengths`` their token counts.
     ``finish_reason`` is ``"done"`` (the environment ended it), ``"max_steps"`` or
-    ``"max_tokens"`` (a cap ended it and ``env.finish()`` scored it).
+    ``"max_tokens"`` (a cap ended it and ``env.finish()`` scored it), or ``"env_error"``
+    (its environment raised; reward 0).
     """
 
     task: Task
@@ -223,101 +218,71 @@ def _advance(ep: _Episode, ids: np.ndarray, lps: np.ndarray, raws: np.ndarray, f
     ep.pending = [int(ids[-1]), *obs_ids]
 
 
-def rollout(sampler: Sampler, params, fmt: ChatFormat, make_env: Callable[[], Environment],
+def rollout(engine: Engine, params, fmt: ChatFormat, make_env: Callable[[], Environment],
             tasks: Sequence[Task], rng: jax.Array, config: RolloutConfig = RolloutConfig(),
             sampling: SamplingParams | None = None, latents: LatentContext | None = None,
-            global_rows: int | None = None, on_turn: Callable[[int], None] | None = None) -> list[Trajectory]:
-    """Run one episode per task (repeat a task for a group) with all of them batched.
+            first_episode: int = 0, on_finish: Callable[[int], None] | None = None) -> list[Trajectory]:
+    """Run one episode per task (repeat a task for a group) on ``engine``.
 
     Args:
-      sampler: the batched sampler (its stop ids should be ``fmt.stop_ids``).
+      engine: the rollout engine (its stop ids must include ``fmt.stop_ids``).
       params: the policy's pure parameter dict (e.g. the student's current parameters).
       fmt: the chat format of the model's tokenizer.
       make_env: environment factory (e.g. ``TaskSource.make_env``); one env per task.
-      tasks: the tasks, in output order.
-      rng: PRNG key; turn ``t`` samples with ``fold_in(rng, t)``.
-      config: caps and host parallelism.
-      sampling: overrides the sampler's default :class:`SamplingParams`.
+      tasks: the tasks, in output order (multi-host: this process's; may be empty).
+      rng: PRNG key; episode ``e`` samples with ``fold_in(rng, e)`` (see the module docstring).
+      config: episode caps.
+      sampling: overrides the engine's default :class:`SamplingParams`.
       latents: optional :class:`LatentContext` (one latent row per task): condition the
         policy on composer latents (see the module docstring).
-      global_rows: multi-host only: the rows of the whole batch over all processes
-        (``tasks`` are this process's share; see the module docstring).
-      on_turn: called after every turn with the number of this process's episodes that
-        finished in it (progress reporting).
+      first_episode: the identity of ``tasks[0]`` (its index in the whole batch).
+      on_finish: called with the number of this process's episodes that just ended
+        (progress reporting).
 
     Returns:
-      One :class:`Trajectory` per task (this process's), in order.
+      One :class:`Trajectory` per task, in order. The engine's run metrics are left in
+      ``engine.metrics``.
     """
-    multihost = sampler.multihost
-    if multihost and global_rows is None:
-        raise ValueError("a multi-host rollout needs global_rows (the batch size over all processes)")
-    if not tasks and not multihost:
-        raise ValueError("rollout needs at least one task")
-    missing = set(fmt.stop_ids) - set(sampler.stop_ids)
+    params, rng = Engine.local_params((params, rng))  # a collective when params span processes
+    if not tasks:
+        return []
+    missing = set(fmt.stop_ids) - set(engine.stop_ids)
     if missing:
-        raise ValueError(f"the sampler does not stop on the chat format's stop ids {sorted(missing)}; "
-                         f"build it with Sampler(..., stop_ids=fmt.stop_ids)")
+        raise ValueError(f"the engine does not stop on the chat format's stop ids {sorted(missing)}; "
+                         f"build it with Engine(..., stop_ids=fmt.stop_ids)")
     episodes: list[_Episode] = []
-    pool = concurrent.futures.ThreadPoolExecutor(config.env_workers) if config.env_workers else None
     try:
         for task in tasks:
             episodes.append(start_episode(task, make_env, fmt, config))
+        embeds = [None] * len(episodes)
         if latents is not None:
             n = np.shape(latents.latents)[0]
             if n != len(episodes):
                 raise ValueError(f"LatentContext has latents for {n} tasks but {len(episodes)} tasks are rolled out")
             firsts = latents.first_chunks([ep.pending for ep in episodes], [ep.insert_at for ep in episodes])
+            embeds = latents.slot_embeds([ep.insert_at for ep in episodes])
             for ep, first in zip(episodes, firsts):
                 ep.pending, ep.extra = first, latents.layout.length
                 if len(first) >= config.max_total_tokens:
                     raise ValueError(f"task {ep.task.task_id!r}: the prompt with the latent block has {len(first)} "
                                      f"tokens, not below max_total_tokens={config.max_total_tokens}; raise the cap")
-        rows: list[int | None] = list(range(len(episodes)))
-        cache = sampler.new_cache(global_rows if multihost else len(rows))
-        if multihost:
-            lo, hi = sampler.local_rows(cache.batch)
-            if len(rows) > hi - lo:
-                raise ValueError(f"{len(rows)} tasks on this process but it owns {hi - lo} of the "
-                                 f"{cache.batch} rows")
-            rows += [None] * (hi - lo - len(rows))
-        turn = 0
-        while (distributed.global_any(any(r is not None for r in rows)) if multihost
-               else any(r is not None for r in rows)):
-            chunks = [None if i is None else episodes[i].pending for i in rows]
-            caps = [0 if i is None else min(config.max_turn_tokens,
-                                            config.max_total_tokens - len(episodes[i].traj) - episodes[i].extra)
-                    for i in rows]
-            embeds = None
-            if latents is not None and turn == 0:
-                if any(c is not None for c in chunks):
-                    embeds = latents.embeds(chunks, rows, [ep.insert_at for ep in episodes])
-                else:  # a process without tasks still feeds (empty) embeddings: the same program everywhere
-                    lat = jnp.asarray(latents.latents)
-                    embeds = np.zeros((len(chunks), 1, lat.shape[-1]), lat.dtype)
-            gen, cache = sampler.extend(params, cache, chunks, caps, jax.random.fold_in(rng, turn), sampling=sampling,
-                                        inputs_embeds=embeds)
-            turn += 1
-            work = [(r, i) for r, i in enumerate(rows) if i is not None]
-            args = [(episodes[i], gen.tokens[r], gen.logprobs[r], gen.raw_logprobs[r], fmt, config) for r, i in work]
-            if pool is None:
-                for a in args:
-                    _advance(*a)
-            else:
-                list(pool.map(lambda a: _advance(*a), args))
-            before = sum(i is not None for i in rows)
-            rows = [None if i is None or episodes[i].finish_reason is not None else i for i in rows]
-            if on_turn is not None:
-                on_turn(before - sum(i is not None for i in rows))
-            live = [r for r, i in enumerate(rows) if i is not None]
-            if live and not multihost and sampler.batch_bucket(len(live)) < cache.batch:
-                cache = sampler.compact(cache, live)
-                rows = [rows[r] for r in live] + [None] * (cache.batch - len(live))
+
+        def stepper(ep: _Episode):
+            def step(ids: np.ndarray, lps: np.ndarray, raws: np.ndarray):
+                _advance(ep, ids, lps, raws, fmt, config)
+                return None if ep.finish_reason is not None else ep.pending[1:]
+            return step
+
+        specs = [EpisodeSpec(ep.pending, config.max_total_tokens, config.max_turn_tokens, stepper(ep), embeds=e)
+                 for ep, e in zip(episodes, embeds)]
+        results = engine.run(params, specs, rng, sampling, first_id=first_episode, on_finish=on_finish)
+        for ep, res in zip(episodes, results):
+            if res.error is not None and ep.finish_reason is None:
+                ep.end(0.0, FINISH_ENV_ERROR)
         return [ep.result() for ep in episodes]
     finally:
         for ep in episodes:
             ep.env.close()
-        if pool is not None:
-            pool.shutdown()
 
 
 def training_arrays(trajectories: Sequence[Trajectory], *, length: int | None = None,

@@ -3,8 +3,8 @@
 :class:`RunContext` builds, once per process, everything the stages use from a
 :class:`lopd_jax.config.TrainConfig`: tokenizer, chat format and latent block, splice
 layout, mesh and sharding rules, the initial backbone theta (random ``model.name`` or the
-``model.hf_path`` checkpoint), the :class:`train.system.LOPDSystem`, the rollout sampler
-and the task source with its splits. Which stages of the run finished is the
+``model.hf_path`` checkpoint), the :class:`train.system.LOPDSystem`, the rollout engine
+(:class:`train.engine.Engine`) and the task source with its splits. Which stages of the run finished is the
 stage ledger's business (:mod:`train.ledger`).
 """
 
@@ -14,6 +14,7 @@ import os
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 
@@ -76,7 +77,7 @@ class RunContext:
 
     Attributes: ``cfg``, ``tokenizer``, ``fmt`` (chat format), ``block`` (LatentBlock),
     ``layout`` (SpliceLayout), ``mesh``, ``rules``, ``model_cfg``, ``system``,
-    ``sampler``, ``source``, ``train_tasks``, ``eval_tasks``.
+    ``engine`` (the rollout engine), ``source``, ``train_tasks``, ``eval_tasks``.
     """
 
     def __init__(self, cfg):
@@ -85,7 +86,7 @@ class RunContext:
         from lopd_jax.envs.registry import get_task_source
         from models.decoder import Decoder
         from train import mesh as mesh_lib
-        from train.sampler import BucketConfig, Sampler
+        from train.engine import Engine
         from train.step_spec import splice_layout, step_spec
         from train.system import LOPDSystem
 
@@ -119,15 +120,9 @@ class RunContext:
         self.system._lora0 = mesh_lib.put(lora, sh["lora"])
         self.system._comp0 = mesh_lib.put(comp, sh["compressor"])
         self.student_lora = self.cfg.steps.student_mode == "lora"
-        # One new-token bucket (the turn cap; decoding stops early anyway) and one batch bucket
-        # (a step's rollouts; finished rows idle instead of compacting to smaller shapes):
-        # every rollout then reuses a handful of compiled turns instead of compiling one per
-        # (batch, cap) combination it meets.
-        buckets = BucketConfig(minimum=16, new_tokens=(cfg.rollout.max_turn_tokens,),
-                               batch=(cfg.env.tasks_per_step * cfg.env.group_size,))
-        self.sampler = Sampler(backbone, stop_ids=self.fmt.stop_ids, sampling=cfg.rollout.sampling_params(),
-                               buckets=buckets, rules=self.rules, lora=self.student_lora,
-                               pad_id=self.tokenizer.pad_token_id or 0)
+        self.engine = Engine(backbone, stop_ids=self.fmt.stop_ids, config=cfg.engine,
+                             sampling=cfg.rollout.sampling_params(), lora=self.student_lora,
+                             pad_id=self.tokenizer.pad_token_id or 0)
         self.train_tasks = self.source.tasks(cfg.env.train_split)
         eval_tasks = self.source.tasks(cfg.env.eval_split)
         self.eval_tasks = stratified(eval_tasks, cfg.stages.eval_tasks) if cfg.stages.eval_tasks else eval_tasks
@@ -146,7 +141,7 @@ class RunContext:
         return os.path.join(self.cfg.checkpoint_dir, stage)
 
     def policy_params(self, student, frozen) -> dict:
-        """The sampler's parameter dict for a student (full params or LoRA) and theta0."""
+        """The rollout's parameter dict for a student (full params or LoRA) and theta0."""
         _, lora0, _ = self.system.initial_params()
         if self.student_lora:
             return {**frozen, **student}
@@ -161,33 +156,44 @@ class RunContext:
         # zeros on the adapters' own devices (the arrays may span hosts: no host round trip)
         return self.system.backbone(student, jax.jit(lambda t: jax.tree.map(jnp.zeros_like, t))(lora0))
 
-    def rollout(self, params, tasks, rng, sampling=None, *, global_rows: int | None = None):
-        """Trajectories of ``tasks`` under ``params`` (batched as given).
+    @property
+    def batch_shards(self) -> int:
+        """Devices a step batch's rows are split over (the mesh's ``act_batch`` axes)."""
+        spec = self.rules.spec(("act_batch",))[0]
+        axes = () if spec is None else ((spec,) if isinstance(spec, str) else spec)
+        return int(np.prod([self.rules.mesh.shape[a] for a in axes])) if axes else 1
 
-        Multi-host: ``tasks`` are this process's share (the rows it owns) of a batch of
-        ``global_rows`` rows (default: ``len(tasks)`` times the process count).
-        """
+    def local_rows(self, rows: int) -> tuple[int, int]:
+        """``[start, stop)``: the rows of a ``rows``-row step batch this process owns (as the
+        batch sharding places them; all rows on one process)."""
+        from train import distributed, mesh as mesh_lib
+        if jax.process_count() == 1:
+            return 0, rows
+        return distributed.row_range(mesh_lib.batch_sharding(self.rules, 1), rows)
+
+    def rollout(self, params, tasks, rng, sampling=None, *, first_episode: int = 0, on_finish=None):
+        """Trajectories of ``tasks`` under ``params`` on this process's engine; task ``i`` is
+        episode ``first_episode + i`` (:func:`train.rollout.rollout`)."""
         from train.rollout import rollout
-        if self.sampler.multihost and global_rows is None:
-            global_rows = len(tasks) * jax.process_count()
-        return rollout(self.sampler, params, self.fmt, self.source.make_env, list(tasks), rng,
-                       self.cfg.rollout.rollout_config(), sampling, global_rows=global_rows)
+        return rollout(self.engine, params, self.fmt, self.source.make_env, list(tasks), rng,
+                       self.cfg.rollout.rollout_config(), sampling, first_episode=first_episode, on_finish=on_finish)
 
-    def rollout_split(self, params, tasks, rng, sampling=None, *, gather: bool = False):
+    def rollout_split(self, params, tasks, rng, sampling=None, *, gather: bool = False, first_episode: int = 0):
         """Roll out a whole batch ``tasks`` (the same list on every process) split across hosts.
 
-        Each process rolls out only the rows it owns (:meth:`train.sampler.Sampler.local_rows`
-        of the batch bucket) and gets their trajectories back; ``gather=True`` returns every
-        row's trajectory, in order, on every process (:func:`train.distributed.allgather_list`).
+        Each process rolls out only the rows it owns (:meth:`local_rows`) and gets their
+        trajectories back; ``gather=True`` returns every row's trajectory, in order, on
+        every process (:func:`train.distributed.allgather_list`). Row ``r`` is episode
+        ``first_episode + r``, whichever process runs it.
         Returns ``(trajectories, first_row)``: the row of the first returned trajectory.
         """
         from train import distributed
         tasks = list(tasks)
-        if not self.sampler.multihost:
-            return self.rollout(params, tasks, rng, sampling), 0
-        rows = self.sampler.batch_bucket(len(tasks))
-        lo, hi = self.sampler.local_rows(rows)
-        mine = self.rollout(params, tasks[lo:min(hi, len(tasks))], rng, sampling, global_rows=rows)
+        if jax.process_count() == 1:
+            return self.rollout(params, tasks, rng, sampling, first_episode=first_episode), 0
+        lo, hi = self.local_rows(-(-len(tasks) // self.batch_shards) * self.batch_shards)
+        lo, hi = min(lo, len(tasks)), min(hi, len(tasks))
+        mine = self.rollout(params, tasks[lo:hi], rng, sampling, first_episode=first_episode + lo)
         return (distributed.allgather_list(mine), 0) if gather else (mine, lo)
 
     def seq_buckets(self) -> tuple[int, ...]:
@@ -208,7 +214,7 @@ class RunContext:
         and pass: ``lengths.bucket_tokens``, or the padded step's (``steps.micro_batch``
         rows, or all of a shard's rows, times the cap)."""
         from train.bucketed_steps import bucketed_batch, grpo_bucketed_batch
-        rows, shards = len(batch["tokens"]), self.sampler.batch_shards
+        rows, shards = len(batch["tokens"]), self.batch_shards
         local = max(1, rows // shards)
         micro = self.cfg.steps.micro_batch
         per_shard = self.cfg.lengths.bucket_tokens or (micro if 0 < micro < local else local) * self.spec.seq

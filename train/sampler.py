@@ -1,4 +1,12 @@
-"""Batched generation with a KV cache: a jitted prefill chunk plus a compiled decode loop.
+"""Batched generation with a dense KV cache: a jitted prefill chunk plus a compiled decode loop.
+
+Rollouts do not use this module: every rollout (all arms, the warm-up and held-out
+evaluations, ``lopd_jax.evaluate``) runs on the continuous-batching engine
+(:mod:`train.engine`, :func:`train.rollout.rollout`). :class:`Sampler` stays as a plain
+lockstep ``generate`` for what is not a rollout: the greedy parity tests against
+``transformers`` (``tests/test_sampler.py``, ``tests/test_decode_step.py``,
+``tests/test_smollm2.py``), the decode benchmarks and ``benchmarks/bench_engine.py``'s
+static baseline, and ``lopd_jax.compile_sampler``'s dense-cache AOT figures.
 
 One call of :meth:`Sampler.extend` runs, inside a single compiled function:
 
@@ -24,7 +32,7 @@ trajectory every turn. Re-prefill would cost O(turns x length) prefill tokens pe
 trajectory (up to 30 steps x 40,960 tokens); reuse costs each token once. The last
 generated token of a turn is never fed during that turn (the loop stops on it), so the
 next chunk is ``[last generated id] + observation ids`` -- the caller passes exactly the
-ids the cache has not seen (:mod:`train.rollout` does). Rows are caller-managed: row
+ids the cache has not seen. Rows are caller-managed: row
 ``i`` of the cache is row ``i`` of every chunk list; :meth:`Sampler.compact` drops
 finished rows (shrinking to a smaller batch bucket) and the cache grows by length buckets
 when a turn needs more room.
