@@ -11,7 +11,7 @@ Sections reuse the project's own dataclasses where one exists (``steps`` is
 :class:`train.system.StepConfig`, ``mesh`` is :class:`train.mesh.MeshConfig`,
 ``composer`` is :class:`lopd_jax.composer.ComposerConfig`, ``engine`` is
 :class:`train.engine.EngineConfig`), so the loop passes them on
-unchanged; ``rollout`` extends :class:`train.sampler.SamplingParams` and
+unchanged; ``rollout`` extends :class:`train.sampling.SamplingParams` and
 :class:`train.rollout.RolloutConfig`, ``bank`` extends :class:`lopd_jax.bank.BankSettings`,
 so each setting's name, type and default are written once. ``logits_chunk`` lives in
 ``steps`` (StepConfig's field); ``n_ret`` lives in ``composer`` and
@@ -38,7 +38,7 @@ from models.config import ATTENTION_IMPLS, REMAT_POLICIES
 from train.engine import EngineConfig
 from train.mesh import MeshConfig
 from train.rollout import RolloutConfig
-from train.sampler import SamplingParams
+from train.sampling import SamplingParams
 from train.system import StepConfig
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -205,10 +205,11 @@ class EnvSection:
 
 @dataclasses.dataclass(frozen=True)
 class RolloutSection(RolloutConfig, SamplingParams):
-    """Sampling and episode caps (SPEC 2.2): the fields of :class:`train.sampler.SamplingParams`
+    """Sampling and episode caps (SPEC 2.2): the fields of :class:`train.sampling.SamplingParams`
     (temperature, top_p, top_k) and of :class:`train.rollout.RolloutConfig` (max_env_steps,
-    max_turn_tokens, max_total_tokens, env_workers), plus the chat format's
-    ``enable_thinking`` and ``log_rollouts``."""
+    max_turn_tokens, max_total_tokens), plus the chat format's ``enable_thinking`` and
+    ``log_rollouts``. The engine that runs the rollouts (slots, pages, environment
+    threads) is the ``engine`` section."""
 
     enable_thinking: bool = False
     log_rollouts: bool = False  # every rollout's ids, mask, reward and host to <workdir>/rollouts.jsonl
@@ -218,12 +219,12 @@ class RolloutSection(RolloutConfig, SamplingParams):
             raise ConfigError(f"rollout.temperature={self.temperature} must be >= 0 (0 = greedy).")
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"rollout.top_p={self.top_p} must be in (0, 1].")
-        if self.top_k < 0 or self.env_workers < 0:
-            raise ConfigError("rollout.top_k and rollout.env_workers must be >= 0 (top_k 0 = off).")
+        if self.top_k < 0:
+            raise ConfigError(f"rollout.top_k={self.top_k} must be >= 0 (0 = off).")
         _positive(self, "rollout", "max_env_steps", "max_turn_tokens", "max_total_tokens")
 
     def sampling_params(self) -> SamplingParams:
-        """These settings as :class:`train.sampler.SamplingParams`."""
+        """These settings as :class:`train.sampling.SamplingParams`."""
         return _project(self, SamplingParams)
 
     def rollout_config(self) -> RolloutConfig:

@@ -24,7 +24,7 @@ CONFIG_FILE = "config.json"
 # slots, pages and chunks change no sampled token).
 RESUME_MUTABLE = (
     "workdir", "stages.lopd_steps", "stages.eval_every", "stages.eval_tasks",
-    "checkpoint.*", "mesh.*", "rollout.env_workers", "model.remat_policy",
+    "checkpoint.*", "mesh.*", "model.remat_policy",
     "model.attention_impl", "model.attention_block_q", "model.attention_block_kv",
     "steps.logits_chunk", "steps.micro_batch", "lengths.*", "engine.*",
 )
