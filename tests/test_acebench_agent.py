@@ -19,7 +19,7 @@ from lopd_jax.envs.acebench import ACEBenchTaskSource
 from lopd_jax.envs.acebench_agent import (MAX_MESSAGES, ACEBenchAgentEnvironment, check_end_state,
                                           load_agent_category, parse_agent_calls, process_accuracy)
 from lopd_jax.envs.acebench_scenarios import build_instances, end_state, execute
-from lopd_jax.types import AssistantTurn
+from lopd_jax.types import AssistantTurn, ToolCall
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "acebench")
 
@@ -123,6 +123,10 @@ def test_execution_messages_and_routing(tasks):
                                                "'Wi-Fi has been turned on'}]"}]
     assert step.step(_turn("Which user?")).observation[0]["content"].startswith(
         "execution result:Please do not ask me any questions")
+    native = AssistantTurn(raw="", content="", tool_calls=[ToolCall("login_food_platform", {
+        "username": "Jack", "password": "password654"})])  # no text: the native call, rendered as upstream's
+    assert "successfully logged in" in step.step(native).observation[0]["content"]
+    assert step.milestones[-1] == "[login_food_platform(username='Jack', password='password654')]"
     user = ScriptedUser(["I am Grace, hello", "Send it to Frank"])
     turn = ACEBenchAgentEnvironment(user)
     messages, tools = turn.reset(tasks["agent_multi_turn_0"])
