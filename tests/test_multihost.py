@@ -37,7 +37,8 @@ SHORT = ["stages.warmup_steps=2", "stages.warmup_batch=8", "stages.cold_start_st
          "stages.lopd_steps=3", "stages.eval_tasks=4", "stages.eval_every=0", "env.tasks_per_step=8",
          "env.kwargs.n_train_per_family=1", "env.kwargs.n_heldout_per_family=1", "bank.min_reward=0.0",
          "checkpoint.every_steps=1", "checkpoint.keep=3", "composer.max_experience_tokens=64",
-         "rollout.max_env_steps=2", "rollout.max_turn_tokens=32", "rollout.log_rollouts=true"]
+         "rollout.max_env_steps=2", "rollout.max_turn_tokens=32", "rollout.log_rollouts=true",
+         "lengths.buckets=384"]  # tiny rows are ~300-480 tokens: passes at 384 and at the 512 cap, in every stage
 VOLATILE = ("time", "elapsed", "batch_seconds", "train_seconds", "rollout_seconds", "rollouts_per_minute",
             "eval_seconds")
 TIMEOUT = 2400  # generous: a shared 2-core box; on an idle one a run takes a few minutes
