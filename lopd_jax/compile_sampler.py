@@ -90,7 +90,7 @@ def build(args, cfg, devices, size: dict):
     from train import mesh as mesh_lib
     from train.decode_step import layer_weights
     from train.inference_layout import default_tensor, inference_mesh, inference_shardings, make_reshard
-    from train.paged_step import paged_forward
+    from train.paged_step import paged_forward, paged_forward_scan
     from train.sampling import sample_logits
 
     mcfg = cfg.model_config()
@@ -116,16 +116,23 @@ def build(args, cfg, devices, size: dict):
 
     params = abstract(inference_shardings(mcfg, mesh)[1], infer_sh)
     pool_sh = NamedSharding(mesh, P("data", None, "tensor", None))
-    pool = jax.ShapeDtypeStruct((pages, size["page_size"], 2 * mcfg.num_kv_heads, mcfg.head_dim), jnp.bfloat16,
-                                sharding=pool_sh)
+    pool_shape = (pages, size["page_size"], 2 * mcfg.num_kv_heads, mcfg.head_dim)
+    if args.layers_impl == "scan":  # one stacked pool [L, P, ...]
+        pools = jax.ShapeDtypeStruct((mcfg.num_layers, *pool_shape), jnp.bfloat16,
+                                     sharding=NamedSharding(mesh, P(None, "data", None, "tensor", None)))
+    else:
+        pools = (jax.ShapeDtypeStruct(pool_shape, jnp.bfloat16, sharding=pool_sh),) * mcfg.num_layers
     rows = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=NamedSharding(mesh, P("data")))
     rep = jax.ShapeDtypeStruct((), jnp.float32, sharding=NamedSharding(mesh, P()))
     top_k = cfg.rollout.top_k
 
     def step(params, pools, prev, lengths, live, table, keys, temperature, top_p):
         model = nnx.merge(gd, params)
-        h, pools = paged_forward(model, layer_weights(model, False), prev[:, None], lengths[:, None], live[:, None],
-                                 lengths + live, pools, table, width, backend=args.backend, mesh=mesh)
+        feed = (prev[:, None], lengths[:, None], live[:, None], lengths + live, pools, table, width)
+        if args.layers_impl == "scan":
+            h, pools = paged_forward_scan(model, *feed, backend=args.backend, mesh=mesh)
+        else:
+            h, pools = paged_forward(model, layer_weights(model, False), *feed, backend=args.backend, mesh=mesh)
         logits = jnp.dot(h[:, 0].astype(jnp.float32), model.lm_head_kernel().astype(jnp.float32))
         one = lambda l, k: tuple(x[0] for x in sample_logits(l[None], k, temperature, top_p, top_k))
         tok, lp, raw = jax.vmap(one)(logits, keys)
@@ -133,12 +140,12 @@ def build(args, cfg, devices, size: dict):
 
     t0 = time.time()
     step_c = jax.jit(step, donate_argnums=(1,)).lower(
-        params, (pool,) * mcfg.num_layers, rows((slots,), jnp.int32), rows((slots,), jnp.int32),
+        params, pools, rows((slots,), jnp.int32), rows((slots,), jnp.int32),
         rows((slots,), jnp.bool_), rows((slots, width), jnp.int32),
         rows((slots,), jax.random.key(0).dtype), rep, rep).compile()
     step_s = time.time() - t0
     kernels = step_c.as_text().count('custom_call_target="tpu_custom_call"')
-    info = {"tensor": tensor, "data": data, "slots_compiled": slots, "pages_compiled": pages, "table_width": width,
+    info = {"layers_impl": args.layers_impl, "tensor": tensor, "data": data, "slots_compiled": slots, "pages_compiled": pages, "table_width": width,
             "train_mesh": dict(zip(("data", "fsdp", "tensor"), cfg.mesh.shape(len(devices)))),
             "compile_s": {"decode_step": round(step_s, 1), "reshard": round(reshard_s, 1)},
             "attention_kernels": kernels, "model_params": mcfg.num_params(), "num_layers": mcfg.num_layers,
@@ -219,6 +226,9 @@ def parse_args(argv=None):
     p.add_argument("--episodes_per_slot", type=int, default=32, help="episodes per slot per round (simulation)")
     p.add_argument("--env_steps", type=int, default=50, help="environment latency per turn in decode steps (simulation)")
     p.add_argument("--layers", type=int, default=0, help="override the number of layers (0 = as configured)")
+    p.add_argument("--layers_impl", choices=("unroll", "scan"), default="unroll",
+                   help="decode step with unrolled layers and per-layer pools (the engine's) or a scan over "
+                        "layers on one stacked pool (train.paged_step.paged_forward_scan)")
     p.add_argument("--rule", action="append", default=[], help="training-mesh logical-axis rule remap (repeatable)")
     p.add_argument("--json", default=None, help="also write the report here")
     p.add_argument("overrides", nargs="*", help="dotted config overrides key=value, as for lopd_jax.train")
@@ -232,7 +242,7 @@ def print_report(r: dict) -> None:
     s, es, ss = r["sizing"], r["sizing"]["engine_sim"], r["sizing"]["static_sim"]
     print(f"engine  config={r['config']}  topology={r['topology']} ({r['chips']} chips, {r['processes']} processes)  "
           f"inference mesh data={r['data']} x tensor={r['tensor']}  training mesh {r['train_mesh']}  "
-          f"compile {r['compile_s']}  attention kernels {r['attention_kernels']}")
+          f"compile {r['compile_s']} ({r['layers_impl']} layers)  attention kernels {r['attention_kernels']}")
     print(f"  slots {s['slots']}  in flight {s['in_flight']}  pages {s['pages']:,} x {s['page_size']} tokens "
           f"({s['pages_from']}; rule 1.25 x p99 live + 1 per episode: {s['pages_rule']:,}; engine.num_pages x "
           f"processes: {s['pages_configured']:,})  live tokens mean "

@@ -150,53 +150,89 @@ def kernel_blocks(num_pages: int, num_queries: int, pages_per_block: int = 8,
             "num_queries_per_block": max(1, min(queries_per_block, num_queries))}
 
 
-def _kernel_shard(k, v, q, pool, page_table, positions, valid, kv_lens, *, window, scale, num_pages, kernel,
-                  data_axis):
-    """Write + ragged kernel on one shard's rows, pages and KV heads (global page ids in)."""
+def _flat(pool: jax.Array, page_table: jax.Array, layer):
+    """A stacked pool [L, P, ...] seen as one pool of L * P pages, the table shifted to
+    ``layer``'s pages (a reshape of leading axes: no copy). ``layer`` None: unchanged."""
+    if layer is None:
+        return pool, page_table
+    L, P = pool.shape[:2]
+    return pool.reshape(L * P, *pool.shape[2:]), page_table + layer * P
+
+
+def _kernel_shard(k, v, q, pool, page_table, positions, valid, kv_lens, sel, *, windows, scale, num_pages,
+                  kernel, data_axis, stacked):
+    """Write + ragged kernel on one shard's rows, pages and KV heads (global page ids in).
+    ``stacked``: ``pool`` holds every layer and ``sel`` = (layer, index of its window in
+    ``windows``: one static kernel call per window, chosen by ``lax.switch``); otherwise
+    one layer's pool and ``windows`` has its one window."""
     if data_axis is not None:
-        page_table = page_table - jax.lax.axis_index(data_axis) * pool.shape[0]
-    pool = write_kv(pool, k, v, page_table, positions, valid)
-    table = page_table[:, :num_pages]
+        page_table = page_table - jax.lax.axis_index(data_axis) * pool.shape[1 if stacked else 0]
+    shape = pool.shape
+    flat, table = _flat(pool, page_table, sel[0] if stacked else None)
+    flat = write_kv(flat, k, v, table, positions, valid)
+    table = table[:, :num_pages]
     q_lens = valid.sum(axis=1).astype(jnp.int32)
     blocks = kernel_blocks(num_pages, q.shape[0] * q.shape[1]) if kernel is None else {}  # a stand-in has none
-    out = ragged_kernel_attention(q, pool, table, kv_lens, q_lens, window, scale, kernel=kernel, **blocks)
-    return out, pool
+    calls = [functools.partial(ragged_kernel_attention, window=w, scale=scale, kernel=kernel, **blocks)
+             for w, _ in windows]
+    args = (q, flat, table, kv_lens, q_lens)
+    if not stacked:
+        out = calls[0](*args)
+    else:
+        out = jax.lax.switch(sel[1], [lambda a, c=c: c(*a) for c in calls], args)
+    return out, flat.reshape(shape)
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, pool: jax.Array, page_table: jax.Array, positions: jax.Array,
-           valid: jax.Array, kv_lens: jax.Array, window: int, scale: float, num_pages: int, *,
-           backend: str = "auto", mesh: Mesh | None = None, kernel=None) -> tuple[jax.Array, jax.Array]:
+           valid: jax.Array, kv_lens: jax.Array, window, scale: float, num_pages: int, *,
+           backend: str = "auto", mesh: Mesh | None = None, kernel=None, layer=None,
+           windows: tuple[int, ...] = ()) -> tuple[jax.Array, jax.Array]:
     """Write one layer's new keys / values and attend over the pool; the backend switch.
 
     Args:
       q: [B, S, KV, G, hd] queries at ``positions`` [B, S]; k / v: [B, S, KV, hd].
-      pool / page_table: the layer's page pool and the rows' (global) page ids.
+      pool / page_table: the layer's page pool and the rows' (global) page ids; with
+        ``layer``, the stacked pools of every layer [L, P, page_size, 2 * KV, hd].
       valid: [B, S] real tokens; on the kernel path they must be a prefix of each row and
         the row's last tokens (``positions`` ending at ``kv_lens - 1``), as the engine feeds.
       kv_lens: [B] tokens in each row's cache after this write.
-      window: static sliding window (0 = none); scale: softmax scale.
+      window: sliding window (0 = none): static, or traced with ``layer``.
+      scale: softmax scale.
       num_pages: static count of leading table pages attention reads.
       backend: ``"auto"`` / ``"xla"`` / ``"kernel"`` (:func:`resolve_backend`).
       mesh: the inference mesh (``data`` / ``tensor`` axes) for the kernel's ``shard_map``.
       kernel: a stand-in for the TPU kernel with its signature (tests pass its reference).
+      layer: traced layer index into a stacked pool (a scan over layers), or None.
+      windows: with ``layer``, every window a layer may have (the kernel's is static: one
+        kernel call per value, ``lax.switch`` on ``window``'s place among them).
 
     Returns:
       ``(out [B, S, KV, G, hd], new pool)``.
     """
     if resolve_backend(backend, mesh) == "xla":
-        pool = write_kv(pool, k, v, page_table, positions, valid)
-        return paged_attention(q, pool, page_table, kv_lens, positions, window, scale, num_pages), pool
-    fn = functools.partial(_kernel_shard, window=int(window), scale=scale, num_pages=int(num_pages), kernel=kernel,
-                           data_axis=None)
+        shape = pool.shape
+        flat, table = _flat(pool, page_table, layer)
+        flat = write_kv(flat, k, v, table, positions, valid)
+        out = paged_attention(q, flat, table, kv_lens, positions, window, scale, num_pages)
+        return out, flat.reshape(shape)
+    if layer is None:
+        wins, sel = ((int(window), 0),), jnp.zeros(2, jnp.int32)
+    else:
+        wins = tuple((int(w), i) for i, w in enumerate(windows))
+        sel = jnp.stack([jnp.asarray(layer, jnp.int32),
+                         jnp.argmax(jnp.asarray([w for w, _ in wins]) == window).astype(jnp.int32)])
+    fn = functools.partial(_kernel_shard, windows=wins, scale=scale, num_pages=int(num_pages), kernel=kernel,
+                           data_axis=None, stacked=layer is not None)
     if mesh is None:
-        return fn(k, v, q, pool, page_table, positions, valid, kv_lens)
+        return fn(k, v, q, pool, page_table, positions, valid, kv_lens, sel)
     data = "data" if mesh.shape.get("data", 1) > 1 else None
     tensor = "tensor" if mesh.shape.get("tensor", 1) > 1 else None
     rows = P(data)
     heads4 = P(data, None, tensor, None)
+    pool_spec = P(data, None, tensor, None) if layer is None else P(None, data, None, tensor, None)
     fn = functools.partial(fn.func, **{**fn.keywords, "data_axis": data})
     return jax.shard_map(fn, mesh=mesh, check_vma=False,
-                         in_specs=(heads4, heads4, P(data, None, tensor, None, None), P(data, None, tensor, None),
-                                   rows, rows, rows, rows),
-                         out_specs=(P(data, None, tensor, None, None), P(data, None, tensor, None)))(
-        k, v, q, pool, page_table, positions, valid, kv_lens)
+                         in_specs=(heads4, heads4, P(data, None, tensor, None, None), pool_spec,
+                                   rows, rows, rows, rows, P()),
+                         out_specs=(P(data, None, tensor, None, None), pool_spec))(
+        k, v, q, pool, page_table, positions, valid, kv_lens, sel)

@@ -1,7 +1,7 @@
 """python -m lopd_jax.compile_sampler: sizes the engine from the run config (slots, the page
 pool from the simulated live tokens), compiles its decode step on the inference layout and
 the reshard, and reports memory and the roofline. On a CPU topology (tiny config, about
-10 s) and, with libtpu, for v5p-8 with the TPU kernel in the step (2 qwen3_8b layers)."""
+10 s per compile, unrolled and scanned layers) and, with libtpu, for v5p-8 with the TPU kernel in the step (2 qwen3_8b layers)."""
 
 import json
 import os
@@ -32,6 +32,11 @@ def test_tiny_on_cpu_sizes_and_compiles_the_engine(tmp_path, capsys):
     assert r["per_chip_gib"]["aliased"] * 2**30 == pytest.approx(pool)
     assert r["fits"] and r["attention_kernels"] == 0  # CPU: the pure-JAX path
     assert "decode step per chip GiB" in capsys.readouterr().out
+    # the scan over layers on one stacked pool: the same pool, updated in place
+    assert compile_sampler.main(["--config=tiny", "--topology=cpu:8", "--episodes_per_slot=4", "--layers_impl=scan",
+                                 f"--json={out}"]) == 0
+    s = json.loads(out.read_text())
+    assert s["layers_impl"] == "scan" and s["per_chip_gib"]["aliased"] * 2**30 == pytest.approx(pool)
 
 
 def test_qwen3_8b_layers_on_v5p_8_with_the_kernel(tmp_path, capsys):

@@ -25,7 +25,7 @@ from models.decoder import Decoder
 from models.paged_attention import (combine_kv, paged_attention, ragged_kernel_attention, resolve_backend,
                                     write_kv)
 from train.decode_step import layer_weights
-from train.paged_step import empty_pools, paged_forward
+from train.paged_step import empty_pools, paged_forward, paged_forward_scan
 
 B, KV, G, hd, PS, NP, PPS = 3, 2, 2, 16, 4, 24, 6
 LENS = np.asarray([9, 3, 17])  # tokens per row after the call
@@ -182,6 +182,25 @@ def test_kernel_path_under_shard_map_on_an_inference_mesh():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
 
 
+def test_scanned_decoder_on_stacked_pools_equals_the_unrolled_one():
+    """The scan over layers on one stacked pool (each layer's pages through a flat view,
+    windows 8 and 0 of tiny Olmo-3 chosen per layer) equals the unrolled forward: on the
+    XLA path, and on the kernel path under shard_map (data 2 x tensor 2) with the stand-in."""
+    model, layers, pools, table, (ids, pos, valid, lens), n = _forward_case()
+    h_x, p_x = paged_forward(model, layers, ids, pos, valid, lens, pools, jnp.asarray(table), 8, backend="xla")
+    want = np.stack([np.asarray(p) for p in p_x])
+    v = np.asarray(valid)
+    mesh = jax.make_mesh((2, 2), ("data", "tensor"), axis_types=(AxisType.Auto,) * 2, devices=jax.devices()[:4])
+    stacked = jnp.stack(pools)
+    sharded = jax.device_put(stacked, NamedSharding(mesh, P(None, "data", None, "tensor", None)))
+    for pool, kw in ((stacked, {"backend": "xla"}), (sharded, {"backend": "kernel", "mesh": mesh,
+                                                              "kernel": _jax_kernel})):
+        h, p = jax.jit(lambda st: paged_forward_scan(model, ids, pos, valid, lens, st, jnp.asarray(table), 8,
+                                                     **kw))(pool)
+        np.testing.assert_allclose(np.asarray(h)[v], np.asarray(h_x)[v], atol=1e-5)
+        np.testing.assert_allclose(np.asarray(p), want, atol=1e-5)
+
+
 def test_tpu_decode_kernel_in_interpret_mode_equals_paged_path():
     """The decode kernel reads keys / values as bfloat16 (its ``_maybe_dequantize`` casts
     unquantized pages to bf16; the engine's pool is bf16 on TPU), so the values here are
@@ -253,7 +272,18 @@ AOT = textwrap.dedent("""
                                                    r((rows,), jnp.int32), r((rows, W), jnp.int32)).compile()
     n = c3.as_text().count('custom_call_target="tpu_custom_call"')
     assert n >= 2, f"{n} Mosaic kernels in the paged decoder step, expected one per layer"
-    print("AOT decoder step OK", n)
+    # the scan over layers on stacked pools: one layer body, a kernel per window (switch)
+    from train.paged_step import paged_forward_scan
+    stacked = jax.ShapeDtypeStruct((2, pages, 64, 2 * cfg.num_kv_heads, cfg.head_dim), jnp.bfloat16,
+                                   sharding=NamedSharding(m2, P(None, "data", None, "tensor", None)))
+    def scan_step(params, pools, ids, pos, valid, lens, table):
+        return paged_forward_scan(nnx.merge(gd, params), ids, pos, valid, lens, pools, table, W, mesh=m2)
+    c4 = jax.jit(scan_step, donate_argnums=(1,)).lower(params, stacked, r((rows, 1), jnp.int32),
+                                                       r((rows, 1), jnp.int32), r((rows, 1), jnp.bool_),
+                                                       r((rows,), jnp.int32), r((rows, W), jnp.int32)).compile()
+    n4 = c4.as_text().count('custom_call_target="tpu_custom_call"')
+    assert n4 == 2, f"{n4} Mosaic kernels in the scanned step, expected 2 (sliding and full)"
+    print("AOT decoder step OK", n, n4)
 """)
 
 

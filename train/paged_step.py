@@ -11,6 +11,12 @@ a pool is updated in place and never copied.
 Attention goes through :func:`models.paged_attention.attend`: JAX's TPU kernel
 (``ragged_paged_attention``) on TPU, the pure-JAX path elsewhere, or either one forced
 with ``backend``; with an inference ``mesh`` the kernel runs per shard.
+
+:func:`paged_forward_scan` is the same forward as a ``lax.scan`` over the stacked layer
+weights, for deep models on TPU (one layer body to compile instead of ``L``). Its pools
+are one stacked array [L, P, page_size, 2 * KV, hd] (:func:`stacked_pools`), carried
+through the scan; each layer reads and writes its pages through a flat view of the stack
+(page ids shifted by ``layer * P``), so no layer's pool is ever sliced out (copied).
 """
 
 from __future__ import annotations
@@ -21,12 +27,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models.decoder import layer_tables, rms_norm
+from models.decoder import layer_tables, projection_shapes, rms_norm
 from models.paged_attention import attend
 from models.rope import apply_rope, cos_sin
 from train.decode_step import _proj
 
-__all__ = ["empty_pools", "paged_forward"]
+__all__ = ["empty_pools", "paged_forward", "paged_forward_scan", "stacked_pools"]
 
 
 def empty_pools(cfg, num_pages: int, page_size: int, dtype=None) -> tuple[jax.Array, ...]:
@@ -35,7 +41,13 @@ def empty_pools(cfg, num_pages: int, page_size: int, dtype=None) -> tuple[jax.Ar
     return tuple(jnp.zeros(shape, dtype or cfg.jnp_dtype) for _ in range(cfg.num_layers))
 
 
-def _layer(cfg, x, p, cos, sin, pos, valid, kv_lens, window: int, pool, page_table, num_pages: int, lora: bool,
+def stacked_pools(cfg, num_pages: int, page_size: int, dtype=None) -> jax.Array:
+    """Every layer's zero page pool in one array [L, num_pages, page_size, 2 * KV, hd]."""
+    return jnp.zeros((cfg.num_layers, num_pages, page_size, 2 * cfg.num_kv_heads, cfg.head_dim),
+                     dtype or cfg.jnp_dtype)
+
+
+def _layer(cfg, x, p, cos, sin, pos, valid, kv_lens, window, pool, page_table, num_pages: int, lora: bool,
            attn_kw: dict):
     """One layer for S queries per row. x [B, S, D]; pos / valid [B, S]. Returns (x, pool)."""
     eps, wf = cfg.rms_norm_eps, cfg.rmsnorm_weight_first
@@ -101,3 +113,51 @@ def paged_forward(model: nnx.Module, layers: list[dict], ids: jax.Array | None, 
                              num_pages, lora, {"backend": backend, "mesh": mesh, "kernel": kernel})
     h = rms_norm(x, model.final_norm[...], cfg.rms_norm_eps, cfg.rmsnorm_weight_first)
     return h, tuple(pools)
+
+
+def _stacked_weights(model: nnx.Module, lora: bool) -> dict[str, jax.Array]:
+    """The stacked [L, ...] weights :func:`train.decode_step.layer_weights` slices per layer."""
+    cfg = model.cfg
+    names = list(projection_shapes(cfg)) + ["attn_norm", "mlp_norm"]
+    if cfg.qk_norm != "none":
+        names += ["q_norm", "k_norm"]
+    if lora:
+        names += [f"lora_{n}_{ab}" for n in cfg.lora.targets for ab in "ab"]
+    return {n: getattr(model, n)[...] for n in names}
+
+
+def paged_forward_scan(model: nnx.Module, ids: jax.Array | None, positions: jax.Array, valid: jax.Array,
+                       kv_lens: jax.Array, pools: jax.Array, page_table: jax.Array, num_pages: int,
+                       lora: bool = False, inputs_embeds: jax.Array | None = None, *, backend: str = "auto",
+                       mesh=None, kernel=None):
+    """:func:`paged_forward` as a scan over layers on stacked pools (:func:`stacked_pools`).
+
+    Same arguments and results, except ``pools`` is one array [L, P, page_size, 2 * KV, hd]
+    and the layer weights are read from ``model``'s stacked parameters.
+    """
+    cfg = model.cfg
+    if inputs_embeds is None:
+        x = jnp.take(model.embed[...], ids, axis=0).astype(cfg.jnp_dtype)
+    else:
+        x = inputs_embeds.astype(cfg.jnp_dtype)
+    pos = positions.astype(jnp.int32)
+    windows, rope_index, inv_freq, rope_scale = layer_tables(cfg)
+    tables = [cos_sin(pos, inv_freq[t], rope_scale[t]) for t in range(len(inv_freq))]
+    cos_all = jnp.stack([c for c, _ in tables])
+    sin_all = jnp.stack([s for _, s in tables])
+    stacked = _stacked_weights(model, lora)
+    distinct = tuple(sorted({int(w) for w in windows}))
+
+    def body(carry, xs):
+        x, pools = carry
+        p, i, window, ri = xs
+        attn_kw = {"backend": backend, "mesh": mesh, "kernel": kernel, "layer": i, "windows": distinct}
+        x, pools = _layer(cfg, x, p, cos_all[ri], sin_all[ri], pos, valid, kv_lens, window, pools, page_table,
+                          num_pages, lora, attn_kw)
+        return (x, pools), None
+
+    xs = (stacked, jnp.arange(cfg.num_layers, dtype=jnp.int32), jnp.asarray(windows, jnp.int32),
+          jnp.asarray(rope_index, jnp.int32))
+    (x, pools), _ = jax.lax.scan(body, (x, pools), xs)
+    h = rms_norm(x, model.final_norm[...], cfg.rms_norm_eps, cfg.rmsnorm_weight_first)
+    return h, pools
