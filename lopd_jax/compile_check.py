@@ -19,6 +19,13 @@ abstract shapes and no weights. Prints per-chip memory (arguments, outputs, temp
 total vs HBM) and analytic model FLOPs per step; exits 1 when the step does not fit in
 HBM, 2 on a bad config. ``--topology=cpu:8`` does the same on simulated CPU devices.
 
+Then, for every training step the config runs (warm-up, cold start, the arm's LOPD / GRPO /
+text-distillation step; ``--steps`` picks some), :mod:`lopd_jax.compile_buckets` compiles
+the largest length-bucketed pass of each bucket (``lengths.buckets``) and the update and
+prints the largest pass's per-chip memory, model FLOPs per real token and the step time at
+100% of peak for the ``lengths.*`` distribution beside the padded step's. The padded LOPD
+step compiles only when ``lopd`` is one of the steps.
+
 ``--flops`` also counts the compiled FLOPs (minutes more at real sizes):
 ``compiled.cost_analysis()`` counts a scan / while body once, so the FLOP count compiles
 two extra *unrolled* variants (1 and 2 layers; layer, logits-chunk and micro-batch loops
