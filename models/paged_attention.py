@@ -23,8 +23,9 @@ the same values (tests check both, the kernel's reference on CPU).
 **Backend dispatch.** :func:`attend` writes a layer's new keys / values and attends, on the
 backend :func:`resolve_backend` picks: ``"kernel"`` (the TPU Pallas kernel
 ``ragged_paged_attention``, mixed prefill + decode, sliding window through its
-``sliding_window``) on TPU devices, ``"xla"`` (the pure-JAX path) elsewhere; either can be
-forced. With a mesh, the kernel path runs per shard under ``shard_map``: rows and pages
+``sliding_window``) on TPU devices when head_dim is a multiple of 128 (the kernel's
+requirement; the tiny test models' is not), ``"xla"`` (the pure-JAX path) otherwise;
+either can be forced. With a mesh, the kernel path runs per shard under ``shard_map``: rows and pages
 over ``data``, KV heads over ``tensor`` (the inference layout,
 :mod:`train.inference_layout`). Page ids in the table stay **global** on both backends;
 the kernel path subtracts its data shard's first page, so a row of data shard ``d`` must
@@ -42,7 +43,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 from models.attention import plain_attention
 
-__all__ = ["BACKENDS", "attend", "combine_kv", "gather_kv", "kernel_blocks", "paged_attention",
+__all__ = ["BACKENDS", "KERNEL_HEAD_DIM", "attend", "combine_kv", "gather_kv", "kernel_blocks", "paged_attention",
            "ragged_kernel_attention", "resolve_backend", "write_kv"]
 
 BACKENDS = ("auto", "xla", "kernel")
@@ -130,15 +131,20 @@ def ragged_kernel_attention(q: jax.Array, kv_pages: jax.Array, page_table: jax.A
     return jnp.where((s < q_lens[:, None])[..., None, None, None], res, 0).astype(q.dtype)
 
 
-def resolve_backend(backend: str, mesh: Mesh | None = None) -> str:
+KERNEL_HEAD_DIM = 128  # the ragged kernel's softmax scratch is 128 lanes wide: head_dim a multiple of it
+
+
+def resolve_backend(backend: str, mesh: Mesh | None = None, head_dim: int | None = None) -> str:
     """``"xla"`` or ``"kernel"``: ``"auto"`` is the kernel on TPU devices (the mesh's, or
-    the default backend without a mesh; an AOT topology's devices are TPU), else XLA."""
+    the default backend without a mesh; an AOT topology's devices are TPU) when
+    ``head_dim`` is a multiple of 128 (the kernel's requirement), else XLA."""
     if backend not in BACKENDS:
         raise ValueError(f"paged attention backend {backend!r} is not one of {BACKENDS}")
     if backend != "auto":
         return backend
     platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
-    return "kernel" if platform == "tpu" else "xla"
+    fits = head_dim is None or head_dim % KERNEL_HEAD_DIM == 0
+    return "kernel" if platform == "tpu" and fits else "xla"
 
 
 def kernel_blocks(num_pages: int, num_queries: int, pages_per_block: int = 8,
@@ -209,12 +215,17 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, pool: jax.Array, page_table
     Returns:
       ``(out [B, S, KV, G, hd], new pool)``.
     """
-    if resolve_backend(backend, mesh) == "xla":
+    hd = q.shape[-1]
+    if resolve_backend(backend, mesh, hd) == "xla":
         shape = pool.shape
         flat, table = _flat(pool, page_table, layer)
         flat = write_kv(flat, k, v, table, positions, valid)
         out = paged_attention(q, flat, table, kv_lens, positions, window, scale, num_pages)
         return out, flat.reshape(shape)
+    if kernel is None and hd % KERNEL_HEAD_DIM:
+        raise ValueError(f"the TPU kernel ragged_paged_attention needs head_dim a multiple of {KERNEL_HEAD_DIM} "
+                         f"(its softmax scratch is {KERNEL_HEAD_DIM} lanes wide), got {hd}; use backend='xla' "
+                         "or 'auto'")
     if layer is None:
         wins, sel = ((int(window), 0),), jnp.zeros(2, jnp.int32)
     else:

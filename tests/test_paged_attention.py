@@ -22,7 +22,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 from models.attention import plain_attention
 from models.config import named_config
 from models.decoder import Decoder
-from models.paged_attention import (combine_kv, paged_attention, ragged_kernel_attention, resolve_backend,
+from models.paged_attention import (attend, combine_kv, paged_attention, ragged_kernel_attention, resolve_backend,
                                     write_kv)
 from train.decode_step import layer_weights
 from train.paged_step import empty_pools, paged_forward, paged_forward_scan
@@ -138,11 +138,16 @@ def _forward_case(name="tiny_olmo3", ps=4, pages_per_row=8):
     return model, layers, pools, table, call, n
 
 
-def test_dispatch_resolves_by_platform():
-    assert resolve_backend("auto") == "xla"  # CPU here
+def test_dispatch_resolves_by_platform_and_head_dim():
+    assert resolve_backend("auto") == "xla" and resolve_backend("auto", head_dim=128) == "xla"  # CPU here
     assert resolve_backend("kernel") == "kernel" and resolve_backend("xla") == "xla"
     with pytest.raises(ValueError, match="backend 'splash' is not one of"):
         resolve_backend("splash")
+    # the real kernel needs head_dim % 128 == 0; forcing it on another is refused before tracing it
+    pool, table, k, v, q, q_pos = _setup((1, 1, 1))
+    with pytest.raises(ValueError, match="head_dim a multiple of 128.*got 16"):
+        attend(jnp.asarray(q), jnp.asarray(k[:, :1]), jnp.asarray(v[:, :1]), pool, jnp.asarray(table),
+               jnp.asarray(q_pos), jnp.ones((B, 1), bool), jnp.asarray(LENS), 0, 0.25, PPS, backend="kernel")
 
 
 def test_kernel_path_of_the_paged_decoder_equals_the_xla_path():
