@@ -1,7 +1,9 @@
 """python -m lopd_jax.compile_sampler: sizes the engine from the run config (slots, the page
 pool from the simulated live tokens), compiles its decode step on the inference layout and
 the reshard, and reports memory and the roofline. On a CPU topology (tiny config, about
-10 s per compile, unrolled and scanned layers) and, with libtpu, for v5p-8 with the TPU kernel in the step (2 qwen3_8b layers)."""
+10 s per compile, unrolled and scanned layers) and, with libtpu, for v5p-8 with the TPU
+kernel in the step (1 qwen3_8b layer, 8 slots; on a TPU topology the reshard's device
+order matters)."""
 
 import json
 import os
@@ -44,12 +46,13 @@ def test_qwen3_8b_layers_on_v5p_8_with_the_kernel(tmp_path, capsys):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = tmp_path / "r.json"
     env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="")
-    cmd = [sys.executable, "-m", "lopd_jax.compile_sampler", "--config=qwen3_8b", "--topology=v5p-8", "--layers=2",
-           "--episodes_per_slot=4", f"--json={out}"]
+    cmd = [sys.executable, "-m", "lopd_jax.compile_sampler", "--config=qwen3_8b", "--topology=v5p-8", "--layers=1",
+           "--episodes_per_slot=2", f"--json={out}", "engine.slots=8"]
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     r = json.loads(out.read_text())
-    assert r["chips"] == 4 and r["tensor"] == 4 and r["attention_kernels"] == 2  # one kernel per layer
+    assert r["chips"] == 4 and r["tensor"] == 4 and r["attention_kernels"] == 1  # one kernel per layer
+    assert r["sizing"]["slots"] == 8 and r["fits"]
     d = r["decode_step"]
     assert d["bound_us_per_token"] <= d["engine_us_per_token"] < d["static_us_per_token"]
     assert "engine / bound" in proc.stdout
