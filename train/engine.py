@@ -44,7 +44,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
-import functools
 import time
 from typing import Callable, Sequence
 
@@ -54,9 +53,9 @@ import numpy as np
 from flax import nnx
 
 from lopd_jax.shapes import bucket
-from train.decode_step import layer_weights
-from train.paged_step import empty_pools, paged_forward
-from train.sampling import SamplingParams, sample_logits
+from train import engine_calls
+from train.paged_step import empty_pools
+from train.sampling import SamplingParams, stop_string_cut
 
 __all__ = ["Engine", "EngineConfig", "EpisodeResult", "EpisodeSpec"]
 
@@ -151,14 +150,6 @@ class _Ep:
         return cap if caps is None or j >= len(caps) else max(1, min(cap, int(caps[j])))
 
 
-def _sample_rows(logits, keys, temperature, top_p, top_k: int, greedy: bool):
-    """Per-row keys: row ``b`` samples with ``keys[b]`` alone (batch-independent draws)."""
-    if greedy:
-        return sample_logits(logits, keys[0], temperature, top_p, top_k, greedy=True)
-    one = lambda l, k: tuple(x[0] for x in sample_logits(l[None], k, temperature, top_p, top_k, greedy=False))
-    return jax.vmap(one)(logits, keys)
-
-
 def _submit(pool, fn, *args) -> concurrent.futures.Future:
     """``fn(*args)`` on ``pool``, or right here (a finished future) when there is no pool."""
     if pool is not None:
@@ -169,87 +160,6 @@ def _submit(pool, fn, *args) -> concurrent.futures.Future:
     except Exception as exc:  # delivered through the future, as a pool would
         fut.set_exception(exc)
     return fut
-
-
-def _keys(rng, eids, pos):
-    return jax.vmap(lambda e, p: jax.random.fold_in(jax.random.fold_in(rng, e), p))(eids, pos)
-
-
-def _forward(model, lora: bool):
-    """``f(ids, positions, valid, kv_lens, pools, page_table, num_pages, inputs_embeds)``
-    -> (hidden, pools): the model's own ``paged_forward`` if it defines one (a test
-    policy), else the decoder's (:func:`train.paged_step.paged_forward`)."""
-    own = getattr(model, "paged_forward", None)
-    if own is not None:
-        return own
-    layers = layer_weights(model, lora)
-    return lambda ids, pos, valid, kv_lens, pools, table, n, emb=None: paged_forward(
-        model, layers, ids, pos, valid, kv_lens, pools, table, n, lora, emb)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3), donate_argnums=(5,))
-def _prefill(graphdef, top_k: int, greedy: bool, lora: bool, params, pools, ids, start, n, page_table, eids, rng,
-             temperature, top_p, vectors=None, use_vec=None):
-    """Feed ``ids[b, :n[b]]`` at positions ``start[b]..``; sample each row's next token.
-    Attention reads the ``page_table.shape[1]`` leading pages of each row. With
-    ``vectors`` [B, C, D], positions where ``use_vec`` [B, C] is set take those input
-    embeddings instead of their ids'."""
-    model = nnx.merge(graphdef, params)
-    num_pages = page_table.shape[1]
-    C = ids.shape[1]
-    pos = start[:, None] + jnp.arange(C, dtype=jnp.int32)[None]
-    valid = jnp.arange(C)[None] < n[:, None]
-    emb = None
-    if vectors is not None:
-        base = model.embed_tokens(ids)
-        emb = jnp.where(use_vec[..., None], vectors.astype(base.dtype), base)
-    h, pools = _forward(model, lora)(ids, pos, valid, start + n, pools, page_table, num_pages, emb)
-    last = jnp.take_along_axis(h, jnp.maximum(n - 1, 0)[:, None, None], axis=1)[:, 0].astype(jnp.float32)
-    logits = jnp.dot(last, model.lm_head_kernel().astype(jnp.float32))
-    tok, lp, raw = _sample_rows(logits, _keys(rng, eids, start + n), temperature, top_p, top_k, greedy)
-    return (tok, lp, raw), pools
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4, 5), donate_argnums=(7,))
-def _decode(graphdef, steps: int, top_k: int, greedy: bool, lora: bool, stop_ids: tuple, params, pools, prev,
-            lengths, live, remaining, page_table, eids, rng, temperature, top_p):
-    """``steps`` decode steps for every slot; a row stops at a stop id or after ``remaining``.
-    Attention reads the ``page_table.shape[1]`` leading pages of each row."""
-    model = nnx.merge(graphdef, params)
-    num_pages = page_table.shape[1]
-    forward = _forward(model, lora)
-    head = model.lm_head_kernel().astype(jnp.float32)
-    stops = jnp.asarray(stop_ids, jnp.int32)
-
-    def body(carry, _):
-        pools, prev, lengths, live, n_gen = carry
-        h, pools = forward(prev[:, None], lengths[:, None], live[:, None], lengths + live, pools, page_table,
-                           num_pages)
-        logits = jnp.dot(h[:, 0].astype(jnp.float32), head)
-        tok, lp, raw = _sample_rows(logits, _keys(rng, eids, lengths + 1), temperature, top_p, top_k, greedy)
-        lengths = lengths + live
-        n_gen = n_gen + live
-        out = (jnp.where(live, tok, -1), lp, raw)
-        done = jnp.isin(tok, stops) | (n_gen >= remaining)
-        return (pools, jnp.where(live, tok, prev), lengths, live & ~done, n_gen), out
-
-    init = (pools, prev, lengths, live, jnp.zeros_like(lengths))
-    (pools, _, _, _, n_gen), (toks, lps, raws) = jax.lax.scan(body, init, None, length=steps)
-    return (toks.T, lps.T, raws.T, n_gen), pools
-
-
-def _stop_string_cut(ids: Sequence[int], stop_strings: Sequence[str], decode: Callable[[list[int]], str]) -> int | None:
-    """Smallest ``j`` such that ``decode(ids[:j])`` contains a stop string, or None."""
-    if not any(s in decode(list(ids)) for s in stop_strings):
-        return None
-    lo, hi = 1, len(ids)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if any(s in decode(list(ids[:mid])) for s in stop_strings):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
 
 
 class Engine:
@@ -371,8 +281,8 @@ class Engine:
                 ids[r, :len(piece)] = piece
                 start[r], n[r], eids[r] = pos[r], len(piece), ep.eid
             vectors, use = self._vectors(batch, pos, C)
-            (tok, lp, raw), pools = _prefill(self.graphdef, top_k, greedy, self.lora, params, pools, ids, start, n,
-                                             table, eids, rng, temperature, top_p, vectors, use)
+            (tok, lp, raw), pools = engine_calls.prefill(self.graphdef, top_k, greedy, self.lora, params, pools, ids,
+                                                         start, n, table, eids, rng, temperature, top_p, vectors, use)
             tok, lp, raw = np.asarray(tok), np.asarray(lp), np.asarray(raw)
             for r, ep in enumerate(batch):
                 if n[r] and pos[r] + n[r] == len(ep.ctx):  # this episode's last piece: its first token
@@ -387,7 +297,7 @@ class Engine:
         True if it had one."""
         if not self.stop_strings or not ep.turn:
             return False
-        cut = _stop_string_cut(ep.turn, self.stop_strings, self.decode)
+        cut = stop_string_cut(ep.turn, self.stop_strings, self.decode)
         if cut is None:
             return False
         ep.turn, ep.lps, ep.raws = ep.turn[:cut], ep.lps[:cut], ep.raws[:cut]
@@ -408,11 +318,11 @@ class Engine:
         w = 1
         while True:
             table = np.zeros((S, w), np.int32)
-            _, pools = _prefill(self.graphdef, sp.top_k, sp.temperature == 0, self.lora, params, pools,
-                                np.zeros((S, C), np.int32), z, z, table, z, jax.random.key(0), *args)
-            _, pools = _decode(self.graphdef, cfg.decode_chunk, sp.top_k, sp.temperature == 0, self.lora,
-                               self.stop_ids, params, pools, z, z, np.zeros(S, bool), z, table, z,
-                               jax.random.key(0), *args)
+            _, pools = engine_calls.prefill(self.graphdef, sp.top_k, sp.temperature == 0, self.lora, params, pools,
+                                            np.zeros((S, C), np.int32), z, z, table, z, jax.random.key(0), *args)
+            _, pools = engine_calls.decode(self.graphdef, cfg.decode_chunk, sp.top_k, sp.temperature == 0, self.lora,
+                                           self.stop_ids, params, pools, z, z, np.zeros(S, bool), z, table, z,
+                                           jax.random.key(0), *args)
             n += 2
             if w >= row_pages:
                 return n
@@ -558,7 +468,7 @@ class Engine:
                     lengths = np.asarray([0 if ep is None else ep.cached for ep in slots], np.int32)
                     remaining = np.asarray([0 if ep is None else ep.cap - len(ep.turn) for ep in slots], np.int32)
                     eids = np.asarray([0 if ep is None else ep.eid for ep in slots], np.int32)
-                    (toks, lps, raws, n_gen), pools = _decode(
+                    (toks, lps, raws, n_gen), pools = engine_calls.decode(
                         self.graphdef, K, top_k, greedy, self.lora, self.stop_ids, params, pools, prev, lengths,
                         live, remaining, self._table(slots, width), eids, rng, temperature, top_p)
                     toks, lps, raws, n_gen = (np.asarray(x) for x in (toks, lps, raws, n_gen))

@@ -37,15 +37,8 @@ ids the cache has not seen. Rows are caller-managed: row
 finished rows (shrinking to a smaller batch bucket) and the cache grows by length buckets
 when a turn needs more room.
 
-Multi-host (:attr:`Sampler.multihost`: a mesh and more than one JAX process): the cache
-and every compiled call stay global SPMD programs, but all per-row host data is
-process-local. ``new_cache(n)`` allocates the global batch bucket of ``n`` rows; this
-process owns rows :meth:`Sampler.local_rows` of it; ``extend``'s ``chunks`` / caps are
-those rows only (built into global arrays with ``jax.make_array_from_process_local_data``),
-the returned :class:`Generation` and ``DecodeCache.lengths`` hold them only (read back from
-the addressable shards). The shapes of a call (chunk bucket, new-token bucket, cache
-capacity) are agreed with one small cross-host max, so every process runs the same
-compiled program even when its own rows are all idle. ``compact`` is single-process only.
+One process only: rows may be sharded over a single process's mesh (``rules``); a
+multi-host run's rollouts use the engine, which runs per process.
 
 Stop strings are checked on the host after the loop: a row whose decoded text contains a
 stop string is truncated right after the token that completes its first occurrence
@@ -77,9 +70,8 @@ from flax import nnx
 from lopd_jax.shapes import bucket
 from models.decoder import Decoder, KVCache
 from models.partitioning import Rules
-from train import distributed
 from train.decode_step import decode_step, from_layers, layer_weights, to_layers
-from train.sampling import SamplingParams, processed_logprobs, sample_logits
+from train.sampling import SamplingParams, processed_logprobs, sample_logits, stop_string_cut
 
 __all__ = ["BucketConfig", "DecodeCache", "Generation", "Sampler", "SamplingParams", "bucket",
            "processed_logprobs", "sample_logits"]
@@ -151,7 +143,7 @@ class Generation:
         return [0 if t is None else len(t) for t in self.tokens]
 
 
-def _prefill(call, head, kv: KVCache, chunk, chunk_len, embeds, block: int):
+def _prefill(call, head, kv: KVCache, chunk, chunk_len, block: int):
     """Write the chunk into the cache in blocks of ``block`` tokens (a scan, so a long
     prompt never builds [B, heads, C, T] attention scores at once); return the final
     hidden state at each row's last chunk token [B, D] (fp32) and the new cache."""
@@ -160,15 +152,15 @@ def _prefill(call, head, kv: KVCache, chunk, chunk_len, embeds, block: int):
     base = kv.lengths
     last = jnp.maximum(chunk_len - 1, 0)
 
-    def run(kv, j, ids, emb):
+    def run(kv, j, ids):
         offs = j * P + jnp.arange(P, dtype=jnp.int32)
-        kw = dict(positions=base[:, None] + offs[None], attention_mask=offs[None] < chunk_len[:, None], cache=kv)
-        h, kv = call(ids, **kw) if emb is None else call(inputs_embeds=emb, **kw)
+        h, kv = call(ids, positions=base[:, None] + offs[None], attention_mask=offs[None] < chunk_len[:, None],
+                     cache=kv)
         pick = jnp.take_along_axis(h, (last % P)[:, None, None], axis=1)[:, 0].astype(jnp.float32)
         return kv, pick, (last // P) == j
 
     if P == C:
-        kv, h_last, _ = run(kv, 0, chunk, embeds)
+        kv, h_last, _ = run(kv, 0, chunk)
         return h_last, kv
     n = C // P
 
@@ -177,15 +169,14 @@ def _prefill(call, head, kv: KVCache, chunk, chunk_len, embeds, block: int):
         kv, pick, sel = run(kv, *xs)
         return (kv, jnp.where(sel[:, None], pick, h_last)), None
 
-    xs = (jnp.arange(n, dtype=jnp.int32), chunk.reshape(B, n, P).swapaxes(0, 1),
-          None if embeds is None else embeds.reshape(B, n, P, -1).swapaxes(0, 1))
+    xs = (jnp.arange(n, dtype=jnp.int32), chunk.reshape(B, n, P).swapaxes(0, 1))
     (kv, h_last), _ = jax.lax.scan(body, (kv, jnp.zeros((B, head.shape[0]), jnp.float32)), xs)
     return h_last, kv
 
 
 def _decode_turn(graphdef, n_new: int, top_k: int, greedy: bool, unrolled: bool, stop_ids: tuple[int, ...],
                  lora: bool, pad_id: int, block: int, params, kv: KVCache, chunk, chunk_len, max_new, key,
-                 temperature, top_p, embeds):
+                 temperature, top_p):
     """Prefill one chunk per row, then decode up to ``n_new`` tokens (see module docstring).
 
     ``greedy`` (static): every row takes its first maximal id (no sampling work);
@@ -195,7 +186,7 @@ def _decode_turn(graphdef, n_new: int, top_k: int, greedy: bool, unrolled: bool,
     B = chunk.shape[0]
     call = functools.partial(model, return_hidden=True, **({"lora": True} if lora else {}))
     head = model.lm_head_kernel()
-    h_last, kv = _prefill(call, head, kv, chunk, chunk_len, embeds, block)
+    h_last, kv = _prefill(call, head, kv, chunk, chunk_len, block)
     stops = jnp.asarray(stop_ids, jnp.int32)
 
     def sample(hidden, t):
@@ -247,20 +238,6 @@ def _decode_turn(graphdef, n_new: int, top_k: int, greedy: bool, unrolled: bool,
     cache, tokens, lps, raws, _, _, n_gen, _ = jax.lax.while_loop(cond, body, state)
     kv = from_layers(*cache) if unrolled else cache
     return {"tokens": tokens, "logprobs": lps, "raw_logprobs": raws, "n_gen": n_gen}, kv
-
-
-def _stop_string_cut(ids: np.ndarray, stop_strings: Sequence[str], decode: Callable[[list[int]], str]) -> int | None:
-    """Smallest ``j`` such that ``decode(ids[:j])`` contains a stop string, or None."""
-    if not any(s in decode(list(ids)) for s in stop_strings):
-        return None
-    lo, hi = 1, len(ids)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if any(s in decode(list(ids[:mid])) for s in stop_strings):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
 
 
 class Sampler:
@@ -319,7 +296,8 @@ class Sampler:
             decode_layers = "unrolled" if cpu and isinstance(model, Decoder) else "scan"
         self.decode_layers = decode_layers
         self._compiled: dict[tuple, Callable] = {}
-        self.multihost = rules is not None and jax.process_count() > 1
+        if rules is not None and jax.process_count() > 1:
+            raise ValueError("Sampler runs on one process; multi-host rollouts run on train.engine.Engine")
 
     @staticmethod
     def params_of(model: nnx.Module) -> dict:
@@ -352,16 +330,7 @@ class Sampler:
         return KVCache(s, s, self._batch_sharding(1))
 
     def _put(self, x, sharding):
-        if sharding is None:
-            return jnp.asarray(x)
-        if self.multihost and isinstance(x, np.ndarray):  # this process's rows of a batch-major array
-            return distributed.global_array(x, sharding)
-        return jax.device_put(x, sharding)
-
-    def local_rows(self, batch: int) -> tuple[int, int]:
-        """``[start, stop)``: the rows of a ``batch``-row cache this process owns (all rows
-        on one process)."""
-        return distributed.row_range(self._batch_sharding(1), batch) if self.multihost else (0, batch)
+        return jnp.asarray(x) if sharding is None else jax.device_put(x, sharding)
 
     # ----- cache management -----
     def batch_bucket(self, n: int) -> int:
@@ -377,11 +346,10 @@ class Sampler:
         zeros = functools.partial(jnp.zeros, shape, spec.dtype)
         if self.rules is not None:  # build each shard in place, never the whole cache on one device
             zeros = jax.jit(zeros, out_shardings=self._kv_sharding(self._cache_spec, shape).k)
-        lo, hi = self.local_rows(b)
-        return self._set_kv(zeros(), zeros(), np.zeros(hi - lo, np.int64))
+        return self._set_kv(zeros(), zeros(), np.zeros(b, np.int64))
 
     def _set_kv(self, k, v, lengths: np.ndarray) -> DecodeCache:
-        kv = KVCache(k, v, np.asarray(lengths, np.int32) if self.multihost else jnp.asarray(lengths, jnp.int32))
+        kv = KVCache(k, v, jnp.asarray(lengths, jnp.int32))
         if self.rules is not None:
             kv = jax.tree.map(self._put, kv, self._kv_sharding(kv))
         return DecodeCache(kv, np.asarray(lengths, np.int64))
@@ -397,8 +365,6 @@ class Sampler:
     def compact(self, cache: DecodeCache, rows: Sequence[int]) -> DecodeCache:
         """Keep ``rows`` (in this order) in a ``batch_bucket(len(rows))``-row cache; the
         remaining new rows are empty."""
-        if self.multihost:
-            raise NotImplementedError("compact moves rows between processes; a multi-host rollout keeps its rows")
         b = self.batch_bucket(len(rows))
         take = np.zeros(b, np.int32)
         take[: len(rows)] = rows
@@ -408,8 +374,8 @@ class Sampler:
         return self._set_kv(jnp.take(cache.kv.k, idx, axis=1), jnp.take(cache.kv.v, idx, axis=1), lengths)
 
     # ----- generation -----
-    def _fn(self, n_new: int, top_k: int, greedy: bool, shapes: tuple, has_embeds: bool, kv: KVCache):
-        key = (n_new, top_k, greedy, has_embeds, shapes)
+    def _fn(self, n_new: int, top_k: int, greedy: bool, shapes: tuple, kv: KVCache):
+        key = (n_new, top_k, greedy, shapes)
         if key not in self._compiled:
             core = functools.partial(_decode_turn, self.graphdef, n_new, top_k, greedy,
                                      self.decode_layers == "unrolled", self.stop_ids, self.lora, self.pad_id,
@@ -423,7 +389,7 @@ class Sampler:
         return self._compiled[key]
 
     def extend(self, params, cache: DecodeCache, chunks: Sequence[Sequence[int] | None],
-               max_new_tokens: int | Sequence[int], rng: jax.Array, *, inputs_embeds=None,
+               max_new_tokens: int | Sequence[int], rng: jax.Array, *,
                sampling: SamplingParams | None = None,
                stop_strings: Sequence[str] | None = None) -> tuple[Generation, DecodeCache]:
         """Append ``chunks[i]`` to cache row ``i`` and generate one turn for each such row.
@@ -437,9 +403,6 @@ class Sampler:
             for a row that sits this turn out.
           max_new_tokens: per-row (or one shared) cap on generated tokens, >= 1.
           rng: PRNG key for this turn.
-          inputs_embeds: optional [len(chunks), C, D] input embeddings used instead of the
-            chunk ids' embeddings (e.g. a prompt with composer latents spliced in); the
-            ids still give the chunk lengths.
           sampling: overrides the default :class:`SamplingParams` for this call.
           stop_strings: overrides the sampler's stop strings for this call (host-side, so
             changing them never recompiles).
@@ -451,14 +414,13 @@ class Sampler:
         stop_strings = self.stop_strings if stop_strings is None else tuple(stop_strings)
         if stop_strings and self.decode is None:
             raise ValueError("stop_strings need a decode function (ids -> text): Sampler(..., decode=...)")
-        lo, hi = self.local_rows(cache.batch)
-        if len(chunks) > hi - lo:
-            raise ValueError(f"{len(chunks)} chunks but the cache has {hi - lo} rows (on this process); "
+        if len(chunks) > cache.batch:
+            raise ValueError(f"{len(chunks)} chunks but the cache has {cache.batch} rows; "
                              "allocate with new_cache(len(chunks)) or compact first")
         caps = [max_new_tokens] * len(chunks) if np.isscalar(max_new_tokens) else list(max_new_tokens)
         if len(caps) != len(chunks):
             raise ValueError(f"max_new_tokens has {len(caps)} entries for {len(chunks)} chunks")
-        B = hi - lo  # this process's rows (all rows on one process)
+        B = cache.batch
         clen = np.zeros(B, np.int32)
         cap = np.zeros(B, np.int32)
         for i, (c, m) in enumerate(zip(chunks, caps)):
@@ -472,8 +434,6 @@ class Sampler:
             clen[i], cap[i] = len(c), int(m)
         need = int((cache.lengths + clen + np.where(clen > 0, cap, 0)).max(initial=0))
         top_clen, top_cap = int(clen.max(initial=0)), int(cap.max(initial=0))
-        if self.multihost:  # every process compiles and runs the same shapes
-            top_clen, top_cap, need = (int(x) for x in distributed.global_max([top_clen, top_cap, need]))
         if not top_clen:
             raise ValueError("extend needs at least one row with a chunk")
         C = bucket(top_clen, self.buckets.chunk, self.buckets.minimum)
@@ -485,22 +445,12 @@ class Sampler:
             if c is not None:
                 ids[i, : len(c)] = c
         cache = self.grow(cache, need)
-        embeds = None
-        if inputs_embeds is not None:
-            e = np.asarray(inputs_embeds)
-            if e.ndim != 3 or e.shape[0] != len(chunks) or e.shape[1] < clen.max(initial=0):
-                raise ValueError(f"inputs_embeds {e.shape} must be [len(chunks)={len(chunks)}, "
-                                 f">= {clen.max()}, hidden]")
-            embeds = np.zeros((B, C, e.shape[2]), e.dtype)
-            w = min(C, e.shape[1])
-            embeds[: len(chunks), :w] = e[:, :w]
-            embeds = self._put(embeds, self._batch_sharding(3))
         bs = self._batch_sharding
         shapes = (cache.batch, C, cache.capacity)
-        fn = self._fn(n_new, sp.top_k, sp.temperature == 0, shapes, embeds is not None, cache.kv)
+        fn = self._fn(n_new, sp.top_k, sp.temperature == 0, shapes, cache.kv)
         out, kv = fn(params, cache.kv, self._put(ids, bs(2)), self._put(clen, bs(1)), self._put(cap, bs(1)),
-                     rng, jnp.float32(sp.temperature), jnp.float32(sp.top_p), embeds)
-        out = jax.tree.map(distributed.local_rows, out)
+                     rng, jnp.float32(sp.temperature), jnp.float32(sp.top_p))
+        out = jax.tree.map(np.asarray, out)
         n_gen = out["n_gen"].astype(np.int64)
         gen = Generation([None] * len(chunks), [None] * len(chunks), [None] * len(chunks), [None] * len(chunks))
         lengths = cache.lengths + clen + np.maximum(n_gen - 1, 0)
@@ -511,7 +461,7 @@ class Sampler:
             toks = out["tokens"][i, :n]
             reason = FINISH_STOP if n and int(toks[-1]) in self.stop_ids else FINISH_LENGTH
             if stop_strings:
-                cut = _stop_string_cut(toks, stop_strings, self.decode)
+                cut = stop_string_cut(toks, stop_strings, self.decode)
                 if cut is not None and cut < n:
                     lengths[i] -= n - cut
                     n, toks, reason = cut, toks[:cut], FINISH_STOP_STRING
@@ -519,14 +469,13 @@ class Sampler:
             gen.logprobs[i] = out["logprobs"][i, :n]
             gen.raw_logprobs[i] = out["raw_logprobs"][i, :n]
             gen.finish_reasons[i] = reason
-        if self.multihost or not np.array_equal(lengths, np.asarray(kv.lengths)):
+        if not np.array_equal(lengths, np.asarray(kv.lengths)):
             kv = kv._replace(lengths=self._put(np.asarray(lengths, np.int32), bs(1)))
         return gen, DecodeCache(kv, lengths)
 
     def generate(self, params, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int],
-                 rng: jax.Array, *, inputs_embeds=None, sampling: SamplingParams | None = None) -> Generation:
+                 rng: jax.Array, *, sampling: SamplingParams | None = None) -> Generation:
         """One turn for each of ``prompts`` from a fresh cache (see :meth:`extend`)."""
         cache = self.new_cache(len(prompts))
-        gen, _ = self.extend(params, cache, prompts, max_new_tokens, rng, inputs_embeds=inputs_embeds,
-                             sampling=sampling)
+        gen, _ = self.extend(params, cache, prompts, max_new_tokens, rng, sampling=sampling)
         return gen

@@ -7,6 +7,7 @@ processed distribution actually sampled from, and the model's raw temperature-1 
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -164,3 +165,17 @@ def sample_logits(logits: jax.Array, key: jax.Array, temperature, top_p, top_k: 
         lp = jnp.where(is_greedy, 0.0, lp)
     raw_lp = jnp.take_along_axis(raw, tokens[:, None], axis=-1)[:, 0]
     return tokens, lp, raw_lp
+
+
+def stop_string_cut(ids: Sequence[int], stop_strings: Sequence[str], decode: Callable[[list[int]], str]) -> int | None:
+    """Smallest ``j`` such that ``decode(ids[:j])`` contains a stop string, or None (host-side)."""
+    if not any(s in decode(list(ids)) for s in stop_strings):
+        return None
+    lo, hi = 1, len(ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if any(s in decode(list(ids[:mid])) for s in stop_strings):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
