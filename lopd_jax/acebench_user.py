@@ -57,8 +57,8 @@ class RolloutUser:
                  max_total_tokens: int, seed: int = 0):
         """``max_turn_tokens`` / ``max_total_tokens``: the caps of each reply."""
         if jax.process_count() > 1:
-            raise ValueError("the ACEBench user simulator runs on one process; a multi-host policy cannot "
-                             "simulate it (pass --acebench_user_model, or run the suite on one host)")
+            raise ValueError("the ACEBench user simulator runs on one process; run the suite on one host "
+                             "to grade agent_multi_turn")
         # its own copy: a reply is rolled out while the agent's engine is inside its own run
         self.engine, self.params, self.fmt, self.name = copy.copy(engine), params, fmt, name
         self.config = RolloutConfig(max_env_steps=1, max_turn_tokens=max_turn_tokens,
