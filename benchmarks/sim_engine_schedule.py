@@ -42,8 +42,10 @@ def main(argv=None) -> None:
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     lc = LengthConfig()
-    print(f"chunk {a.chunk}, env latency {a.env_steps} steps, pages of {a.page_size}; utilisation = useful / slot-steps")
-    print("| slots | episodes | in flight | static | engine | engine steady | live tokens mean / p99 | pool pages (rule) |")
+    print(f"chunk {a.chunk}, env latency {a.env_steps} steps, pages of {a.page_size}; "
+          "utilisation = useful / slot-steps")
+    print("| slots | episodes | in flight | static | engine | engine steady | live tokens mean / p99 "
+          "| pool pages (rule) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     last = None
     for slots in a.slots:
@@ -55,8 +57,8 @@ def main(argv=None) -> None:
                 en = simulate_engine(eps, slots, inf, a.chunk, a.env_steps)
                 pages = pool_pages(en["live_tokens_p99"], inf, a.page_size, 40_960)
                 print(f"| {slots} | {len(eps)} | {inf} | {st['utilisation']:.3f} | {en['utilisation']:.3f} | "
-                      f"{en['steady_utilisation']:.3f} | {en['live_tokens_mean']:,.0f} / {en['live_tokens_p99']:,.0f} | "
-                      f"{pages:,} |")
+                      f"{en['steady_utilisation']:.3f} | {en['live_tokens_mean']:,.0f} / "
+                      f"{en['live_tokens_p99']:,.0f} | {pages:,} |")
                 last = (slots, st["utilisation"], en["utilisation"])
     print(f"engine schedule at {last[0]} slots: utilisation {last[1]:.3f} static -> {last[2]:.3f} engine")
 

@@ -145,7 +145,8 @@ def build(args, cfg, devices, size: dict):
         rows((slots,), jax.random.key(0).dtype), rep, rep).compile()
     step_s = time.time() - t0
     kernels = step_c.as_text().count('custom_call_target="tpu_custom_call"')
-    info = {"layers_impl": args.layers_impl, "tensor": tensor, "data": data, "slots_compiled": slots, "pages_compiled": pages, "table_width": width,
+    info = {"layers_impl": args.layers_impl, "tensor": tensor, "data": data, "slots_compiled": slots,
+            "pages_compiled": pages, "table_width": width,
             "train_mesh": dict(zip(("data", "fsdp", "tensor"), cfg.mesh.shape(len(devices)))),
             "compile_s": {"decode_step": round(step_s, 1), "reshard": round(reshard_s, 1)},
             "attention_kernels": kernels, "model_params": mcfg.num_params(), "num_layers": mcfg.num_layers,
@@ -224,7 +225,8 @@ def parse_args(argv=None):
     p.add_argument("--backend", default="auto", help="paged attention backend: auto (kernel on TPU), kernel, xla")
     p.add_argument("--processes", type=int, default=0, help="processes of the slice (0: the topology's hosts)")
     p.add_argument("--episodes_per_slot", type=int, default=32, help="episodes per slot per round (simulation)")
-    p.add_argument("--env_steps", type=int, default=50, help="environment latency per turn in decode steps (simulation)")
+    p.add_argument("--env_steps", type=int, default=50,
+                   help="environment latency per turn in decode steps (simulation)")
     p.add_argument("--layers", type=int, default=0, help="override the number of layers (0 = as configured)")
     p.add_argument("--layers_impl", choices=("unroll", "scan"), default="unroll",
                    help="decode step with unrolled layers and per-layer pools (the engine's) or a scan over "
@@ -263,9 +265,10 @@ def print_report(r: dict) -> None:
               f"{_gib(rs['hbm_written']):.2f} GiB, ICI {_gib(rs['ici_received']):.2f} GiB -> roofline "
               f"{1e3 * rs['seconds']:.2f} ms")
         ratio = d["engine_us_per_token"] / d["bound_us_per_token"]
+        gain = d["static_us_per_token"] / d["engine_us_per_token"]
         print(f"  roofline per useful token: engine {d['engine_us_per_token']:.2f} us, static dense sampler "
               f"{d['static_us_per_token']:.2f} us, bound {d['bound_us_per_token']:.2f} us -> engine / bound = "
-              f"{ratio:.2f}x (target <= 1.5x), static / engine = {d['static_us_per_token'] / d['engine_us_per_token']:.1f}x")
+              f"{ratio:.2f}x (target <= 1.5x), static / engine = {gain:.1f}x")
 
 
 def main(argv=None) -> int:

@@ -4,7 +4,6 @@ of 8 CPU devices, give the training layout's logits within bf16 tolerance."""
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from flax import nnx
 

@@ -112,11 +112,12 @@ def _jax_kernel(q, pool, kv_lens, table, cu, num_seqs, *, sm_scale, sliding_wind
 
 
 def _forward_case(name="tiny_olmo3", ps=4, pages_per_row=8):
-    """A tiny model, a history of 3 rows prefilled through the XLA path, and a mixed next
+    """A tiny model (2 Olmo-3 layers: sliding window 8, full), a history of 3 rows prefilled through the XLA path, and a mixed next
     call (row 0: 3 new tokens, row 1: decode, row 2: idle). Page ids are a permutation in
     which row ``b`` owns pages of the ``b``-th quarter of the pool (what a data-sharded
     kernel path needs). Returns ``(model, layers, pools, table, call)``."""
     cfg = named_config(name)
+    cfg = cfg.replace(num_layers=2, layer_types=("sliding_attention", "full_attention"))  # one of each window
     model = Decoder(cfg, rngs=nnx.Rngs(0))
     layers = layer_weights(model, False)
     rows, NPG = 4, 4 * pages_per_row
@@ -127,8 +128,9 @@ def _forward_case(name="tiny_olmo3", ps=4, pages_per_row=8):
     T = int(hist.max())
     ids = rs.randint(1, cfg.vocab_size, (rows, T)).astype(np.int32)
     pos = np.broadcast_to(np.arange(T), (rows, T)).astype(np.int32)
-    _, pools = paged_forward(model, layers, jnp.asarray(ids), jnp.asarray(pos), jnp.asarray(pos < hist[:, None]),
-                             jnp.asarray(hist), pools, jnp.asarray(table), pages_per_row, backend="xla")
+    _, pools = jax.jit(lambda pools: paged_forward(  # jitted: eager dispatch of every op is slow here
+        model, layers, jnp.asarray(ids), jnp.asarray(pos), jnp.asarray(pos < hist[:, None]), jnp.asarray(hist),
+        pools, jnp.asarray(table), pages_per_row, backend="xla"))(pools)
     n = np.asarray([3, 1, 0, 0])
     S = 3
     ids2 = rs.randint(1, cfg.vocab_size, (rows, S)).astype(np.int32)
@@ -157,7 +159,7 @@ def test_kernel_path_of_the_paged_decoder_equals_the_xla_path():
     both write the same pages (to fp32 rounding)."""
     model, layers, pools, table, (ids, pos, valid, lens), n = _forward_case()
     args = (model, layers, ids, pos, valid, lens)
-    h_x, p_x = paged_forward(*args, pools, jnp.asarray(table), 8, backend="xla")
+    h_x, p_x = jax.jit(lambda pools: paged_forward(*args, pools, jnp.asarray(table), 8, backend="xla"))(pools)
     h_k, p_k = paged_forward(*args, pools, jnp.asarray(table), 8, backend="kernel", kernel=ref_ragged_paged_attention)
     v = np.asarray(valid)
     np.testing.assert_allclose(np.asarray(h_k)[v], np.asarray(h_x)[v], atol=1e-5)
@@ -189,7 +191,7 @@ def test_kernel_path_under_shard_map_on_an_inference_mesh():
 
 def test_scanned_decoder_on_stacked_pools_equals_the_unrolled_one():
     """The scan over layers on one stacked pool (each layer's pages through a flat view,
-    windows 8 and 0 of tiny Olmo-3 chosen per layer) equals the unrolled forward: on the
+    windows 8 and 0 chosen per layer) equals the unrolled forward: on the
     XLA path, and on the kernel path under shard_map (data 2 x tensor 2) with the stand-in."""
     model, layers, pools, table, (ids, pos, valid, lens), n = _forward_case()
     h_x, p_x = paged_forward(model, layers, ids, pos, valid, lens, pools, jnp.asarray(table), 8, backend="xla")
