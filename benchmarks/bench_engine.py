@@ -1,5 +1,6 @@
-"""Continuous batching (train/engine.py) vs the static schedule (train/sampler.py as
-train/rollout.py drives it) on one multi-turn workload, CPU.
+"""Continuous batching (train/engine.py, which every rollout runs on) vs a static lockstep
+schedule (train/sampler.py, driven turn by turn as rollouts were before the engine) on one
+multi-turn workload, CPU.
 
 Workload (issue 23's distribution, token lengths scaled by ``--scale``): turns per episode
 geometric (mean 8, at most 30), tokens per turn lognormal (median 300, sigma 1, capped at
@@ -10,7 +11,7 @@ turns (or when the next observation would reach the episode cap, as rollout does
 
 * **static**: episodes in batches of ``slots`` rows; each turn is one ``Sampler.extend``
   call that decodes until every live row reaches its cap; finished episodes drop out and
-  the cache compacts to a smaller batch bucket, as ``train.rollout.rollout`` does.
+  the cache compacts to a smaller batch bucket (the former static rollout's schedule).
 * **engine**: ``slots`` decode rows, ``--chunk`` steps per device call, refilled as turns
   end; environments on a thread pool; paged cache.
 
