@@ -11,8 +11,9 @@ process). It then
    flight = ``engine.max_in_flight`` x processes (0: twice the slots); the page pool from
    a schedule simulation of the engine on the config's length distribution
    (:mod:`train.engine_schedule`): 1.25 x the 99th percentile of live tokens plus a page
-   per episode in flight, or ``engine.num_pages`` x processes when that is larger (a
-   smaller configured pool is reported: its episodes would wait or be preempted more);
+   per episode in flight, or ``engine.num_pages`` x processes when that is larger
+   (``--pool=config`` / ``rule`` picks one; a configured pool below the rule makes
+   episodes wait or be preempted more often);
 2. **compiles** the engine's decode step (one token for every slot: the paged decoder with
    attention dispatched to JAX's ``ragged_paged_attention`` kernel on the TPU topology,
    the LM head and per-row sampling) on the **inference layout**
@@ -58,9 +59,10 @@ def _gib(x) -> float:
     return x / 2**30
 
 
-def sizing(cfg, processes: int, episodes_per_slot: int, env_steps: int) -> dict:
+def sizing(cfg, processes: int, episodes_per_slot: int, env_steps: int, pool: str = "auto") -> dict:
     """Slots, episodes in flight and the page pool for the slice, from the config and a
-    schedule simulation of the engine and of the static sampler (:mod:`train.engine_schedule`)."""
+    schedule simulation of the engine and of the static sampler (:mod:`train.engine_schedule`).
+    ``pool``: ``rule``, ``config`` (``engine.num_pages`` x processes) or ``auto`` (the larger)."""
     e, r = cfg.engine, cfg.rollout
     slots = e.slots * processes
     in_flight = getattr(e, "max_in_flight", 0) * processes or 2 * slots
@@ -70,16 +72,38 @@ def sizing(cfg, processes: int, episodes_per_slot: int, env_steps: int) -> dict:
     static = simulate_static(eps, slots, env_steps)
     rule = pool_pages(sim["live_tokens_p99"], in_flight, e.page_size, r.max_total_tokens)
     configured = e.num_pages * processes
-    pages = max(configured, rule)
+    if pool == "config" and not configured:
+        raise ValueError("--pool=config needs engine.num_pages > 0 in the config (or as an override)")
+    pages = {"rule": rule, "config": configured}.get(pool, max(configured, rule))
     return {"slots": slots, "in_flight": in_flight, "episodes": len(eps), "page_size": e.page_size,
             "decode_chunk": e.decode_chunk, "pages_rule": rule, "pages_configured": configured, "pages": pages,
-            "pages_from": "engine.num_pages" if configured >= rule else "rule", "engine_sim": sim,
+            "pages_from": "engine.num_pages" if pages == configured else "rule", "engine_sim": sim,
             "static_sim": static,
             "max_total_tokens": r.max_total_tokens}
 
 
-def build(args, cfg, devices, size: dict):
-    """Compile the decode step and the reshard; returns ``(step, reshard, info)``."""
+def estimate_gib(mcfg, pages: int, page_size: int, chips: int, tensor: int, hbm: float = 95.0) -> dict:
+    """Per-chip GiB the engine holds before any temporaries: the bf16 page pool (pages and
+    KV heads spread over every chip), the bf16 weight shard (``1 / tensor`` of them) and
+    the trainer's fp32 params (FSDP over every chip); ``max_pages``: the largest pool that
+    leaves 10% of ``hbm`` GiB per chip for temporaries."""
+    kv_page = page_size * 2 * mcfg.num_kv_heads * mcfg.head_dim * 2 * mcfg.num_layers  # bytes, every layer
+    n = mcfg.num_params()
+    est = {"pool": pages * kv_page / chips / 2**30, "weights": 2 * n / tensor / 2**30, "trainer": 4 * n / chips / 2**30}
+    est["total"] = sum(est.values())
+    free = 0.9 * hbm - est["weights"] - est["trainer"]
+    est["max_pages"] = max(0, int(free * 2**30 * chips // kv_page))
+    return est
+
+
+class DoesNotFit(Exception):
+    """The engine cannot fit in HBM (found before or while compiling)."""
+
+
+def build(args, cfg, devices, size: dict, hbm: float | None = None):
+    """Compile the decode step and the reshard; returns ``(step, reshard, info)``. Raises
+    :class:`DoesNotFit` when the pool and weights alone exceed ``hbm`` GiB per chip, or
+    XLA runs out of HBM compiling."""
     # JAX and the modules that import it load after main() configures the platform
     import jax
     import jax.numpy as jnp
@@ -103,6 +127,12 @@ def build(args, cfg, devices, size: dict):
     slots = -(-size["slots"] // data) * data
     pages = -(-size["pages"] // data) * data
     width = 1 << max(0, math.ceil(math.log2(-(-size["max_total_tokens"] // size["page_size"]))))
+    est = estimate_gib(mcfg, pages, size["page_size"], len(devices), tensor, hbm or 95.0)
+    if hbm is not None and est["total"] > hbm:  # no compile needed to know
+        raise DoesNotFit(f"the engine's pool and weights alone need {est['total']:.1f} GiB per chip of {hbm:.0f} "
+                         f"(pool {est['pool']:.1f}, bf16 weights {est['weights']:.1f}, trainer's fp32 params "
+                         f"{est['trainer']:.1f}); fewer slots or a smaller pool: about {est['max_pages']:,} pages "
+                         f"of {size['page_size']} fit (engine.num_pages per process = that / processes)")
 
     # the trainer's params (fp32, FSDP, LoRA) -> the engine's (bf16, tensor x data, merged)
     rules = mesh_lib.rules_for(train_mesh, cfg.mesh)
@@ -111,7 +141,7 @@ def build(args, cfg, devices, size: dict):
     reshard, gd, infer_sh = make_reshard(mcfg, train_sh, mesh)
     abstract = lambda tree, sh: jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, sh)
     t0 = time.time()
-    reshard_c = reshard.lower(abstract(tabs, train_sh)).compile()
+    reshard_c = _compile_or_does_not_fit(reshard.lower(abstract(tabs, train_sh)))
     reshard_s = time.time() - t0
 
     params = abstract(inference_shardings(mcfg, mesh)[1], infer_sh)
@@ -139,10 +169,10 @@ def build(args, cfg, devices, size: dict):
         return tok, lp, raw, pools
 
     t0 = time.time()
-    step_c = jax.jit(step, donate_argnums=(1,)).lower(
+    step_c = _compile_or_does_not_fit(jax.jit(step, donate_argnums=(1,)).lower(
         params, pools, rows((slots,), jnp.int32), rows((slots,), jnp.int32),
         rows((slots,), jnp.bool_), rows((slots, width), jnp.int32),
-        rows((slots,), jax.random.key(0).dtype), rep, rep).compile()
+        rows((slots,), jax.random.key(0).dtype), rep, rep))
     step_s = time.time() - t0
     kernels = step_c.as_text().count('custom_call_target="tpu_custom_call"')
     info = {"layers_impl": args.layers_impl, "tensor": tensor, "data": data, "slots_compiled": slots,
@@ -152,6 +182,16 @@ def build(args, cfg, devices, size: dict):
             "attention_kernels": kernels, "model_params": mcfg.num_params(), "num_layers": mcfg.num_layers,
             "kv_bytes_per_token": 2 * mcfg.num_layers * mcfg.num_kv_heads * mcfg.head_dim * 2, "mcfg": mcfg}
     return step_c, reshard_c, info
+
+
+def _compile_or_does_not_fit(lowered):
+    """``lowered.compile()``; XLA's out-of-HBM refusal becomes :class:`DoesNotFit`."""
+    try:
+        return lowered.compile()
+    except Exception as e:  # JaxRuntimeError; only its out-of-memory kind is a verdict
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        raise DoesNotFit(f"XLA: {str(e).splitlines()[0]}") from e
 
 
 def _mem(compiled) -> dict:
@@ -196,13 +236,17 @@ def run(args) -> dict:
     cfg = run_config(args)
     devices, gen, hbm = topology_devices(args.topology)
     processes = len({d.process_index for d in devices}) if not args.processes else args.processes
-    size = sizing(cfg, processes, args.episodes_per_slot, args.env_steps)
-    step, reshard, info = build(args, cfg, devices, size)
+    size = sizing(cfg, processes, args.episodes_per_slot, args.env_steps, args.pool)
+    head = {"config": args.config, "topology": args.topology, "chips": len(devices), "processes": processes,
+            "gen": gen, "hbm_gib": hbm, "sizing": size}
+    try:
+        step, reshard, info = build(args, cfg, devices, size, hbm)
+    except DoesNotFit as e:
+        return head | {"fits": False, "reason": str(e)}
     mcfg = info.pop("mcfg")
     mem = _mem(step)
     resident = _mem(reshard)["arguments"]  # the trainer's params stay in HBM while the engine runs
-    report = {"config": args.config, "topology": args.topology, "chips": len(devices), "processes": processes,
-              "gen": gen, "hbm_gib": hbm, "sizing": size, **info, "per_chip_gib": mem | {"trainer_params": resident},
+    report = {**head, **info, "per_chip_gib": mem | {"trainer_params": resident},
               "decode_step": {"xla_bytes_accessed_per_chip": _bytes_accessed(step)},
               "reshard": {"xla_bytes_accessed_per_chip": _bytes_accessed(reshard), "memory_gib": _mem(reshard)}}
     report["per_chip_gib"]["engine_total"] = mem["total"] + resident
@@ -223,6 +267,8 @@ def parse_args(argv=None):
     p.add_argument("--tensor", type=int, default=0,
                    help="inference tensor-parallel width (0: the largest divisor of the chips dividing the KV heads)")
     p.add_argument("--backend", default="auto", help="paged attention backend: auto (kernel on TPU), kernel, xla")
+    p.add_argument("--pool", choices=("auto", "rule", "config"), default="auto",
+                   help="page pool: the sizing rule's, the config's (engine.num_pages x processes), or the larger")
     p.add_argument("--processes", type=int, default=0, help="processes of the slice (0: the topology's hosts)")
     p.add_argument("--episodes_per_slot", type=int, default=32, help="episodes per slot per round (simulation)")
     p.add_argument("--env_steps", type=int, default=50,
@@ -242,6 +288,11 @@ def print_report(r: dict) -> None:
     from lopd_jax.compile_buckets import memory_line  # imports JAX: after main() configures it
 
     s, es, ss = r["sizing"], r["sizing"]["engine_sim"], r["sizing"]["static_sim"]
+    if "reason" in r:
+        print(f"engine  config={r['config']}  topology={r['topology']} ({r['chips']} chips, {r['processes']} "
+              f"processes)  slots {s['slots']}  in flight {s['in_flight']}  pages {s['pages']:,} x {s['page_size']}"
+              f" (rule {s['pages_rule']:,}; engine.num_pages x processes {s['pages_configured']:,})\n  {r['reason']}")
+        return
     print(f"engine  config={r['config']}  topology={r['topology']} ({r['chips']} chips, {r['processes']} processes)  "
           f"inference mesh data={r['data']} x tensor={r['tensor']}  training mesh {r['train_mesh']}  "
           f"compile {r['compile_s']} ({r['layers_impl']} layers)  attention kernels {r['attention_kernels']}")

@@ -14,6 +14,7 @@ import pytest
 
 from lopd_jax import compile_sampler
 from lopd_jax.overrides import load_config
+from models.config import named_config
 from train.engine_schedule import pool_pages
 
 
@@ -39,6 +40,19 @@ def test_tiny_on_cpu_sizes_and_compiles_the_engine(tmp_path, capsys):
                                  f"--json={out}"]) == 0
     s = json.loads(out.read_text())
     assert s["layers_impl"] == "scan" and s["per_chip_gib"]["aliased"] * 2**30 == pytest.approx(pool)
+
+
+def test_the_analytic_estimate_that_refuses_a_pool_before_compiling():
+    """The pool / weight estimate (checked before compiling) agrees with the compiled
+    qwen3_8b v5p-32 figure (docs/engine.md: 44.99 GiB of pool per chip for 40,953 pages),
+    and refuses Olmo-3 7B's pool at the same size (32 KV heads: 3.6x the KV bytes)."""
+    q = compile_sampler.estimate_gib(named_config("qwen3_8b"), 40_953, 128, chips=16, tensor=8)
+    assert abs(q["pool"] - 44.99) < 0.01 and q["total"] < 95
+    assert q["max_pages"] > 40_953
+    o = compile_sampler.estimate_gib(named_config("olmo3_7b"), 40_953, 128, chips=16, tensor=16)
+    assert o["pool"] == pytest.approx(q["pool"] * 32 * 32 / (8 * 36)) and o["total"] > 95 > o["pool"] / 2
+    cap = compile_sampler.estimate_gib(named_config("olmo3_7b"), o["max_pages"], 128, chips=16, tensor=16)
+    assert 0.85 * 95 < cap["total"] <= 0.9 * 95
 
 
 def test_qwen3_8b_layers_on_v5p_8_with_the_kernel(tmp_path, capsys):
