@@ -4,13 +4,13 @@
 
 The miniature (``configs/miniature.py``, ``docs/miniature.md``) is a tool-use family with a
 hidden per-customer rule that only the privileged context reveals. Its first stages --
-a 1000-step warm-up (theta0), the experience bank, the composer's cold start (phi0) -- take
-about 20 minutes on two CPU cores, and whether the warm-up teaches theta0 to read a hint
-depends on the seed. So the repository ships their output for one seed where it does
-(:data:`START_DIR`, about 3 MB): the run directory of
+the warm-up (theta0), the experience bank, the composer's cold start (phi0) -- take from a
+quarter of an hour to an hour on two CPU cores (idle to busy), and whether the warm-up
+teaches theta0 to read a hint depends on the seed. So the repository ships their output
+for a seed where it does (:data:`START_DIR`, 2.7 MB), made by
 
-    python -m lopd_jax.premise --config=miniature --workdir=W seed=2 stages.warmup_lr=2e-3
-    python -m lopd_jax.demo --pack=W          # copies W's first stages into data/demo/start
+    python -m lopd_jax.premise --config=miniature --workdir=W seed=2 stages.warmup_lr=2e-3 stages.warmup_steps=440
+    python -m lopd_jax.demo --pack=W stages.warmup_lr=2e-3 stages.warmup_steps=440   # W's first stages -> data/demo/start
 
 The demo copies that starting point into ``<workdir>/start`` and then, at once:
 
@@ -225,7 +225,7 @@ def plot(s: dict[str, Any], path: str) -> str:
     ax.set_ylim(-0.05, 1.05)
     ax.set_title(f"LOPD on the CPU miniature: {s['before']:.3f} → {s['after_mean']:.3f} (gain {s['gain']:+.3f})")
     ax.grid(alpha=0.3)
-    ax.legend(loc="center right", fontsize=8)
+    ax.legend(loc="center left", fontsize=8)  # the curves start low and end on the right
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -3,7 +3,8 @@ recorded command makes, it is small, it loads, and its theta0 reads the privileg
 
 Costs: the config and round-trip checks are file reads (well under a second); the load
 test builds the miniature's run context, restores theta0, phi0 and the bank and scores 8
-oracle demonstrations with and without the hint (one small compile; about 15 s on 2 cores).
+oracle demonstrations with and without the hint (one small compile): the three took 68 s
+together on the 2-core machine under a load average of about 20.
 """
 
 import filecmp
