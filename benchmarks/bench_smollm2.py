@@ -17,8 +17,14 @@ Decoding, compared in one run:
   128-token continuation; the count of identical rows is printed).
 
 LOPD step: :func:`train.steps.make_lopd_step` on the SmolLM2 backbone (student, teacher
-and composer sharing it; LoRA rank 8) for ``--rows`` trajectories of ``--seq`` tokens with
-random ids, median of ``--step_repeats`` steps after the compiling one.
+and composer sharing it; LoRA rank 8; ``--student`` lora or full) for ``--rows``
+trajectories of ``--seq`` tokens with random ids, against the baseline of a
+``transformers`` + ``peft`` LoRA fine-tuning step (rank 8, all projections; forward,
+backward, AdamW) on the same tokens and mask; after one untimed call of each, the two
+alternate for ``--step_repeats`` rounds; the ratio is of the medians. The LOPD step does
+more work than the baseline (the teacher's forward over the spliced sequence and the
+composer's forward and backward besides the student's), so the ratio is the price of
+LOPD's step over plain supervised fine-tuning, not a speed-up.
 
     python benchmarks/bench_smollm2.py                      # batch 8, 128 new tokens, step 4 x 256
     python benchmarks/bench_smollm2.py --skip_step --repeats 1
@@ -93,8 +99,35 @@ def bench_decode(args, path, tok, model):
     print(f"  sample: {tok.decode(gen.tokens[-1].tolist())[:160]!r}")
 
 
+def hf_lora_step(path, batch, rank: int):
+    """A ``transformers`` + ``peft`` LoRA fine-tuning step on the same tokens (the baseline):
+    rank-``rank`` LoRA on all seven projections, the token-mean NLL of the masked positions,
+    backward, one AdamW update. Returns ``step(r)``."""
+    import peft  # optional dependency of the baseline only
+
+    hm = transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32)
+    hm = peft.get_peft_model(hm, peft.LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=[
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])).train()
+    opt = torch.optim.AdamW([p for p in hm.parameters() if p.requires_grad], lr=1e-4)
+    ids = torch.tensor(np.asarray(batch["tokens"]), dtype=torch.long)
+    attn = torch.tensor(np.asarray(batch["attention_mask"]), dtype=torch.long)
+    w = torch.tensor(np.asarray(batch["loss_mask"]), dtype=torch.float32)[:, 1:]
+
+    def step(r):
+        logits = hm(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+        loss = (nll * w).sum() / w.sum().clamp(min=1.0)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return float(loss)
+    return step
+
+
 def bench_step(args, path):
-    """Median LOPD step time on the SmolLM2 backbone."""
+    """Median LOPD step time on the SmolLM2 backbone against a ``transformers`` + ``peft``
+    LoRA fine-tuning step on the same tokens, timed alternately in one run."""
     from benchmarks.bench_train_lengths import make_batch
     from lopd_jax.composer import ComposerConfig
     from lopd_jax.splice import SpliceLayout
@@ -106,26 +139,27 @@ def bench_step(args, path):
     composer = ComposerConfig(num_latents=8, depth=2, n_ret=2, lora=lora)
     layout = SpliceLayout(before_ids=(1, 9, 198), after_ids=(2, 198), num_slots=composer.n_ret * composer.num_latents,
                           slot_id=0)
-    system = LOPDSystem.create(backbone, composer, layout, StepConfig(logits_chunk=256))
+    system = LOPDSystem.create(backbone, composer, layout, StepConfig(logits_chunk=256, student_mode=args.student))
     state0, frozen = system.init_state()
     lengths = np.full(args.rows, args.seq)
     batch = {k: jnp.asarray(v) for k, v in
              make_batch(lengths, args.seq, composer.n_ret, 32, backbone.cfg.vocab_size, 0).items()}
     step = make_lopd_step(system, state0, batch)
-    t0 = time.perf_counter()
-    state, m = step(jax.tree.map(jnp.copy, state0), frozen, batch)
-    jax.block_until_ready(state)
-    first = time.perf_counter() - t0
-    times = []
-    for _ in range(args.step_repeats):
-        t0 = time.perf_counter()
-        state, m = step(state, frozen, batch)
-        jax.block_until_ready(state)
-        times.append(time.perf_counter() - t0)
-    med = statistics.median(times)
-    print(f"[LOPD step] {args.rows} x {args.seq} tokens, LoRA rank 8, remat {args.remat}: median "
-          f"{med:.2f} s ({args.rows * args.seq / med:.0f} tokens/s; of {', '.join(f'{t:.2f}' for t in times)}); "
-          f"first step incl. compile {first:.1f} s; loss {float(m['loss']):.4f}", flush=True)
+    holder = {"state": jax.tree.map(jnp.copy, state0)}
+
+    def ours(r):
+        holder["state"], m = step(holder["state"], frozen, batch)
+        jax.block_until_ready(holder["state"])
+        return m
+
+    base = hf_lora_step(path, batch, lora.rank)
+    first, t_ours, t_hf, m, _ = paired_times(ours, base, args.step_repeats)
+    mo, mh = statistics.median(t_ours), statistics.median(t_hf)
+    print(f"[LOPD step] {args.rows} x {args.seq} tokens, LoRA rank 8, student {args.student}, remat {args.remat}: "
+          f"median {mo:.2f} s ({args.rows * args.seq / mo:.0f} tokens/s; of {', '.join(f'{t:.2f}' for t in t_ours)}); "
+          f"first step incl. compile {first:.1f} s; loss {float(m['loss']):.4f} | transformers+peft LoRA SFT step "
+          f"(forward, backward, AdamW) on the same tokens: median {mh:.2f} s (of {', '.join(f'{t:.2f}' for t in t_hf)}) "
+          f"| LOPD step / SFT step {mo / mh:.2f}x", flush=True)
 
 
 def main(argv=None):
@@ -140,6 +174,7 @@ def main(argv=None):
     p.add_argument("--seq", type=int, default=256, help="LOPD step: tokens per trajectory")
     p.add_argument("--step_repeats", type=int, default=3)
     p.add_argument("--remat", default="none")
+    p.add_argument("--student", default="lora", choices=("lora", "full"), help="LOPD step: student_mode")
     p.add_argument("--skip_decode", action="store_true")
     p.add_argument("--skip_step", action="store_true")
     args = p.parse_args(argv)
