@@ -319,7 +319,8 @@ class Engine:
         while True:
             table = np.zeros((S, w), np.int32)
             _, pools = engine_calls.prefill(self.graphdef, sp.top_k, sp.temperature == 0, self.lora, params, pools,
-                                            np.zeros((S, C), np.int32), z, z, table, z, jax.random.key(0), *args)
+                                            np.zeros((S, C), np.int32), z, z, table, z, jax.random.key(0), *args,
+                                            None, None)  # as run passes them (no embedding overrides): one key
             _, pools = engine_calls.decode(self.graphdef, cfg.decode_chunk, sp.top_k, sp.temperature == 0, self.lora,
                                            self.stop_ids, params, pools, z, z, np.zeros(S, bool), z, table, z,
                                            jax.random.key(0), *args)
