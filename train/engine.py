@@ -162,6 +162,22 @@ def _submit(pool, fn, *args) -> concurrent.futures.Future:
     return fut
 
 
+def _single_device_graphdef(model: nnx.Module):
+    """``model``'s graph without the training mesh's sharding rules.
+
+    The engine runs on one device per process, so sharding constraints written for the
+    trainer's mesh (a :class:`models.decoder.Decoder`'s ``rules``, applied e.g. to the input
+    embeddings that composer latents replace) would ask for devices its arrays are not on.
+    The clone shares the model's arrays; the model itself is unchanged.
+    """
+    graphdef, state = nnx.split(model)
+    if getattr(model, "rules", None) is None:
+        return graphdef
+    clone = nnx.merge(graphdef, state)
+    clone.rules = None
+    return nnx.split(clone)[0]
+
+
 class Engine:
     """Continuous-batching rollout engine over a paged KV cache (see the module docstring).
 
@@ -183,7 +199,7 @@ class Engine:
                  stop_strings: Sequence[str] = (), decode: Callable[[list[int]], str] | None = None):
         if stop_strings and decode is None:
             raise ValueError("stop_strings need a decode function (ids -> text), e.g. tokenizer.decode")
-        self.graphdef, _ = nnx.split(model)
+        self.graphdef = _single_device_graphdef(model)
         self.cfg = model.cfg
         self.stop_ids = tuple(int(i) for i in stop_ids)
         self.config = config
