@@ -20,7 +20,7 @@ import dataclasses
 import json
 from typing import Any, ClassVar, Sequence
 
-from lopd_jax.call_limits import MAX_CALLS_PER_TURN, arguments_limit_error
+from lopd_jax.call_limits import MAX_CALLS_PER_TURN, arguments_limit_error, load_json
 from lopd_jax.tokenizers import LATENT_TOKEN, validate_tokenizer
 from lopd_jax.types import AssistantTurn, Message, ToolCall, ToolSchema
 
@@ -187,6 +187,30 @@ def call_from_json(obj: Any, where: str) -> tuple[ToolCall | None, str | None]:
     if error:
         return None, error
     return ToolCall(name=name.strip(), arguments=arguments), None
+
+
+def json_call_blocks(text: str, open_tag: str = "<tool_call>",
+                     close_tag: str = "</tool_call>") -> tuple[str, list[ToolCall], list[str]]:
+    """The JSON calls in ``open_tag {"name": ..., "arguments": {...}} close_tag`` blocks of ``text``.
+
+    Returns (the text outside the blocks, the valid calls in order, an error per empty,
+    unclosed or malformed block); the Qwen3 and ChatML formats write calls this way.
+    """
+    outside, bodies, errors = scan_blocks(text, open_tag, close_tag)
+    calls = []
+    for k, body in enumerate(bodies):
+        where = f"{open_tag} block {k + 1}"
+        if not body.strip():
+            errors.append(f"{where}: empty block")
+            continue
+        obj, error = load_json(body, where)
+        if error is None:
+            call, error = call_from_json(obj, where)
+        if error:
+            errors.append(error)
+        else:
+            calls.append(call)
+    return outside, calls, errors
 
 
 def _dumps(value: Any) -> str:

@@ -28,8 +28,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from lopd_jax.call_limits import load_json
-from lopd_jax.chat_base import ChatFormat, call_from_json, message_text, scan_blocks, tojson
+from lopd_jax.chat_base import ChatFormat, json_call_blocks, message_text, tojson
 from lopd_jax.types import AssistantTurn, Message, ToolSchema
 
 DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
@@ -127,18 +126,5 @@ class ChatMLChatFormat(ChatFormat):
         Never raises: a malformed or over-limit block (:mod:`lopd_jax.call_limits`) is a
         parse error naming what was wrong.
         """
-        outside, bodies, errors = scan_blocks(text, "<tool_call>", "</tool_call>")
-        calls = []
-        for k, body in enumerate(bodies):
-            where = f"<tool_call> block {k + 1}"
-            if not body.strip():
-                errors.append(f"{where}: empty block")
-                continue
-            obj, error = load_json(body, where)
-            if error is None:
-                call, error = call_from_json(obj, where)
-            if error:
-                errors.append(error)
-            else:
-                calls.append(call)
+        outside, calls, errors = json_call_blocks(text)
         return AssistantTurn(raw=text, content=outside.strip(), tool_calls=calls, parse_errors=errors)

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from lopd_jax.call_limits import load_json
-from lopd_jax.chat_base import (ChatFormat, call_from_json, message_text, scan_blocks,
+from lopd_jax.chat_base import (ChatFormat, json_call_blocks, message_text,
                                 split_thinking, tojson)
 from lopd_jax.types import AssistantTurn, Message, ToolSchema
 
@@ -150,19 +149,6 @@ class Qwen3ChatFormat(ChatFormat):
         parse error naming what was wrong.
         """
         thinking, rest = split_thinking(text)
-        outside, bodies, errors = scan_blocks(rest, "<tool_call>", "</tool_call>")
-        calls = []
-        for k, body in enumerate(bodies):
-            where = f"<tool_call> block {k + 1}"
-            if not body.strip():
-                errors.append(f"{where}: empty block")
-                continue
-            obj, error = load_json(body, where)
-            if error is None:
-                call, error = call_from_json(obj, where)
-            if error:
-                errors.append(error)
-            else:
-                calls.append(call)
+        outside, calls, errors = json_call_blocks(rest)
         return AssistantTurn(raw=text, content=outside.strip(), tool_calls=calls,
                              parse_errors=errors, thinking=thinking)
