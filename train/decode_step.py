@@ -41,17 +41,22 @@ __all__ = ["decode_step", "from_layers", "layer_weights", "to_layers"]
 _MASK = -1e30  # as in models.attention
 
 
-def layer_weights(model: nnx.Module, lora: bool) -> list[dict[str, jax.Array]]:
-    """Per-layer parameter dicts (static slices of the stacked weights), LoRA factors
-    included when ``lora``. Call inside the jitted turn, outside the decode loop."""
+def stacked_weights(model: nnx.Module, lora: bool) -> dict[str, jax.Array]:
+    """The model's stacked [L, ...] layer weights by name, LoRA factors included when ``lora``."""
     cfg = model.cfg
     names = list(projection_shapes(cfg)) + ["attn_norm", "mlp_norm"]
     if cfg.qk_norm != "none":
         names += ["q_norm", "k_norm"]
     if lora:
         names += [f"lora_{n}_{ab}" for n in cfg.lora.targets for ab in "ab"]
-    stacked = {n: getattr(model, n)[...] for n in names}
-    return [{n: w[i] for n, w in stacked.items()} for i in range(cfg.num_layers)]
+    return {n: getattr(model, n)[...] for n in names}
+
+
+def layer_weights(model: nnx.Module, lora: bool) -> list[dict[str, jax.Array]]:
+    """Per-layer parameter dicts (static slices of :func:`stacked_weights`). Call inside
+    the jitted turn, outside the decode loop."""
+    stacked = stacked_weights(model, lora)
+    return [{n: w[i] for n, w in stacked.items()} for i in range(model.cfg.num_layers)]
 
 
 def to_layers(kv: KVCache) -> tuple[tuple[jax.Array, ...], tuple[jax.Array, ...]]:

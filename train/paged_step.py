@@ -27,10 +27,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models.decoder import layer_tables, projection_shapes, rms_norm
+from models.decoder import layer_tables, rms_norm
 from models.paged_attention import attend
 from models.rope import apply_rope, cos_sin
-from train.decode_step import _proj
+from train.decode_step import _proj, stacked_weights
 
 __all__ = ["empty_pools", "paged_forward", "paged_forward_scan", "stacked_pools"]
 
@@ -79,6 +79,20 @@ def _layer(cfg, x, p, cos, sin, pos, valid, kv_lens, window, pool, page_table, n
     return x, pool
 
 
+def _inputs(model: nnx.Module, ids, positions, inputs_embeds):
+    """(input embeddings in the compute dtype, int32 positions, (per-layer windows, per-layer
+    RoPE table index, the (cos, sin) tables at ``positions``)) for a paged forward."""
+    cfg = model.cfg
+    if inputs_embeds is None:
+        x = jnp.take(model.embed[...], ids, axis=0).astype(cfg.jnp_dtype)
+    else:
+        x = inputs_embeds.astype(cfg.jnp_dtype)
+    pos = positions.astype(jnp.int32)
+    windows, rope_index, inv_freq, rope_scale = layer_tables(cfg)
+    tables = [cos_sin(pos, inv_freq[t], rope_scale[t]) for t in range(len(inv_freq))]
+    return x, pos, (windows, rope_index, tables)
+
+
 def paged_forward(model: nnx.Module, layers: list[dict], ids: jax.Array | None, positions: jax.Array,
                   valid: jax.Array, kv_lens: jax.Array, pools: tuple[jax.Array, ...], page_table: jax.Array,
                   num_pages: int, lora: bool = False, inputs_embeds: jax.Array | None = None, *,
@@ -99,13 +113,7 @@ def paged_forward(model: nnx.Module, layers: list[dict], ids: jax.Array | None, 
       ``(final-norm hidden states [B, S, D], new pools)``.
     """
     cfg = model.cfg
-    if inputs_embeds is None:
-        x = jnp.take(model.embed[...], ids, axis=0).astype(cfg.jnp_dtype)
-    else:
-        x = inputs_embeds.astype(cfg.jnp_dtype)
-    pos = positions.astype(jnp.int32)
-    windows, rope_index, inv_freq, rope_scale = layer_tables(cfg)
-    tables = [cos_sin(pos, inv_freq[t], rope_scale[t]) for t in range(len(inv_freq))]
+    x, pos, (windows, rope_index, tables) = _inputs(model, ids, positions, inputs_embeds)
     pools = list(pools)
     for i, p in enumerate(layers):
         cos, sin = tables[int(rope_index[i])]
@@ -113,17 +121,6 @@ def paged_forward(model: nnx.Module, layers: list[dict], ids: jax.Array | None, 
                              num_pages, lora, {"backend": backend, "mesh": mesh, "kernel": kernel})
     h = rms_norm(x, model.final_norm[...], cfg.rms_norm_eps, cfg.rmsnorm_weight_first)
     return h, tuple(pools)
-
-
-def _stacked_weights(model: nnx.Module, lora: bool) -> dict[str, jax.Array]:
-    """The stacked [L, ...] weights :func:`train.decode_step.layer_weights` slices per layer."""
-    cfg = model.cfg
-    names = list(projection_shapes(cfg)) + ["attn_norm", "mlp_norm"]
-    if cfg.qk_norm != "none":
-        names += ["q_norm", "k_norm"]
-    if lora:
-        names += [f"lora_{n}_{ab}" for n in cfg.lora.targets for ab in "ab"]
-    return {n: getattr(model, n)[...] for n in names}
 
 
 def paged_forward_scan(model: nnx.Module, ids: jax.Array | None, positions: jax.Array, valid: jax.Array,
@@ -136,16 +133,10 @@ def paged_forward_scan(model: nnx.Module, ids: jax.Array | None, positions: jax.
     and the layer weights are read from ``model``'s stacked parameters.
     """
     cfg = model.cfg
-    if inputs_embeds is None:
-        x = jnp.take(model.embed[...], ids, axis=0).astype(cfg.jnp_dtype)
-    else:
-        x = inputs_embeds.astype(cfg.jnp_dtype)
-    pos = positions.astype(jnp.int32)
-    windows, rope_index, inv_freq, rope_scale = layer_tables(cfg)
-    tables = [cos_sin(pos, inv_freq[t], rope_scale[t]) for t in range(len(inv_freq))]
+    x, pos, (windows, rope_index, tables) = _inputs(model, ids, positions, inputs_embeds)
     cos_all = jnp.stack([c for c, _ in tables])
     sin_all = jnp.stack([s for _, s in tables])
-    stacked = _stacked_weights(model, lora)
+    stacked = stacked_weights(model, lora)
     distinct = tuple(sorted({int(w) for w in windows}))
 
     def body(carry, xs):
