@@ -45,6 +45,8 @@ import numpy as np
 matplotlib.use("Agg")  # files only: no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
+from lopd_jax.startup import configure_platform  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START_DIR = os.path.join(ROOT, "data", "demo", "start")
 START_FILE = "start.json"  # in START_DIR: the config and overrides that made it
@@ -268,6 +270,7 @@ def run_demo(workdir: str, start: str, seeds: Sequence[int], parallel: int, extr
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point (see the module docstring)."""
+    configure_platform()  # the train / premise processes it starts inherit the platform choice
     args = build_parser().parse_args(argv)
     t0 = time.perf_counter()
     try:
