@@ -51,7 +51,7 @@ from typing import Any, Sequence
 
 from lopd_jax.envs import acebench_prompts as prompts
 from lopd_jax.envs.acebench_agent import (AGENT_CATEGORIES, ACEBenchAgentEnvironment, UserSimulator,
-                                          load_agent_category)
+                                          load_agent_category, need_field, read_rows)
 from lopd_jax.envs.acebench_checker import (MAX_ANSWER_CHARS, AnswerFormatError,
                                             check_call, check_normal, decode_calls, grade,
                                             grade_special, normalize)
@@ -76,33 +76,6 @@ UPSTREAM = "https://github.com/ACEBench/ACEBench/tree/main/data_all/data_en"
 
 # ---------------------------------------------------------------------------------------
 # Data files.
-
-def _read_lines(path: str) -> list[tuple[int, dict[str, Any]]]:
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path} not found; upstream publishes it at {UPSTREAM}")
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not a JSON object ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{n}: not a JSON object")
-            rows.append((n, row))
-    return rows
-
-
-def _need(row: dict, field: str, kind: type | tuple, where: str) -> Any:
-    if field not in row:
-        raise ValueError(f"{where}: missing field {field!r}")
-    if not isinstance(row[field], kind):
-        raise ValueError(f"{where}: field {field!r} must be {getattr(kind, '__name__', kind)}, "
-                         f"got {type(row[field]).__name__}")
-    return row[field]
-
 
 def _check_functions(functions: list, where: str) -> None:
     for i, fn in enumerate(functions):
@@ -143,24 +116,22 @@ def load_category(data_dir: str, category: str) -> list[Task]:
                          f"{list(NORMAL_CATEGORIES + SPECIAL_CATEGORIES)}")
     qpath = os.path.join(data_dir, f"data_{category}.json")
     apath = os.path.join(data_dir, "possible_answer", f"data_{category}.json")
-    questions, answers = _read_lines(qpath), _read_lines(apath)
+    questions, answers = read_rows(qpath), read_rows(apath)
     truth_by_id: dict[str, Any] = {}
-    for n, row in answers:
-        where = f"{apath}:{n}"
-        rid = _need(row, "id", str, where)
+    for where, row in answers:
+        rid = need_field(row, "id", str, where)
         if "ground_truth" not in row:
             raise ValueError(f"{where}: missing field 'ground_truth'")
         _check_truth(row["ground_truth"], category, where)
         truth_by_id[rid] = row["ground_truth"]
     context_field = "profile" if category == "normal_preference" else "time"
     tasks = []
-    for n, row in questions:
-        where = f"{qpath}:{n}"
-        rid = _need(row, "id", str, where)
-        question = _need(row, "question", str, where)
-        functions = _need(row, "function", list, where)
+    for where, row in questions:
+        rid = need_field(row, "id", str, where)
+        question = need_field(row, "question", str, where)
+        functions = need_field(row, "function", list, where)
         _check_functions(functions, where)
-        context = _need(row, context_field, str, where)
+        context = need_field(row, context_field, str, where)
         if rid not in truth_by_id:
             raise ValueError(f"{where}: id {rid!r} has no 'ground_truth' row in {apath}")
         template = (prompts.SPECIAL_SYSTEM if category.startswith("special")

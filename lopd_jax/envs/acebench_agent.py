@@ -60,7 +60,9 @@ the simulated user's own lines as ``assistant``, the agent's as ``user``) -> its
 # ---------------------------------------------------------------------------------------
 # Data files.
 
-def _rows(path: str) -> list[tuple[str, dict]]:
+def read_rows(path: str) -> list[tuple[str, dict]]:
+    """The JSON-object lines of an ACEBench data file as ``(path:line, row)``; a missing file
+    or a line that is not a JSON object raises an error naming it."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path} not found; upstream publishes it at "
                                 "https://github.com/ACEBench/ACEBench/tree/main/data_all/data_en")
@@ -79,7 +81,8 @@ def _rows(path: str) -> list[tuple[str, dict]]:
     return out
 
 
-def _field(row: dict, name: str, kind: type | tuple, where: str) -> Any:
+def need_field(row: dict, name: str, kind: type | tuple, where: str) -> Any:
+    """``row[name]``, or a ValueError at ``where`` when it is missing or not a ``kind``."""
     if name not in row:
         raise ValueError(f"{where}: missing field {name!r}")
     if not isinstance(row[name], kind):
@@ -105,28 +108,28 @@ def load_agent_category(data_dir: str, category: str) -> list[Task]:
         raise ValueError(f"unknown ACEBench agent category {category!r}; known: {list(AGENT_CATEGORIES)}")
     qpath = os.path.join(data_dir, f"data_{category}.json")
     apath = os.path.join(data_dir, "possible_answer", f"data_{category}.json")
-    questions, answers = _rows(qpath), _rows(apath)
+    questions, answers = read_rows(qpath), read_rows(apath)
     truth = {}
     for where, row in answers:
-        rid = _field(row, "id", str, where)
-        gt = _field(row, "ground_truth", (list, dict), where)
+        rid = need_field(row, "id", str, where)
+        gt = need_field(row, "ground_truth", (list, dict), where)
         for entry in gt if isinstance(gt, list) else [gt]:
             if not (isinstance(entry, dict) and len(entry) == 1 and isinstance(next(iter(entry.values())), dict)):
                 raise ValueError(f"{where}: field 'ground_truth' must be a list of {{class: {{attribute: value}}}}")
-        stones = _field(row, "mile_stone", list, where)
+        stones = need_field(row, "mile_stone", list, where)
         _check_milestones(stones, where)
         truth[rid] = (gt if isinstance(gt, list) else [gt], stones)
     tasks = []
     for where, row in questions:
-        rid = _field(row, "id", str, where)
-        question = _field(row, "question", str, where)
-        config = _field(row, "initial_config", dict, where)
-        involved = _field(row, "involved_classes", list, where)
+        rid = need_field(row, "id", str, where)
+        question = need_field(row, "question", str, where)
+        config = need_field(row, "initial_config", dict, where)
+        involved = need_field(row, "involved_classes", list, where)
         unknown = [c for c in involved if c not in SAVED_ATTRS]
         if not involved or unknown:
             raise ValueError(f"{where}: field 'involved_classes' must name classes of {sorted(SAVED_ATTRS)}, "
                              f"got {involved}")
-        functions = _field(row, "function", list, where)
+        functions = need_field(row, "function", list, where)
         if not all(isinstance(f, dict) and isinstance(f.get("name"), str) for f in functions):
             raise ValueError(f"{where}: field 'function' must be a list of API docs with a 'name'")
         if rid not in truth:
