@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from lopd_jax.envs.acebench_agent import ACEBenchAgentEnvironment, load_agent_category  # noqa: E402
 from lopd_jax.envs.acebench_scenarios import end_state  # noqa: E402
-from lopd_jax.types import AssistantTurn  # noqa: E402
+from lopd_jax.method.types import AssistantTurn  # noqa: E402
 
 
 def variants(stones: list[str]) -> dict[str, list[str]]:

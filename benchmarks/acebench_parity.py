@@ -30,7 +30,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from lopd_jax.envs import acebench  # noqa: E402
-from lopd_jax.types import AssistantTurn  # noqa: E402
+from lopd_jax.method.types import AssistantTurn  # noqa: E402
 
 
 def render(option: dict) -> str:

@@ -28,7 +28,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from lopd_jax import losses as L  # noqa: E402
+from lopd_jax.method import losses as L# noqa: E402
 
 GIB = 1024**3
 

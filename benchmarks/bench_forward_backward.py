@@ -7,7 +7,7 @@ What is compared, and how:
   so both sides hold identical weights -- and the same token batch (4 x 512 by default);
 * one training step's work on each side: the token-mean next-token cross-entropy and its
   gradient with respect to every parameter (no optimizer update). Ours (``--loss fused``,
-  default) is the library's fused LM head + NLL (:mod:`lopd_jax.linear_nll`, what the
+  default) is the library's fused LM head + NLL (:mod:`lopd_jax.method.linear_nll`, what the
   warm-up runs on one device), ``transformers``' is its logits + ``cross_entropy``;
   ``--loss plain`` gives JAX full logits and autodiff instead. The losses and the largest
   gradient difference (embedding, LM head, every layer's q / gate / down) are printed;
@@ -73,7 +73,7 @@ def main(argv=None):
                    help="our attention (causal_plain: plain attention over the causal lower-triangle tiles)")
     p.add_argument("--attention_block", type=int, default=128, help="tile size of causal_plain / blockwise")
     p.add_argument("--loss", default="fused", choices=("fused", "plain"),
-                   help="our loss: fused (lopd_jax.linear_nll, gradient formed chunk by chunk in the forward "
+                   help="our loss: fused (lopd_jax.method.linear_nll, gradient formed chunk by chunk in the forward "
                         "pass) or plain (full [B, S, V] logits, autodiff)")
     p.add_argument("--loss_chunk", type=int, default=128, help="sequence positions per chunk of the fused loss")
     args = p.parse_args(argv)
@@ -86,7 +86,7 @@ def main(argv=None):
     from flax import nnx
 
     import models
-    from lopd_jax.linear_nll import weighted_linear_nll
+    from lopd_jax.method.linear_nll import weighted_linear_nll
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

@@ -24,12 +24,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from lopd_jax.chat import make_chat_format  # noqa: E402
+from lopd_jax.chat.formats import make_chat_format  # noqa: E402
 from lopd_jax.envs.synthetic import SyntheticTaskSource  # noqa: E402
 from lopd_jax.evaluate import load_policy  # noqa: E402
-from train.engine import Engine, EngineConfig  # noqa: E402
-from train.rollout import RolloutConfig, rollout  # noqa: E402
-from train.sampling import SamplingParams  # noqa: E402
+from train.engine import Engine
+from lopd_jax.settings.sections import EngineConfig, RolloutConfig  # noqa: E402
+from train.rollout import rollout  # noqa: E402
+from lopd_jax.settings.sections import SamplingParams  # noqa: E402
 
 
 def main(argv=None):

@@ -48,7 +48,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 from benchmarks.bench_decode import paired_times  # noqa: E402
-from lopd_jax.convert_gguf import smollm2_path  # noqa: E402
+from lopd_jax.io.paths import smollm2_path  # noqa: E402
 from models import from_pretrained, gguf_tokenizer  # noqa: E402
 from models.config import LoraConfig  # noqa: E402
 from train.sampler import Sampler, SamplingParams  # noqa: E402
@@ -129,10 +129,11 @@ def bench_step(args, path):
     """Median LOPD step time on the SmolLM2 backbone against a ``transformers`` + ``peft``
     LoRA fine-tuning step on the same tokens, timed alternately in one run."""
     from benchmarks.bench_train_lengths import make_batch
-    from lopd_jax.composer import ComposerConfig
-    from lopd_jax.splice import SpliceLayout
+    from lopd_jax.method.composer import ComposerConfig
+    from lopd_jax.method.splice import SpliceLayout
     from train.steps import make_lopd_step
-    from train.system import LOPDSystem, StepConfig
+    from train.system import LOPDSystem
+    from lopd_jax.settings.sections import StepConfig
 
     lora = LoraConfig(rank=8, alpha=16.0)
     backbone = from_pretrained(path, dtype="float32", lora=lora, remat_policy=args.remat)

@@ -5,7 +5,7 @@ What is compared, and how:
 * the same tiny LOPD system (``tiny_qwen3`` backbone by default, blockwise attention,
   composer with 3 retrieved experiences of 64 tokens, fp32) and the same trajectories:
   ``--rows`` episode lengths drawn from the issue's distribution
-  (:func:`lopd_jax.length_model.sample_lengths`: prompt median 1,500, geometric turns with
+  (:func:`lopd_jax.settings.length_model.sample_lengths`: prompt median 1,500, geometric turns with
   mean 8, turns of median 300 (sigma 1.2), observations of median 150) with every median
   scaled by ``--cap`` / 40,960, capped at ``--cap`` (4,096);
 * *padded*: :func:`train.steps.make_lopd_step` on the batch padded to the cap (one pass,
@@ -72,14 +72,15 @@ def main(argv=None):
     import numpy as np
     from flax import nnx
 
-    from lopd_jax.composer import ComposerConfig
-    from lopd_jax.length_model import LengthConfig, sample_lengths
-    from lopd_jax.splice import SpliceLayout
+    from lopd_jax.method.composer import ComposerConfig
+    from lopd_jax.settings.length_model import LengthConfig, sample_lengths
+    from lopd_jax.method.splice import SpliceLayout
     from models.config import LoraConfig, named_config
     from models.decoder import Decoder
     from train.bucketed_steps import BucketedLOPDStep, bucketed_batch
     from train.steps import make_lopd_step
-    from train.system import LOPDSystem, StepConfig
+    from train.system import LOPDSystem
+    from lopd_jax.settings.sections import StepConfig
 
     mcfg = named_config(args.model, lora=LoraConfig(rank=8, alpha=16.0), attention_impl="blockwise",
                         attention_block_q=256, attention_block_kv=256,

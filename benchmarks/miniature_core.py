@@ -62,7 +62,7 @@ def _ledger(workdir: str) -> dict:
 def fork(prefix: str, run_dir: str, config: str, overrides: list[str]) -> None:
     """Copy the prefix into ``run_dir`` without its training stage and write the run's config."""
     sys.path.insert(0, ROOT)
-    from lopd_jax.run_config import save_run_config
+    from lopd_jax.settings.run_config import save_run_config
     from lopd_jax.train import resolve_config
     from train.arms import resolve_arm
 
@@ -160,7 +160,7 @@ def main(argv=None) -> int:
     p.add_argument("overrides", nargs="*")
     args = p.parse_args(argv)
     sys.path.insert(0, ROOT)
-    from lopd_jax.startup import configure_platform
+    from lopd_jax.io.startup import configure_platform
 
     configure_platform()  # before JAX is imported (here and in the runs it starts): no libtpu noise on CPU
     arms, seeds = args.arms.split(","), [int(s) for s in args.seeds.split(",")]

@@ -26,7 +26,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from lopd_jax.length_model import LengthConfig  # noqa: E402
+from lopd_jax.settings.length_model import LengthConfig  # noqa: E402
 from train.engine_schedule import draw_episodes, pool_pages, simulate_engine, simulate_static  # noqa: E402
 
 

@@ -8,15 +8,13 @@ Where the paper and the authors' release differ, these configs follow the releas
 (docs/release_parity.md lists every such setting, its field and the alternative).
 """
 
-from lopd_jax.composer import ComposerConfig
-from lopd_jax.config import (BankSection, CheckpointSection, EnvSection, ModelSection, RolloutSection,
+from lopd_jax.method.composer import ComposerConfig
+from lopd_jax.settings.config import (BankSection, CheckpointSection, EnvSection, ModelSection, RolloutSection,
                              StagesSection, TrainConfig)
-from lopd_jax.defaults import MARGIN, TOP_M
-from lopd_jax.length_model import LengthConfig
+from lopd_jax.method.defaults import MARGIN, TOP_M
+from lopd_jax.settings.length_model import LengthConfig
 from models.config import LoraConfig
-from train.engine import EngineConfig
-from train.mesh import MeshConfig
-from train.system import StepConfig
+from lopd_jax.settings.sections import EngineConfig, MeshConfig, StepConfig
 
 
 def paper_config(name: str, *, source: str = "envscaler", workdir: str,

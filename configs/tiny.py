@@ -11,13 +11,11 @@ The run shows that every stage runs, resumes and exports, not that the method le
 (that is the miniature's job: configs/miniature.py, docs/miniature.md).
 """
 
-from lopd_jax.composer import ComposerConfig
-from lopd_jax.config import (BankSection, CheckpointSection, EnvSection, ModelSection, RolloutSection,
+from lopd_jax.method.composer import ComposerConfig
+from lopd_jax.settings.config import (BankSection, CheckpointSection, EnvSection, ModelSection, RolloutSection,
                              StagesSection, TrainConfig)
 from models.config import LoraConfig
-from train.engine import EngineConfig
-from train.mesh import MeshConfig
-from train.system import StepConfig
+from lopd_jax.settings.sections import EngineConfig, MeshConfig, StepConfig
 
 CONFIG = TrainConfig(
     # 896 >= the tiny tokenizer's ids (BPE trained on the built-in corpus plus the training prompts,

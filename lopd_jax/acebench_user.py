@@ -17,13 +17,14 @@ from typing import Any
 
 import jax
 
-from lopd_jax.chat import make_chat_format
+from lopd_jax.chat.formats import make_chat_format
 from lopd_jax.envs.base import Environment
 from lopd_jax.evaluate import TINY, load_policy
-from lopd_jax.types import AssistantTurn, Message, StepResult, Task, ToolSchema
+from lopd_jax.method.types import AssistantTurn, Message, StepResult, Task, ToolSchema
 from train.engine import Engine
-from train.rollout import RolloutConfig, rollout
-from train.sampling import SamplingParams
+from lopd_jax.settings.sections import RolloutConfig
+from train.rollout import rollout
+from lopd_jax.settings.sections import SamplingParams
 
 
 class _ReplyEnvironment(Environment):

@@ -6,10 +6,10 @@
 :func:`length_report` (called by :mod:`lopd_jax.compile_check` per step) compiles, for every
 bucket of ``lengths.buckets`` (plus the cap), the largest pass the trainer can run (the
 step's :mod:`train.bucketed_steps` class: rows per shard as
-:func:`lopd_jax.length_model.plan_passes` rounds them, at most the batch's) and the update,
+:func:`lopd_jax.settings.length_model.plan_passes` rounds them, at most the batch's) and the update,
 reports per-chip memory of the largest, and estimates the model FLOPs per real token and
 the step time at 100% of the slice's peak for the ``lengths`` distribution, padded and
-length-aware (:func:`lopd_jax.length_model.step_estimate`). :func:`length_lines` prints it.
+length-aware (:func:`lopd_jax.settings.length_model.step_estimate`). :func:`length_lines` prints it.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import dataclasses
 import sys
 import time
 
-from lopd_jax.arm_config import GROUP_ARMS
-from lopd_jax.length_model import rows_per_pass, step_estimate
+from lopd_jax.settings.arm_config import GROUP_ARMS
+from lopd_jax.settings.length_model import rows_per_pass, step_estimate
 
 # dense bf16 peak per chip, FLOP/s (Cloud TPU spec sheets)
 PEAK_FLOPS = {"v5p": 459e12, "v5e": 197e12, "v6e": 918e12, "v4": 275e12}

@@ -148,7 +148,7 @@ def build_system(spec, layout, devices):
     """The abstract :class:`train.system.LOPDSystem` of ``spec`` on a mesh of ``devices`` (no weights)."""
     from flax import nnx
 
-    from lopd_jax.composer import make_compressor
+    from lopd_jax.method.composer import make_compressor
     from models.decoder import Decoder
     from train import mesh as mesh_lib
     from train.system import LOPDSystem
@@ -216,11 +216,11 @@ def rules_with(rules, overrides) -> tuple:
 
 
 def run_config(args):
-    """The :class:`lopd_jax.config.TrainConfig` the check compiles: ``configs/<args.config>.py``
+    """The :class:`lopd_jax.settings.config.TrainConfig` the check compiles: ``configs/<args.config>.py``
     with the dotted overrides and ``--rule`` remaps applied; ConfigError on problems."""
     import dataclasses
 
-    from lopd_jax.overrides import apply_overrides, load_config
+    from lopd_jax.settings.overrides import apply_overrides, load_config
 
     cfg = apply_overrides(load_config(args.config), args.overrides)
     if args.rule:
@@ -258,7 +258,7 @@ def placeholder_tokenizer(cfg, family: str):
     m = cfg.model
     if m.hf_path or m.tokenizer != "auto" or family in BUILTIN_TOKENIZER_FAMILIES or (m.name or "").startswith("tiny"):
         return None
-    from lopd_jax.tokenizers import tiny_tokenizer
+    from lopd_jax.chat.tokenizers import tiny_tokenizer
     print(f"note: no built-in {family} tokenizer and no model.hf_path: the latent block's framing is spelled "
           f"with the tiny {family} tokenizer (its length may differ by a few tokens; the vocabulary is the "
           f"architecture's). Give model.hf_path for the exact layout.", file=sys.stderr)
@@ -307,7 +307,7 @@ def _padded_lopd(args, head, spec, layout, devices, hbm):
     mf = model_flops(mcfg, ccfg, spec.batch, spec.seq, spec.exp_len, system.layout.length)
     report["model_flops"] = mf["total"]
     if args.flops:
-        from lopd_jax.losses_kl import unroll_scans
+        from lopd_jax.method.losses_kl import unroll_scans
 
         per = []
         splash = mcfg.attention_impl == "splash"
@@ -409,7 +409,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     """Entry point: print the table; exit 1 when the step does not fit."""
-    from lopd_jax.startup import configure_platform
+    from lopd_jax.io.startup import configure_platform
 
     args = parse_args(argv)
     if not args.topology.startswith("cpu:"):

@@ -324,7 +324,7 @@ def print_report(r: dict) -> None:
 
 def main(argv=None) -> int:
     """Entry point: print the report; exit 1 when the engine does not fit."""
-    from lopd_jax.startup import configure_platform
+    from lopd_jax.io.startup import configure_platform
 
     args = parse_args(argv)
     if not args.topology.startswith("cpu:"):

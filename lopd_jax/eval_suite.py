@@ -34,7 +34,7 @@ import os
 import time
 from typing import Any, Callable, Sequence
 
-from lopd_jax import files
+from lopd_jax.io import files
 from lopd_jax.envs.acebench import (AGENT_CATEGORIES, NORMAL_CATEGORIES, SPECIAL_CATEGORIES, UPSTREAM,
                                     ACEBenchTaskSource, aggregate, aggregate_counts)
 from lopd_jax.envs.bfcl import CATEGORIES, BFCLTaskSource

@@ -20,7 +20,7 @@ source, tokenizer and chat format (:mod:`lopd_jax.composer_eval`);
 slots; with ``--composer_from``, the run's ``engine`` settings); task ``i`` is episode ``i``
 under ``--seed`` whatever the batch, so sampled trajectories do not depend on
 ``--batch_size`` or the slots. The statistics are
-:func:`lopd_jax.eval_stats.behaviour_stats`. The metrics are printed as JSON and, with
+:func:`lopd_jax.method.eval_stats.behaviour_stats`. The metrics are printed as JSON and, with
 ``--out``, written with per-task results. Bad arguments exit with status 2.
 
 On a pod, run the same command on every host (with ``--coordinator_address=HOST:PORT
@@ -59,7 +59,7 @@ TINY = "tiny"
 
 def build_parser() -> argparse.ArgumentParser:
     """The command-line options."""
-    from train.rollout import RolloutConfig
+    from lopd_jax.settings.sections import RolloutConfig
 
     p = argparse.ArgumentParser(prog="python -m lopd_jax.evaluate", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="Hugging Face checkpoint dir / gs:// prefix, or 'tiny'")
@@ -121,7 +121,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if (args.model is None) == (args.composer_from is None):
         parser.error("pass exactly one of --model (a policy) or --composer_from (a run's base + composer)")
     if args.composer_from is not None:
-        from lopd_jax import files
+        from lopd_jax.io import files
         if not files.exists(files.join(args.composer_from, "config.json")):  # local or gs://
             parser.error(f"--composer_from={args.composer_from!r} is not a training run directory (no config.json)")
         if args.env is not None or args.env_kwargs is not None:
@@ -186,7 +186,7 @@ def load_policy(model_arg: str, *, seed: int = 0, dtype: str = "float32", rules=
     from models.decoder import Decoder
 
     if model_arg == TINY:
-        from lopd_jax.tokenizers import tiny_tokenizer
+        from lopd_jax.chat.tokenizers import tiny_tokenizer
 
         tok = tiny_tokenizer("qwen3")
         cfg = named_config("tiny_qwen3", dtype=dtype, param_dtype=dtype)
@@ -196,14 +196,14 @@ def load_policy(model_arg: str, *, seed: int = 0, dtype: str = "float32", rules=
 
     model = from_pretrained(model_arg, dtype=dtype, **({} if rules is None else {"mesh": rules.mesh, "rules": rules}))
     try:
-        from lopd_jax.tokenizers import hf_tokenizer
+        from lopd_jax.chat.tokenizers import hf_tokenizer
 
         tok = hf_tokenizer(model_arg)  # local or gs://
     except (OSError, ValueError) as e:
         if model.cfg.family != "qwen3":
             raise ValueError(f"no tokenizer files in {model_arg!r} ({e}); save the checkpoint's tokenizer "
                              "there (tokenizer.save_pretrained)") from e
-        from lopd_jax.tokenizers import qwen3_tokenizer
+        from lopd_jax.chat.tokenizers import qwen3_tokenizer
 
         tok = qwen3_tokenizer()
     if len(tok) > model.cfg.vocab_size:
@@ -254,8 +254,9 @@ def rollout_batch(engine, params, fmt, make_env, tasks, rng, config, sampling, l
 
 def make_engine(model, fmt, tok, sampling, args, env_workers: int):
     """The rollout engine for ``--model``: ``--slots`` slots (default ``--batch_size``),
-    ``env_workers`` environment threads, :class:`train.engine.EngineConfig`'s other defaults."""
-    from train.engine import Engine, EngineConfig
+    ``env_workers`` environment threads, :class:`lopd_jax.settings.sections.EngineConfig`'s other defaults."""
+    from train.engine import Engine
+    from lopd_jax.settings.sections import EngineConfig
 
     config = EngineConfig(slots=getattr(args, "slots", None) or args.batch_size, env_workers=env_workers)
     return Engine(model, stop_ids=fmt.stop_ids, config=config, sampling=sampling, pad_id=tok.pad_token_id or 0)
@@ -268,9 +269,9 @@ def fill_run_defaults(args: argparse.Namespace, run_cfg=None) -> str | None:
     :data:`train.run_reader.EXPORT_RUN_FILE` of a run's export given as ``--model`` -- so a
     run's policy is evaluated on the episodes it was trained on (the tiny run's are 96
     tokens per turn, not a real model's 2,048); otherwise the ``synthetic`` source and
-    :class:`train.rollout.RolloutConfig`'s defaults. The run's task-source kwargs apply
+    :class:`lopd_jax.settings.sections.RolloutConfig`'s defaults. The run's task-source kwargs apply
     only to its own source. Returns a line saying what came from a run, or None."""
-    from train.rollout import RolloutConfig
+    from lopd_jax.settings.sections import RolloutConfig
     from train.run_reader import export_run_info, read_export_run_info
 
     if run_cfg is not None:
@@ -310,13 +311,12 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     """Roll out the tasks of ``args`` and return ``{"metrics", "trajectories", "config"}``."""
     import jax
 
-    from lopd_jax.chat import make_chat_format
+    from lopd_jax.chat.formats import make_chat_format
     from lopd_jax.envs.registry import get_task_source
-    from lopd_jax.eval_stats import behaviour_stats
+    from lopd_jax.method.eval_stats import behaviour_stats
     from train.engine import Engine
     from train.metrics import Progress
-    from train.rollout import RolloutConfig
-    from train.sampling import SamplingParams
+    from lopd_jax.settings.sections import RolloutConfig, SamplingParams
 
     run = None
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k)
@@ -383,11 +383,10 @@ def suite(args: argparse.Namespace) -> dict[str, Any]:
     import jax
 
     from lopd_jax import eval_suite
-    from lopd_jax.chat import make_chat_format
+    from lopd_jax.chat.formats import make_chat_format
     from train.metrics import Progress
     from train.engine import Engine
-    from train.rollout import RolloutConfig
-    from train.sampling import SamplingParams
+    from lopd_jax.settings.sections import RolloutConfig, SamplingParams
 
     start = time.perf_counter()
     if args.enable_thinking is None:
@@ -459,8 +458,8 @@ def _mean_generated(values, mask) -> float:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point."""
-    from lopd_jax.paths import resolve_path
-    from lopd_jax.startup import configure_platform
+    from lopd_jax.io.paths import resolve_path
+    from lopd_jax.io.startup import configure_platform
 
     configure_platform()  # before JAX is imported: no libtpu detection noise on CPU hosts
     args = parse_args(argv)
@@ -483,7 +482,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if jax.process_index() == 0:  # every process holds every trajectory; one writes
         print(json.dumps(result["metrics"], indent=2))
         if args.out:
-            from lopd_jax import files
+            from lopd_jax.io import files
             files.write_text(args.out, json.dumps(result, indent=2))  # local or gs://
     from train.distributed import sync
     sync("evaluate_written")

@@ -37,7 +37,7 @@ def restore_student(workdir: str, step: int | None = None):
     """``(ctx, student, frozen)`` from the run in ``workdir`` (:func:`train.run_reader.open_run`):
     the context rebuilt from its saved config, the student params of LOPD checkpoint
     ``step`` and theta0."""
-    from lopd_jax.run_config import load_run_config
+    from lopd_jax.settings.run_config import load_run_config
     from train.run_reader import open_run
 
     run = open_run(workdir, load_run_config(workdir))
@@ -47,8 +47,8 @@ def restore_student(workdir: str, step: int | None = None):
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point."""
-    from lopd_jax.paths import resolve_path
-    from lopd_jax.startup import configure_platform
+    from lopd_jax.io.paths import resolve_path
+    from lopd_jax.io.startup import configure_platform
 
     configure_platform()  # before JAX is imported: no libtpu detection noise on CPU hosts
     args = build_parser().parse_args(argv)
@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     import jax
 
-    from lopd_jax.config import ConfigError
+    from lopd_jax.settings.config import ConfigError
     from train.checkpoint import CheckpointError
     try:
         ctx, student, frozen = restore_student(args.workdir, args.step)

@@ -7,7 +7,7 @@ tasks of a run (greedy decoding, the run's caps and chat format), three rows:
 * ``base``: theta0 (after the warm-up, when the run has one);
 * ``base + oracle text``: theta0 with each task's oracle hint
   (:meth:`lopd_jax.envs.base.TaskSource.oracle_hint`) as text in the latent slot's place --
-  OPSD's teacher (:mod:`lopd_jax.privileged`);
+  OPSD's teacher (:mod:`lopd_jax.envs.privileged`);
 * ``base + composer``: theta0 with the cold-start composer's latents of ``n_ret``
   experiences retrieved from the run's bank (:mod:`lopd_jax.composer_eval`).
 
@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _row(trajs, seconds: float) -> dict[str, Any]:
-    from lopd_jax.eval_stats import behaviour_stats
+    from lopd_jax.method.eval_stats import behaviour_stats
 
     s = behaviour_stats(trajs)
     return {"reward": s["mean_reward"], "success_rate": s["success_rate"], "tool_calls": s["mean_tool_calls"],
@@ -63,7 +63,7 @@ def measure(run, tasks: Sequence) -> dict[str, dict[str, Any]]:
     import jax
 
     from lopd_jax.composer_eval import latent_context
-    from lopd_jax.privileged import HintedTaskSource
+    from lopd_jax.envs.privileged import HintedTaskSource
     from train.loop import EVAL_RNG_OFFSET
     from train.rollout import rollout
     from train.sampler import SamplingParams
@@ -99,7 +99,7 @@ def oracle_logprob(run, tasks: Sequence) -> dict[str, float]:
     import jax
     import numpy as np
 
-    from lopd_jax.privileged import HintedTaskSource
+    from lopd_jax.envs.privileged import HintedTaskSource
     from train import warmup
     from train.rollout import training_arrays
 
@@ -163,7 +163,7 @@ def _cold_start_done(workdir: str) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: prepare the run if needed, measure, print, write ``premise.json``."""
-    from lopd_jax.startup import configure_platform
+    from lopd_jax.io.startup import configure_platform
 
     args = build_parser().parse_args(argv)
     configure_platform()  # before JAX is imported: no libtpu detection noise on CPU hosts
@@ -178,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"note: {args.workdir!r} already has a cold start; --config and overrides are ignored",
                   file=sys.stderr)
         from lopd_jax.composer_eval import load_composer_run
-        from lopd_jax.eval_stats import no_tool_baseline
+        from lopd_jax.method.eval_stats import no_tool_baseline
 
         run = load_composer_run(args.workdir, "cold_start")
         tasks = run.ctx.source.tasks(args.split)[: args.num_tasks]
@@ -190,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(format_table(rows, no_tool), flush=True)
-    from lopd_jax import files
+    from lopd_jax.io import files
     files.write_text(files.join(args.workdir, RESULT_FILE),  # local or gs://
                      json.dumps({"split": args.split, "tasks": len(tasks), "no_tool_baseline": no_tool, "rows": rows},
                                 indent=1))

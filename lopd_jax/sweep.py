@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The command-line options."""
     p = argparse.ArgumentParser(prog="python -m lopd_jax.sweep", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="tiny", help="a configs/NAME.py config (default tiny)")
-    p.add_argument("--arms", default="lopd", help="comma-separated arms (lopd_jax.arm_config.ARMS); an arm "
+    p.add_argument("--arms", default="lopd", help="comma-separated arms (lopd_jax.settings.arm_config.ARMS); an arm "
                    "variant is ARM@key=value[@key=value], e.g. lopd@steps.margin=0")
     p.add_argument("--seeds", default="0", help="comma-separated seeds")
     p.add_argument("--workdir", required=True, help="sweep directory (runs, results, figures)")
@@ -103,8 +103,8 @@ def _split(text: str) -> list[str]:
 def plan(args) -> list[RunSpec]:
     """Every run of the sweep, seeds outermost (so seed 0 of every arm finishes first),
     validated by loading each run's config (ConfigError on a bad arm / key / value)."""
-    from lopd_jax.arm_config import ARMS
-    from lopd_jax.config import ConfigError
+    from lopd_jax.settings.arm_config import ARMS
+    from lopd_jax.settings.config import ConfigError
     arms = []  # (arm, its own overrides): "lopd@steps.margin=0" is lopd with m = 0
     for entry in _split(args.arms):
         arm, *own = entry.split("@")
@@ -135,7 +135,7 @@ def plan(args) -> list[RunSpec]:
 
 def run_config(config: str, spec: RunSpec, root: str):
     """The resolved :class:`TrainConfig` of one run (arm implications applied)."""
-    from lopd_jax.overrides import apply_overrides, load_config
+    from lopd_jax.settings.overrides import apply_overrides, load_config
     from train.arms import resolve_arm
     cfg = load_config(config)
     cfg = apply_overrides(cfg, [*spec.overrides, *[f"{k}={v}" for k, v in spec.grid], f"arm={spec.arm}",
@@ -153,7 +153,7 @@ COLD_KEYS = PRE_KEYS + ("composer.", "steps.cold_start_", "stages.cold_start_")
 def stage_keys(cfg) -> dict[str, str]:
     """``{"pre": hash, "cold": hash}``: content hashes of the config entries the warm-up /
     evaluation-before / bank stages (``pre``) and the cold start (``cold``) depend on."""
-    from lopd_jax.run_config import flatten
+    from lopd_jax.settings.run_config import flatten
     flat = flatten(cfg)
 
     def h(prefixes):
@@ -281,11 +281,11 @@ def run_one(config: str, spec: RunSpec, root: str, base_composer: bool) -> dict[
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point (exit codes in the module docstring)."""
-    from lopd_jax.startup import configure_platform
+    from lopd_jax.io.startup import configure_platform
 
     configure_platform()  # before JAX is imported: no libtpu detection noise on CPU hosts
-    from lopd_jax.config import ConfigError
-    from lopd_jax.paths import resolve_path
+    from lopd_jax.settings.config import ConfigError
+    from lopd_jax.io.paths import resolve_path
 
     args = build_parser().parse_args(argv)
     args.workdir = resolve_path(args.workdir)  # checkpoints need absolute paths; runs start elsewhere

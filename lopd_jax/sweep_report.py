@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from lopd_jax import files
+from lopd_jax.io import files
 from lopd_jax.eval_suite import sweep_suite_table
 
 TABLE3 = (("tool_calls_per_step", "calls/step"), ("mean_env_steps", "env steps"),
@@ -303,7 +303,7 @@ def base_composer_eval(workdir: str) -> dict[str, Any]:
     import jax
 
     from lopd_jax.composer_eval import latent_context, load_composer_run
-    from lopd_jax.eval_stats import behaviour_stats
+    from lopd_jax.method.eval_stats import behaviour_stats
     from train.rollout import rollout
     from train.sampler import SamplingParams
 
@@ -338,7 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("command", choices=["base-composer"])
     p.add_argument("run_dir", help="a run directory (local or gs://)")
     args = p.parse_args(argv)
-    from lopd_jax.startup import configure_platform
+    from lopd_jax.io.startup import configure_platform
 
     configure_platform()  # before JAX is imported: no libtpu detection noise on CPU hosts
     print(json.dumps(base_composer_eval(args.run_dir), indent=2))

@@ -24,7 +24,7 @@ import os
 import sys
 from typing import Sequence
 
-from lopd_jax.task_data import check_task_data, resolve_data_paths
+from lopd_jax.settings.task_data import check_task_data, resolve_data_paths
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,22 +63,22 @@ def _configs_epilog() -> str:
 
 def _exists(path: str) -> bool:
     """Whether a local path or a ``gs://`` prefix exists (a file or any object under it)."""
-    from lopd_jax import files
+    from lopd_jax.io import files
     return files.exists(path)
 
 
 def _join(base: str, name: str) -> str:
-    from lopd_jax.files import join
+    from lopd_jax.io.files import join
     return join(base, name)
 
 
 def resolve_paths(cfg):
     """``cfg`` with its local paths absolute (``workdir``, ``checkpoint.directory``,
-    ``model.hf_path``, ``bank.path``, ``bank.embedder_path``; see :mod:`lopd_jax.paths`),
+    ``model.hf_path``, ``bank.path``, ``bank.embedder_path``; see :mod:`lopd_jax.io.paths`),
     so the run works from any directory and its config.json names where things are."""
     import dataclasses
 
-    from lopd_jax.paths import resolve_path
+    from lopd_jax.io.paths import resolve_path
 
     r = resolve_path
     return dataclasses.replace(
@@ -92,7 +92,7 @@ def check_checkpoint_path(path: str) -> None:
     """ConfigError unless ``model.hf_path`` = ``path`` is a Hugging Face checkpoint directory
     (local or ``gs://``, with a config.json) or a local llama.cpp ``.gguf`` file (checked by
     its magic bytes; the architecture and tensor types are checked when it is opened)."""
-    from lopd_jax.config import ConfigError
+    from lopd_jax.settings.config import ConfigError
     from models.gguf import is_gguf_path
 
     if is_gguf_path(path):
@@ -115,9 +115,9 @@ def check_checkpoint_path(path: str) -> None:
 
 
 def resolve_config(argv: Sequence[str] | None = None):
-    """The validated :class:`lopd_jax.config.TrainConfig` for ``argv``; ConfigError on problems."""
-    from lopd_jax.config import ConfigError
-    from lopd_jax.overrides import apply_overrides, load_config
+    """The validated :class:`lopd_jax.settings.config.TrainConfig` for ``argv``; ConfigError on problems."""
+    from lopd_jax.settings.config import ConfigError
+    from lopd_jax.settings.overrides import apply_overrides, load_config
 
     args = build_parser().parse_args(argv)
     cfg = load_config(args.config)
@@ -133,7 +133,7 @@ def resolve_config(argv: Sequence[str] | None = None):
     if cfg.stages.warmup_steps and cfg.env.source != "synthetic":
         raise ConfigError(f"stages.warmup_steps={cfg.stages.warmup_steps}: the warm-up trains on oracle "
                           f"demonstrations, which only env.source=synthetic has; set stages.warmup_steps=0.")
-    from lopd_jax.run_config import flatten
+    from lopd_jax.settings.run_config import flatten
     keys = flatten(cfg)
     unknown = [k for k in args.allow_config_change.split(",") if k and k not in keys]
     if unknown:
@@ -151,13 +151,13 @@ def run_training(cfg, allow_config_change: Sequence[str] = ()):
     call this rather than ``train.loop.run`` so every run directory holds its config.
 
     ``allow_config_change``: dotted keys that may differ from a saved config. A
-    :class:`lopd_jax.config.ConfigError` raised while a *new* run starts removes what this
+    :class:`lopd_jax.settings.config.ConfigError` raised while a *new* run starts removes what this
     call wrote (its config.json, and the workdir if it created it), so the corrected
     command starts clean."""
     import jax
 
-    from lopd_jax.config import ConfigError
-    from lopd_jax.run_config import save_run_config
+    from lopd_jax.settings.config import ConfigError
+    from lopd_jax.settings.run_config import save_run_config
     from train import distributed, loop
 
     first = jax.process_index() == 0
@@ -177,9 +177,9 @@ def _undo_new_run(workdir: str, existed: bool) -> None:
     """Remove what a new run wrote before a config error: the workdir it created, else its config.json."""
     import shutil
 
-    from lopd_jax import files
-    from lopd_jax.paths import is_url
-    from lopd_jax.run_config import CONFIG_FILE
+    from lopd_jax.io import files
+    from lopd_jax.io.paths import is_url
+    from lopd_jax.settings.run_config import CONFIG_FILE
 
     if not existed and not is_url(workdir):
         shutil.rmtree(workdir, ignore_errors=True)
@@ -189,9 +189,9 @@ def _undo_new_run(workdir: str, existed: bool) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point (see the module docstring for exit codes)."""
-    from lopd_jax.startup import configure_platform
+    from lopd_jax.io.startup import configure_platform
     configure_platform()  # before JAX is imported: no libtpu detection noise on CPU hosts
-    from lopd_jax.config import ConfigError
+    from lopd_jax.settings.config import ConfigError
 
     try:
         cfg = resolve_config(argv)
@@ -203,9 +203,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if error is not None:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    from lopd_jax.startup import describe_devices
+    from lopd_jax.io.startup import describe_devices
     print(f"[lopd] {describe_devices()}", file=sys.stderr, flush=True)
-    from lopd_jax.bank import EmptyBankError
+    from lopd_jax.method.bank import EmptyBankError
     from train import loop
     from train.nonfinite import NonFiniteError
     try:

@@ -27,15 +27,16 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 
-from lopd_jax.chat import make_chat_format  # noqa: E402
+from lopd_jax.chat.formats import make_chat_format  # noqa: E402
 from lopd_jax.envs.synthetic import SyntheticTaskSource  # noqa: E402
-from lopd_jax.tokenizers import tiny_tokenizer  # noqa: E402
-from lopd_jax.types import StepResult  # noqa: E402
+from lopd_jax.chat.tokenizers import tiny_tokenizer  # noqa: E402
+from lopd_jax.method.types import StepResult  # noqa: E402
 from test_rollout import ScriptedLM, oracle_script  # noqa: E402
 from train import distributed, mesh as mesh_lib  # noqa: E402
-from train.engine import Engine, EngineConfig  # noqa: E402
-from train.rollout import RolloutConfig, rollout, training_arrays  # noqa: E402
-from train.sampling import SamplingParams  # noqa: E402
+from train.engine import Engine
+from lopd_jax.settings.sections import EngineConfig, MeshConfig, RolloutConfig  # noqa: E402
+from train.rollout import rollout, training_arrays  # noqa: E402
+from lopd_jax.settings.sections import SamplingParams  # noqa: E402
 
 ROWS = 8
 
@@ -69,7 +70,7 @@ def main(out_path: str) -> None:
     source = SyntheticTaskSource(n_train_per_family=1, n_heldout_per_family=1, seed=3)
     tasks = source.tasks("train")[:ROWS]
     scripts = [oracle_script(fmt, source, t)[0] for t in tasks]
-    mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig(data=1, fsdp=-1, tensor=1))
+    mesh = mesh_lib.make_mesh(MeshConfig(data=1, fsdp=-1, tensor=1))
     rules = mesh_lib.rules_for(mesh)
     model = ScriptedLM(scripts, len(fmt.tokenizer), fmt.end_of_turn_id)
     engine = Engine(model, stop_ids=fmt.stop_ids, sampling=SamplingParams(temperature=0.0),

@@ -14,7 +14,7 @@ from lopd_jax import eval_suite
 from lopd_jax.envs import acebench
 from lopd_jax.envs.acebench import (NORMAL_CATEGORIES, SPECIAL_CATEGORIES, ACEBenchTaskSource,
                                     AnswerFormatError, decode_calls, grade, load_category)
-from lopd_jax.types import AssistantTurn, ToolCall
+from lopd_jax.method.types import AssistantTurn, ToolCall
 
 TIME = "The current time is 2024-06-11 16:00."
 

@@ -11,15 +11,16 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from lopd_jax.composer import ComposerConfig
-from lopd_jax.config import ConfigError
-from lopd_jax.overrides import apply_overrides, load_config
-from lopd_jax.splice import SpliceLayout
-from lopd_jax.text_context import (FRAMING, align_teacher_hidden, context_block_ids, pack_blocks,
+from lopd_jax.method.composer import ComposerConfig
+from lopd_jax.settings.config import ConfigError
+from lopd_jax.settings.overrides import apply_overrides, load_config
+from lopd_jax.method.splice import SpliceLayout
+from lopd_jax.method.text_context import (FRAMING, align_teacher_hidden, context_block_ids, pack_blocks,
                                    text_teacher_inputs)
 from models.config import LoraConfig, named_config
 from models.decoder import Decoder
-from train.system import LOPDSystem, StepConfig
+from train.system import LOPDSystem
+from lopd_jax.settings.sections import StepConfig
 
 COMPOSER = ComposerConfig(num_latents=2, depth=1, n_ret=1, lora=LoraConfig(rank=4, alpha=8.0))
 LAYOUT = SpliceLayout(before_ids=(11, 12), after_ids=(14,), num_slots=2, slot_id=7)
@@ -130,7 +131,7 @@ def test_text_teacher_hidden_equals_unpadded_forward():
 @functools.lru_cache(maxsize=1)
 def _source_and_tokenizer():
     from lopd_jax.envs.registry import get_task_source
-    from lopd_jax.tokenizers import tiny_tokenizer
+    from lopd_jax.chat.tokenizers import tiny_tokenizer
     source = get_task_source("synthetic", n_train_per_family=2, n_heldout_per_family=1, seed=0,
                              tool_descriptions=False)
     return source, tiny_tokenizer("qwen3")
@@ -178,7 +179,7 @@ def _check_rows(arm, ctx, batch, trajs, texts):
 def test_text_arm_contexts(arm):
     from train.arms import TextArm
     from train.bank_stage import to_experience
-    from lopd_jax.text_context import skill_summary, trajectory_text
+    from lopd_jax.method.text_context import skill_summary, trajectory_text
     ctx = _arm_ctx(arm)
     tasks = ctx.train_tasks
     groups = [tasks[0]] * 4 + [tasks[2]] * 4  # two groups of G = 4

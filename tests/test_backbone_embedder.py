@@ -3,8 +3,8 @@
 import numpy as np
 from flax import nnx
 
-from lopd_jax.backbone_embedder import BackboneEmbedder
-from lopd_jax.tokenizers import tiny_tokenizer
+from train.backbone_embedder import BackboneEmbedder
+from lopd_jax.chat.tokenizers import tiny_tokenizer
 from models.config import named_config
 from models.decoder import Decoder
 
@@ -45,7 +45,7 @@ def test_qwen3_embedding_pools_endoftext_151643_like_transformers(tmp_path):
     import torch
     import transformers
 
-    from lopd_jax.tokenizers import qwen3_tokenizer
+    from lopd_jax.chat.tokenizers import qwen3_tokenizer
 
     tok = qwen3_tokenizer()
     cfg = transformers.Qwen3Config(vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

@@ -1,4 +1,4 @@
-"""Tests for lopd_jax.embedders and lopd_jax.bank (admission, linearization, retrieval, IO)."""
+"""Tests for lopd_jax.method.embedders and lopd_jax.method.bank (admission, linearization, retrieval, IO)."""
 
 import json
 import os
@@ -8,9 +8,9 @@ import sys
 import numpy as np
 import pytest
 
-from lopd_jax.bank import (BankConfig, EmptyBankError, Experience, ExperienceBank,
+from lopd_jax.method.bank import (BankConfig, EmptyBankError, Experience, ExperienceBank,
                            encoder_input_text, linearize)
-from lopd_jax.embedders import HashingEmbedder
+from lopd_jax.method.embedders import HashingEmbedder
 
 
 def _call(name, **args):
@@ -86,7 +86,7 @@ def test_query_instruction_prefix():
 
 
 def test_hashing_is_stable_across_processes():
-    code = ("from lopd_jax.embedders import HashingEmbedder as H;"
+    code = ("from lopd_jax.method.embedders import HashingEmbedder as H;"
             "print(H(dim=64).embed_documents(['stable hashing test'])[0].tolist())")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     outs = [subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True,

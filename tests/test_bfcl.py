@@ -8,7 +8,7 @@ pytest.importorskip("bfcl_eval", reason="bfcl-eval is not installed; install it 
                                         "`pip install --no-deps bfcl-eval`")
 
 from lopd_jax.envs.bfcl import BFCLTaskSource, ground_truth_turns  # noqa: E402
-from lopd_jax.types import AssistantTurn, ToolCall  # noqa: E402
+from lopd_jax.method.types import AssistantTurn, ToolCall  # noqa: E402
 
 
 def _text(s="Done."):

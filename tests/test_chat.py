@@ -2,10 +2,10 @@
 
 import pytest
 
-from lopd_jax.chat import (LatentFraming, Olmo3ChatFormat, Qwen3ChatFormat, TokenTrajectory,
+from lopd_jax.chat.formats import (LatentFraming, Olmo3ChatFormat, Qwen3ChatFormat, TokenTrajectory,
                            make_chat_format, split_thinking)
-from lopd_jax.tokenizers import qwen3_tokenizer, tiny_tokenizer
-from lopd_jax.types import ToolCall
+from lopd_jax.chat.tokenizers import qwen3_tokenizer, tiny_tokenizer
+from lopd_jax.method.types import ToolCall
 
 TOOLS = [
     {"type": "function", "function": {

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from lopd_jax.chat import Qwen3ChatFormat
-from lopd_jax.chat_templates import QWEN3_CHAT_TEMPLATE
-from lopd_jax.tokenizers import qwen3_tokenizer
+from lopd_jax.chat.formats import Qwen3ChatFormat
+from lopd_jax.chat.templates import QWEN3_CHAT_TEMPLATE
+from lopd_jax.chat.tokenizers import qwen3_tokenizer
 from test_chat import OBS1, OBS2, QWEN_GEN, SYSTEM, TOOLS, USER
 
 OFFICIAL = (Path(__file__).parent / "fixtures" / "qwen3_official_chat_template.jinja").read_text()

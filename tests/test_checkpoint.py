@@ -14,7 +14,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from train.checkpoint import (Checkpointer, CheckpointError, abstract_tree, clear_preemption,
                               install_preemption_handler, preemption_agreed, preemption_requested)
-from train.mesh import MeshConfig, make_mesh
+from lopd_jax.settings.sections import MeshConfig
+from train.mesh import make_mesh
 
 pytestmark = pytest.mark.timeout(60)
 

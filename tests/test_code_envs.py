@@ -8,7 +8,7 @@ import pytest
 
 from lopd_jax.envs.code import (HumanEvalTaskSource, TacoTaskSource, extract_code,
                                 reference_answer)
-from lopd_jax.types import AssistantTurn, ToolCall
+from lopd_jax.method.types import AssistantTurn, ToolCall
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "taco")
 TACO_FILES = [os.path.join(FIXTURES, "stdin.jsonl"), os.path.join(FIXTURES, "fncall.jsonl")]

@@ -49,7 +49,7 @@ def test_compile_check_and_trainer_build_the_same_step():
     trainer's RunContext builds its LOPD system from (model, composer, step, mesh, shapes,
     latent-block layout)."""
     from lopd_jax.compile_check import parse_args, run_config, step_inputs
-    from lopd_jax.overrides import apply_overrides, load_config
+    from lopd_jax.settings.overrides import apply_overrides, load_config
     from train.run_context import RunContext
 
     overrides = ["env.kwargs.n_train_per_family=1", "env.kwargs.n_heldout_per_family=1", "steps.micro_batch=2",
@@ -128,7 +128,7 @@ def test_every_named_config_resolves_up_to_the_compile(name, tmp_path, capsys):
 
 def test_model_flops_scale_with_tokens():
     from lopd_jax.compile_check import model_flops
-    from lopd_jax.composer import ComposerConfig
+    from lopd_jax.method.composer import ComposerConfig
     from models.config import named_config
 
     cfg = named_config("qwen3_8b")
@@ -162,7 +162,7 @@ def test_splash_kernel_flops_counts_calls_by_phase_and_causal_blocks():
 def test_paper_configs_give_concrete_step_shapes():
     """The release-parity configs leave experience inputs uncut (``None``); the compile
     check still gets one concrete shape per input (the documented bucket assumption)."""
-    from lopd_jax.overrides import load_config
+    from lopd_jax.settings.overrides import load_config
     from train.step_spec import UNCUT_EXP_LEN, abstract_lopd_batch, step_spec
 
     for name in ("qwen3_8b", "qwen3_4b"):
@@ -203,7 +203,7 @@ def test_compile_check_steps_follow_the_run_config():
     the cold start (composer arms), then the arm's step; ``--steps`` picks some, by name."""
     from lopd_jax.compile_buckets import stage_steps
     from lopd_jax.compile_check import selected_steps
-    from lopd_jax.overrides import apply_overrides, load_config
+    from lopd_jax.settings.overrides import apply_overrides, load_config
 
     tiny = load_config("tiny")
     assert stage_steps(tiny) == ["warmup", "cold_start", "lopd"]
@@ -220,7 +220,7 @@ def test_step_flops_add_up_to_the_lopd_step():
     """The per-step FLOP models are parts of the LOPD step's: the cold start drops the student
     and the anchor, the warm-up and GRPO are the student alone."""
     from lopd_jax.compile_check import model_flops, step_flops
-    from lopd_jax.composer import ComposerConfig
+    from lopd_jax.method.composer import ComposerConfig
     from models.config import named_config
 
     cfg, ccfg = named_config("qwen3_8b"), ComposerConfig()

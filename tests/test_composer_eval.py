@@ -16,14 +16,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lopd_jax.chat import make_chat_format
-from lopd_jax.chat_base import LatentFraming
+from lopd_jax.chat.formats import make_chat_format
+from lopd_jax.method.composer import LatentFraming
 from lopd_jax.envs.synthetic import SyntheticTaskSource
-from lopd_jax.splice import SpliceLayout
-from lopd_jax.tokenizers import tiny_tokenizer
-from train.engine import Engine, EngineConfig, EpisodeSpec
-from train.rollout import LatentContext, RolloutConfig, rollout
-from train.sampling import SamplingParams
+from lopd_jax.method.splice import SpliceLayout
+from lopd_jax.chat.tokenizers import tiny_tokenizer
+from train.engine import Engine, EpisodeSpec
+from lopd_jax.settings.sections import EngineConfig
+from train.rollout import LatentContext, rollout
+from lopd_jax.settings.sections import RolloutConfig, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
 

@@ -1,4 +1,4 @@
-"""Tests for lopd_jax.compressor: NumPy parity, weight sharing, padding, gradients."""
+"""Tests for lopd_jax.method.compressor: NumPy parity, weight sharing, padding, gradients."""
 
 import math
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from lopd_jax.compressor import Compressor
+from lopd_jax.method.compressor import Compressor
 
 D, HEADS, K, DEPTH = 16, 4, 5, 3
 

@@ -2,7 +2,7 @@
 
 A torch port of the release's compressor (SPEC 4: Perceiver-resampler block shared over
 depth iterations, feed-forward without bias) is written here, randomly initialized, and
-its state dict imported with lopd_jax.compressor_import; both give the same latents on a
+its state dict imported with lopd_jax.method.compressor_import; both give the same latents on a
 padded batch (<= 1e-5).
 """
 
@@ -13,8 +13,8 @@ import torch
 from flax import nnx
 from torch import nn
 
-from lopd_jax.compressor import Compressor
-from lopd_jax.compressor_import import load_release_compressor, release_compressor_params
+from lopd_jax.method.compressor import Compressor
+from lopd_jax.method.compressor_import import load_release_compressor, release_compressor_params
 
 D, HEADS, K, DEPTH, FF = 16, 4, 5, 3, 4
 

@@ -5,9 +5,9 @@ import os
 
 import pytest
 
-from lopd_jax.config import ConfigError, TrainConfig
-from lopd_jax.overrides import apply_overrides, from_dict, known_configs, load_config, to_dict
-from lopd_jax.run_config import check_resume, config_diff, load_run_config, save_run_config
+from lopd_jax.settings.config import ConfigError, TrainConfig
+from lopd_jax.settings.overrides import apply_overrides, from_dict, known_configs, load_config, to_dict
+from lopd_jax.settings.run_config import check_resume, config_diff, load_run_config, save_run_config
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -51,7 +51,7 @@ def test_tiny_is_small_and_builds():
     assert c.env.tasks_per_step <= 16 and c.stages.lopd_steps <= 60 and c.composer.num_slots <= 16
     m = c.model_config()
     assert m.vocab_size == 896 and m.hidden_size == 64 and m.lora.rank == 4
-    from lopd_jax.tokenizers import tiny_tokenizer
+    from lopd_jax.chat.tokenizers import tiny_tokenizer
     assert len(tiny_tokenizer("qwen3")) <= m.vocab_size
     assert c.rollout.rollout_config().max_turn_tokens == c.rollout.max_turn_tokens
     assert c.rollout.sampling_params().top_k == 20
@@ -159,7 +159,7 @@ def test_warmup_lr_schedule():
     steps, peaks at ``warmup_lr`` and decays to 10% of it; a typo names the choices."""
     import pytest
 
-    from lopd_jax.config import ConfigError
+    from lopd_jax.settings.config import ConfigError
     from lopd_jax.train import resolve_config
     from train.warmup import learning_rate
 

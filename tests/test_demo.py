@@ -17,7 +17,7 @@ import numpy as np
 from lopd_jax import demo
 from lopd_jax.composer_eval import load_composer_run
 from lopd_jax.premise import oracle_logprob
-from lopd_jax.run_config import check_resume, load_run_config
+from lopd_jax.settings.run_config import check_resume, load_run_config
 from lopd_jax.train import resolve_config
 
 START = demo.START_DIR

@@ -14,8 +14,8 @@ import torch
 import transformers
 
 from models import from_pretrained
-from train.engine import Engine, EngineConfig, EpisodeSpec
-from train.sampling import SamplingParams
+from train.engine import Engine, EpisodeSpec
+from lopd_jax.settings.sections import EngineConfig, SamplingParams
 
 V = 96
 
@@ -246,10 +246,11 @@ def test_rollout_trajectories_do_not_depend_on_the_batch_split_or_slots():
     """:func:`train.rollout.rollout` on the tiny policy, sampled: 4 tasks in one call on 4
     slots == the same tasks in two calls of 2 (``first_episode``) on 2 slots, one episode
     in flight at a time; chat format, environments and caps included."""
-    from lopd_jax.chat import make_chat_format
+    from lopd_jax.chat.formats import make_chat_format
     from lopd_jax.envs.synthetic import SyntheticTaskSource
     from lopd_jax.evaluate import load_policy
-    from train.rollout import RolloutConfig, rollout
+    from lopd_jax.settings.sections import RolloutConfig
+    from train.rollout import rollout
 
     model, tok, _ = load_policy("tiny", seed=1)
     fmt = make_chat_format("qwen3", tok)

@@ -1,7 +1,7 @@
 """The schedule model (train/engine_schedule.py) on hand-made episodes whose utilisation
 is known, and the rollout's caps on drawn episodes. Pure Python, well under a second."""
 
-from lopd_jax.length_model import LengthConfig
+from lopd_jax.settings.length_model import LengthConfig
 from train.engine_schedule import Episode, draw_episodes, pool_pages, simulate_engine, simulate_static
 
 

@@ -8,7 +8,7 @@ from lopd_jax.envs.base import (EpisodeStats, Toolbox, ToolError, parse_docstrin
 from lopd_jax.envs.synthetic import (SyntheticTaskSource, oracle_calls, oracle_turns,
                                      render_tool_call)
 from lopd_jax.envs.synthetic_domains import DOMAINS, FAMILIES, Bank
-from lopd_jax.types import AssistantTurn, ToolCall
+from lopd_jax.method.types import AssistantTurn, ToolCall
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +126,7 @@ def test_no_tool_policy_scores_zero_and_conditional_no_ops_need_the_lookup(sourc
             reward = env.step(answer_turn(oracle_calls(t)[1])).reward
             assert reward == (1.0 if noop_right else 0.0) or t.family in (
                 "bank.transfer_report", "shop.sell_report", "hotel.free_on_floor"), (t.task_id, reward)
-    from lopd_jax.eval_stats import no_tool_baseline
+    from lopd_jax.method.eval_stats import no_tool_baseline
 
     assert no_tool_baseline(source.make_env, source.tasks("heldout")) == 0.0
     with pytest.raises(ValueError, match="at least one task"):

@@ -13,7 +13,7 @@ from lopd_jax import eval_suite
 from lopd_jax.envs.bfcl import ground_truth_turns
 from lopd_jax.envs.code import HumanEvalTaskSource
 from lopd_jax.envs.envscaler import EnvScalerTaskSource
-from lopd_jax.types import AssistantTurn
+from lopd_jax.method.types import AssistantTurn
 
 sys.path.insert(0, os.path.dirname(__file__))
 import test_evalplus  # noqa: E402  (the release-format fixture rows)

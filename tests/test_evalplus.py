@@ -7,7 +7,7 @@ import pytest
 
 from lopd_jax.envs.evalplus import (EvalPlusTaskSource, expected_outputs, grade, load_problems, output_matches,
                                     time_limits)
-from lopd_jax.types import AssistantTurn
+from lopd_jax.method.types import AssistantTurn
 
 # Rows in the exact layout of HumanEvalPlus-v0.1.10.jsonl.gz / MbppPlus-v0.2.0.jsonl.gz.
 HE_ROWS = [

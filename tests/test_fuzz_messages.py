@@ -16,13 +16,13 @@ import time
 
 import pytest
 
-from lopd_jax.chat_olmo3 import Olmo3ChatFormat
-from lopd_jax.chat_qwen3 import Qwen3ChatFormat
+from lopd_jax.chat.olmo3 import Olmo3ChatFormat
+from lopd_jax.chat.qwen3 import Qwen3ChatFormat
 from lopd_jax.envs.code import HumanEvalTaskSource
 from lopd_jax.envs.envscaler import EnvScalerTaskSource
 from lopd_jax.envs.sandbox import SandboxConfig
 from lopd_jax.envs.synthetic import SyntheticTaskSource
-from lopd_jax.tokenizers import tiny_tokenizer
+from lopd_jax.chat.tokenizers import tiny_tokenizer
 
 MESSAGES = {"synthetic": 570, "bfcl": 320, "envscaler": 110, "code": 100}
 STEP_LIMIT_S = 5.0
@@ -275,7 +275,7 @@ def test_parse_errors_name_the_limits(formats):
         assert any(limit in e for e in turn.parse_errors), (limit, turn.parse_errors[:2])
         assert len(turn.tool_calls) <= 64
     from lopd_jax.envs.base import call_key
-    from lopd_jax.types import AssistantTurn, ToolCall
+    from lopd_jax.method.types import AssistantTurn, ToolCall
 
     huge = ToolCall("deposit", {"account": "alice", "amount": 10 ** 5000})
     assert call_key(huge).startswith("deposit")

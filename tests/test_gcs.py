@@ -106,7 +106,7 @@ def _write_tiny_checkpoint(path: str) -> None:
     from flax import nnx
 
     from lopd_jax.envs.registry import get_task_source
-    from lopd_jax.overrides import apply_overrides, load_config
+    from lopd_jax.settings.overrides import apply_overrides, load_config
     from models import save_pretrained
     from models.config import named_config
     from models.decoder import Decoder
@@ -127,7 +127,7 @@ def _ls(url: str) -> list[str]:
 
 
 def test_append_file_local_is_line_buffered(tmp_path):
-    from lopd_jax.files import AppendFile
+    from lopd_jax.io.files import AppendFile
     path = str(tmp_path / "sub" / "log.jsonl")
     f = AppendFile(path)
     f.write("a\n")
@@ -139,7 +139,7 @@ def test_append_file_local_is_line_buffered(tmp_path):
 
 
 def test_files_and_metrics_on_gcs(gcs):
-    from lopd_jax import files
+    from lopd_jax.io import files
     from train.metrics import MetricsWriter, plot_run, read_metrics
 
     base = f"gs://{BUCKET}/unit"
@@ -168,7 +168,7 @@ def test_files_and_metrics_on_gcs(gcs):
 
 def test_tiny_run_on_gcs_resumes_after_sigkill_and_exports(gcs, tmp_path):
     t_start = time.monotonic()
-    from lopd_jax import files
+    from lopd_jax.io import files
 
     ckpt, run = f"gs://{BUCKET}/ckpt", f"gs://{BUCKET}/run"
     _write_tiny_checkpoint(ckpt)

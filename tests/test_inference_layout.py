@@ -9,6 +9,7 @@ from flax import nnx
 
 from models.config import LoraConfig, named_config
 from models.decoder import Decoder
+from lopd_jax.settings.sections import MeshConfig
 from train import mesh as mesh_lib
 from train.inference_layout import (default_tensor, inference_mesh, make_reshard, merge_lora_cast,
                                     reshard_cost)
@@ -27,7 +28,7 @@ def _trained_student():
 
 def test_reshard_gives_the_training_logits_in_bf16():
     cfg, model = _trained_student()
-    train_mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig(data=1, fsdp=8, tensor=1))
+    train_mesh = mesh_lib.make_mesh(MeshConfig(data=1, fsdp=8, tensor=1))
     rules = mesh_lib.rules_for(train_mesh)
     _, (params,), (axes,) = mesh_lib.split_state(model)
     train_sh = mesh_lib.tree_shardings(params, axes, rules)

@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAYERS = {"models": 0, "lopd_jax": 1, "train": 2, "configs": 3}
 NAMES = ("models", "method", "training", "programs")
 PROGRAMS = {
-    "lopd_jax.config", "lopd_jax.overrides", "lopd_jax.run_config",  # run-config schema, parser, saved config
+    "lopd_jax.settings.config", "lopd_jax.settings.overrides", "lopd_jax.settings.run_config",  # run-config schema, parser, saved config
     "lopd_jax.train", "lopd_jax.evaluate", "lopd_jax.export", "lopd_jax.compile_check",  # command-line programs
     "lopd_jax.composer_eval",  # reopens a finished run for lopd_jax.evaluate
     "lopd_jax.compile_sampler",  # AOT compile of the rollout sampler

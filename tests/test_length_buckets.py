@@ -7,15 +7,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lopd_jax.config import ConfigError
-from lopd_jax.length_model import LengthConfig, pass_tokens, plan_passes, sample_lengths
-from lopd_jax.overrides import apply_overrides, load_config
-from lopd_jax.splice import SpliceLayout
+from lopd_jax.settings.config import ConfigError
+from lopd_jax.settings.length_model import LengthConfig, pass_tokens, plan_passes, sample_lengths
+from lopd_jax.settings.overrides import apply_overrides, load_config
+from lopd_jax.method.splice import SpliceLayout
 from train import mesh as mesh_lib
 from train.bucketed_steps import (BucketedGRPOStep, BucketedLOPDStep, bucketed_batch, grpo_bucketed_batch,
                                   row_lengths)
 from train.steps import grpo_loss, lopd_loss, lopd_update
-from train.system import LOPDSystem, StepConfig
+from train.system import LOPDSystem
+from lopd_jax.settings.sections import MeshConfig, StepConfig
 
 from test_lopd_step import COMPOSER, _backbone  # the same perturbed tiny Qwen3 backbone
 
@@ -160,7 +161,7 @@ def test_bucketed_lopd_step_equals_padded(lopd):
 def test_bucketed_lopd_sharded_equals_padded(lopd):
     """2 batch shards on a 2-device mesh (every pass a multiple of 2 rows): same gradients."""
     system1, state, frozen, np_batch, want_g, want_m = lopd
-    mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig(data=1, fsdp=2, tensor=1), jax.devices()[:2])
+    mesh = mesh_lib.make_mesh(MeshConfig(data=1, fsdp=2, tensor=1), jax.devices()[:2])
     system = LOPDSystem.create(_backbone(), COMPOSER, LAYOUT, system1.step_cfg, rules=mesh_lib.rules_for(mesh))
     bb = bucketed_batch(np_batch, BUCKETS, SHARD_TOKENS, 2)
     assert all(len(p.rows) % 2 == 0 for p in bb.plan)

@@ -9,7 +9,8 @@ import pytest
 from test_length_buckets import B, BUCKETS, COMPOSER, LAYOUT, S, _backbone, _batch, _close_trees
 from train.bucketed_steps import BucketedColdStartStep, BucketedTextStep, bucketed_batch
 from train.steps import cold_start_loss
-from train.system import LOPDSystem, StepConfig
+from train.system import LOPDSystem
+from lopd_jax.settings.sections import StepConfig
 from train.text_steps import text_distill_loss
 
 C = 6  # context block width

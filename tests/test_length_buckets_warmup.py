@@ -1,6 +1,6 @@
 """The length-bucketed warm-up (SFT) step equals the padded one on the same rows: loss,
 metrics and every gradient within 1e-5 relative (fp32), on one device (the fused head + NLL,
-:func:`lopd_jax.linear_nll.weighted_linear_nll`, normalised by the whole batch's weight) and
+:func:`lopd_jax.method.linear_nll.weighted_linear_nll`, normalised by the whole batch's weight) and
 on a 2-device mesh (the chunked head); then the whole step is one update on the sums."""
 
 import jax
@@ -8,11 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lopd_jax.config import StagesSection
+from lopd_jax.settings.config import StagesSection
 from test_length_buckets import B, BUCKETS, COMPOSER, LAYOUT, SHARD_TOKENS, _backbone, _batch, _close_trees
 from train import mesh as mesh_lib
 from train.bucketed_steps import bucketed_batch
-from train.system import LOPDSystem, StepConfig
+from train.system import LOPDSystem
+from lopd_jax.settings.sections import MeshConfig, StepConfig
 from train.warmup import BucketedSFTStep, make_sft_step, sft_loss, sft_state_shardings
 
 HINT_WEIGHT = 3.0  # stages.warmup_hint_token_weight on some tokens: the loss is a weighted token mean
@@ -94,7 +95,7 @@ def test_bucketed_warmup_equals_padded(padded):
 def test_bucketed_warmup_sharded_equals_padded(padded):
     """Chunked path (2-device mesh, batch shards of 1 row per pass and shard): the same sums."""
     _, params, lora0, np_batch, want_loss, want_m, want_g = padded
-    mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig(data=1, fsdp=2, tensor=1), jax.devices()[:2])
+    mesh = mesh_lib.make_mesh(MeshConfig(data=1, fsdp=2, tensor=1), jax.devices()[:2])
     system = LOPDSystem.create(_backbone(), COMPOSER, LAYOUT, StepConfig(logits_chunk=8),
                                rules=mesh_lib.rules_for(mesh))
     bb = bucketed_batch(np_batch, BUCKETS, SHARD_TOKENS, 2)

@@ -1,4 +1,4 @@
-"""The fused LM head + weighted NLL (lopd_jax.linear_nll) against a NumPy reference, and the
+"""The fused LM head + weighted NLL (lopd_jax.method.linear_nll) against a NumPy reference, and the
 warm-up's two loss paths (fused on one device, chunked when sharded) against each other."""
 
 from types import SimpleNamespace
@@ -10,9 +10,9 @@ import pytest
 from flax import nnx
 from jax.sharding import Mesh
 
-from lopd_jax import losses
-from lopd_jax.linear_nll import weighted_linear_nll
-from lopd_jax.losses_kl import chunked_token_logp
+from lopd_jax.method import losses
+from lopd_jax.method.linear_nll import weighted_linear_nll
+from lopd_jax.method.losses_kl import chunked_token_logp
 from models.config import named_config
 from models.decoder import Decoder
 from models.partitioning import Rules

@@ -10,7 +10,7 @@ import pytest
 
 from lopd_jax.envs.livecodebench import (LiveCodeBenchTaskSource, decode_private_tests, grade,
                                          stdout_matches)
-from lopd_jax.types import AssistantTurn
+from lopd_jax.method.types import AssistantTurn
 
 
 def _blob(tests) -> str:

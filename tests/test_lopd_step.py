@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from lopd_jax.composer import ComposerConfig
-from lopd_jax.splice import SpliceLayout, teacher_hidden_states, teacher_tokens
+from lopd_jax.method.composer import ComposerConfig
+from lopd_jax.method.splice import SpliceLayout, teacher_hidden_states, teacher_tokens
 from models.config import LoraConfig, named_config
 from models.decoder import Decoder
 from train import mesh as mesh_lib
 from train.steps import make_lopd_step
-from train.system import LOPDSystem, StepConfig
+from train.system import LOPDSystem
+from lopd_jax.settings.sections import MeshConfig, StepConfig
 
 B, S, LE = 4, 20, 9
 COMPOSER = ComposerConfig(num_latents=3, depth=2, n_ret=2, lora=LoraConfig(rank=4, alpha=8.0))
@@ -139,7 +140,7 @@ def test_lopd_step_updates_student_and_composer_not_theta0(single_device_run):
 
 def test_sharded_step_equals_single_device(single_device_run):
     system1, (state1, _, _, hist1) = single_device_run
-    mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig(data=1, fsdp=4, tensor=2))
+    mesh = mesh_lib.make_mesh(MeshConfig(data=1, fsdp=4, tensor=2))
     rules = mesh_lib.rules_for(mesh)
     system8 = LOPDSystem.create(_backbone(), COMPOSER, LAYOUT, system1.step_cfg, rules=rules)
     state8, frozen8, _, hist8 = _run_steps(system8, 2, _batch())
@@ -215,7 +216,7 @@ def test_micro_batched_gradients_equal_one_pass():
 def test_micro_batched_sharded_step_equals_single_device(single_device_run):
     """2 batch shards x 2 micro-steps of 1 trajectory on a 2x4 mesh == the one-pass step."""
     system1, (_, _, _, hist1) = single_device_run
-    mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig(data=1, fsdp=2, tensor=4))
+    mesh = mesh_lib.make_mesh(MeshConfig(data=1, fsdp=2, tensor=4))
     cfg = dataclasses.replace(system1.step_cfg, micro_batch=1)
     system = LOPDSystem.create(_backbone(), COMPOSER, LAYOUT, cfg, rules=mesh_lib.rules_for(mesh))
     from train.steps import num_micro_steps

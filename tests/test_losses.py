@@ -1,11 +1,11 @@
-"""Tests for lopd_jax.losses / losses_kl against NumPy float64 formulas and the plain path."""
+"""Tests for lopd_jax.method.losses / losses_kl against NumPy float64 formulas and the plain path."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lopd_jax import losses as L
+from lopd_jax.method import losses as L
 
 # ----------------------------------------------------------------------------- NumPy refs
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from lopd_jax.losses import lopd_objective
-from lopd_jax.losses_kl import project_logits
+from lopd_jax.method.losses import lopd_objective
+from lopd_jax.method.losses_kl import project_logits
 
 B, S, V, M = 3, 40, 24, 5
 LENGTHS = (3, 38, 11)  # supervised tokens per rollout: very different lengths

@@ -5,10 +5,11 @@ an empty experience cannot change the teacher; and the teacher sequence's contex
 import jax.numpy as jnp
 import numpy as np
 
-from lopd_jax.composer import slot_mask
-from lopd_jax.splice import teacher_hidden_states, teacher_mask, teacher_tokens
+from lopd_jax.method.composer import slot_mask
+from lopd_jax.method.splice import teacher_hidden_states, teacher_mask, teacher_tokens
 from test_lopd_step import COMPOSER, LAYOUT, S, B, _backbone, _batch
-from train.system import LOPDSystem, StepConfig
+from train.system import LOPDSystem
+from lopd_jax.settings.sections import StepConfig
 
 
 def test_slot_mask_and_teacher_mask():

@@ -10,7 +10,8 @@ import pytest
 from test_lopd_step import COMPOSER, LAYOUT, _backbone, _batch
 from train.nonfinite import NonFiniteError, NonFiniteTracker
 from train.steps import make_lopd_step
-from train.system import LOPDSystem, StepConfig
+from train.system import LOPDSystem
+from lopd_jax.settings.sections import StepConfig
 
 
 def _host(tree):

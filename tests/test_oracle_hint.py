@@ -10,7 +10,7 @@ from lopd_jax.envs.base import TaskSource
 from lopd_jax.envs.code import TacoTaskSource, reference_answer
 from lopd_jax.envs.envscaler import EnvScalerTaskSource
 from lopd_jax.envs.synthetic import SyntheticTaskSource, oracle_calls
-from lopd_jax.types import AssistantTurn, ToolCall
+from lopd_jax.method.types import AssistantTurn, ToolCall
 
 HERE = os.path.dirname(__file__)
 

@@ -1,4 +1,4 @@
-"""Privileged text context (lopd_jax.privileged), the hinted warm-up pool and the premise
+"""Privileged text context (lopd_jax.envs.privileged), the hinted warm-up pool and the premise
 check CLI (python -m lopd_jax.premise) on a shortened tiny config."""
 
 import json
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from lopd_jax.envs.synthetic import SyntheticTaskSource, oracle_turns
-from lopd_jax.privileged import FRAMING_AFTER, FRAMING_BEFORE, HintedTaskSource, hint_block, with_hint
+from lopd_jax.envs.privileged import FRAMING_AFTER, FRAMING_BEFORE, HintedTaskSource, hint_block, with_hint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHORT = ["stages.warmup_steps=3", "stages.warmup_batch=4", "stages.cold_start_steps=2", "stages.cold_start_batch=2",
@@ -42,7 +42,7 @@ def _pool_ctx(src, tok, hint_fraction, hint_token_weight=1.0):
     """The slice of a run context that :func:`train.warmup.warmup_pool` reads."""
     from types import SimpleNamespace
 
-    from lopd_jax.chat import make_chat_format
+    from lopd_jax.chat.formats import make_chat_format
 
     stages = SimpleNamespace(warmup_hint_fraction=hint_fraction, warmup_hint_token_weight=hint_token_weight)
     return SimpleNamespace(fmt=make_chat_format("qwen3", tok), source=src, train_tasks=src.tasks("train"),
@@ -50,7 +50,7 @@ def _pool_ctx(src, tok, hint_fraction, hint_token_weight=1.0):
 
 
 def test_warmup_pool_adds_hinted_demonstrations():
-    from lopd_jax.tokenizers import tiny_tokenizer
+    from lopd_jax.chat.tokenizers import tiny_tokenizer
     from train.warmup import warmup_pool
 
     src = SyntheticTaskSource(n_train_per_family=2, n_heldout_per_family=1)
@@ -71,7 +71,7 @@ def test_warmup_pool_adds_hinted_demonstrations():
 
 
 def test_warmup_pool_uses_the_sources_separate_warmup_tasks():
-    from lopd_jax.tokenizers import tiny_tokenizer
+    from lopd_jax.chat.tokenizers import tiny_tokenizer
     from train.warmup import warmup_pool
 
     src = SyntheticTaskSource(n_train_per_family=4, n_heldout_per_family=2, families=["dispatch"],
@@ -83,7 +83,7 @@ def test_warmup_pool_uses_the_sources_separate_warmup_tasks():
 
 
 def test_hint_token_weight_scales_only_the_tokens_the_hint_supplies():
-    from lopd_jax.tokenizers import tiny_tokenizer
+    from lopd_jax.chat.tokenizers import tiny_tokenizer
     from train.warmup import warmup_pool
 
     src = SyntheticTaskSource(n_train_per_family=4, n_heldout_per_family=2, families=["dispatch"],
@@ -124,8 +124,8 @@ def test_premise_cli_prints_three_rows(tmp_path):
 
 
 def test_miniature_config_and_hint_fraction_validation():
-    from lopd_jax.config import ConfigError, StagesSection
-    from lopd_jax.overrides import from_dict, load_config, to_dict
+    from lopd_jax.settings.config import ConfigError, StagesSection
+    from lopd_jax.settings.overrides import from_dict, load_config, to_dict
 
     cfg = load_config("miniature")
     assert cfg.stages.warmup_hint_fraction == 1.0 and cfg.env.kwargs["families"] == ["dispatch"]

@@ -27,7 +27,7 @@ import sys
 
 import pytest
 
-from lopd_jax.run_config import CONFIG_FILE
+from lopd_jax.settings.run_config import CONFIG_FILE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The file holding the quickstart block (the README once the draft is merged into it).
@@ -78,7 +78,7 @@ def _env(python=None):
     return env
 
 
-@pytest.mark.skipif(__import__("lopd_jax.startup").startup.tpu_visible(), reason="checks a CPU-only host")
+@pytest.mark.skipif(__import__("lopd_jax.io.startup").startup.tpu_visible(), reason="checks a CPU-only host")
 @pytest.mark.timeout(1800)
 def test_readme_quickstart_runs_verbatim(tmp_path, runtime_python):
     commands = quickstart_commands()

@@ -6,7 +6,7 @@ The table is the release's recipe as the paper, SPEC and the audit of the releas
 
 import pytest
 
-from lopd_jax.overrides import load_config
+from lopd_jax.settings.overrides import load_config
 
 RELEASE = {
     # objective (SPEC 2.7-2.10) and the release's weighting choices
@@ -83,9 +83,9 @@ def test_qwen3_8b_matches_release(qwen3_8b, field):
 
 def test_release_defaults_of_the_dataclasses():
     """The sections' own defaults are the release's where the issue asks for it."""
-    from lopd_jax.composer import ComposerConfig
-    from lopd_jax.config import BankSection, ModelSection
-    from train.system import StepConfig
+    from lopd_jax.method.composer import ComposerConfig
+    from lopd_jax.settings.config import BankSection, ModelSection
+    from lopd_jax.settings.sections import StepConfig
 
     s, c, b = StepConfig(), ComposerConfig(), BankSection()
     assert (s.composer_margin_weighting, s.weight_decay, s.logits_dtype, s.skip_nonfinite) == \

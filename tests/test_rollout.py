@@ -15,14 +15,15 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from lopd_jax.chat import make_chat_format
+from lopd_jax.chat.formats import make_chat_format
 from lopd_jax.envs.synthetic import SyntheticTaskSource, oracle_turns
-from lopd_jax.eval_stats import behaviour_stats
-from lopd_jax.tokenizers import tiny_tokenizer
-from lopd_jax.types import AssistantTurn
-from train.engine import Engine, EngineConfig
-from train.rollout import RolloutConfig, rollout, training_arrays
-from train.sampling import SamplingParams
+from lopd_jax.method.eval_stats import behaviour_stats
+from lopd_jax.chat.tokenizers import tiny_tokenizer
+from lopd_jax.method.types import AssistantTurn
+from train.engine import Engine
+from lopd_jax.settings.sections import EngineConfig, RolloutConfig
+from train.rollout import rollout, training_arrays
+from lopd_jax.settings.sections import SamplingParams
 
 
 class _Shape(NamedTuple):
@@ -196,7 +197,7 @@ def test_step_and_total_caps_score_with_finish(setup):
 def test_real_model_rollout_logprobs_align_with_training_forward(setup):
     fmt, source, tasks = setup
     from lopd_jax.evaluate import load_policy
-    from lopd_jax.losses import chunked_token_logp
+    from lopd_jax.method.losses import chunked_token_logp
 
     model, tok, _ = load_policy("tiny", seed=1)
     engine = Engine(model, stop_ids=fmt.stop_ids, sampling=SamplingParams(temperature=1.0, top_p=0.9, top_k=50),

@@ -12,9 +12,10 @@ from flax import nnx
 from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
                                                     TopPLogitsWarper)
 
-from lopd_jax.losses import chunked_token_logp
+from lopd_jax.method.losses import chunked_token_logp
 from models import from_pretrained
-from train.mesh import MeshConfig, make_mesh, put, rules_for, split_state, tree_shardings
+from lopd_jax.settings.sections import MeshConfig
+from train.mesh import make_mesh, put, rules_for, split_state, tree_shardings
 from train.sampler import (BucketConfig, Sampler, SamplingParams, bucket, processed_logprobs,
                            sample_logits)
 

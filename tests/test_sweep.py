@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from lopd_jax import sweep
-from lopd_jax.config import ConfigError
+from lopd_jax.settings.config import ConfigError
 
 
 def _args(tmp, *extra):

@@ -5,9 +5,9 @@ import base64
 import pytest
 from transformers import AutoTokenizer
 
-from lopd_jax.chat import Qwen3ChatFormat
-from lopd_jax.chat_templates import OLMO3_CHAT_TEMPLATE, QWEN3_CHAT_TEMPLATE
-from lopd_jax.tokenizers import (LATENT_TOKEN, QWEN3_ADDED_TOKENS, qwen3_tokenizer,
+from lopd_jax.chat.formats import Qwen3ChatFormat
+from lopd_jax.chat.templates import OLMO3_CHAT_TEMPLATE, QWEN3_CHAT_TEMPLATE
+from lopd_jax.chat.tokenizers import (LATENT_TOKEN, QWEN3_ADDED_TOKENS, qwen3_tokenizer,
                                  qwen_tiktoken_path, tiny_tokenizer, validate_tokenizer)
 
 SAMPLE = ("Hello world! def f(x):\n    return x ** 2  # 12345\n\n\n  tabs\tand   spaces "

@@ -154,10 +154,10 @@ def test_evaluate_of_the_export_replays_the_runs_own_episodes(full_run, tmp_path
     import jax
 
     from lopd_jax.evaluate import main
-    from lopd_jax.run_config import load_run_config
+    from lopd_jax.settings.run_config import load_run_config
     from train.rollout import rollout
     from train.run_reader import EXPORT_RUN_FILE, open_run
-    from train.sampling import SamplingParams
+    from lopd_jax.settings.sections import SamplingParams
 
     workdir, _ = full_run
     info = json.load(open(os.path.join(workdir, "export", EXPORT_RUN_FILE)))

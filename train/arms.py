@@ -1,4 +1,4 @@
-"""The training stage of each arm (``TrainConfig.arm``; :mod:`lopd_jax.arm_config`).
+"""The training stage of each arm (``TrainConfig.arm``; :mod:`lopd_jax.settings.arm_config`).
 
 :func:`training_stage` runs the arm's training stage in place of the LOPD stage of
 :func:`train.loop.run`; every other stage is shared. ``lopd`` and
@@ -33,7 +33,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from lopd_jax.arm_config import COMPOSER_ARMS, GROUP_ARMS
+from lopd_jax.settings.arm_config import COMPOSER_ARMS, GROUP_ARMS
 from train.training_stage import LOPDStage, TrainingStage
 
 SUCCESS = 1.0  # reward of a solved task (SDPO's "successful sibling")
@@ -42,8 +42,8 @@ SUCCESS = 1.0  # reward of a solved task (SDPO's "successful sibling")
 def resolve_arm(cfg):
     """``cfg`` with what its arm implies applied and checked: ``lopd_frozen_composer`` sets
     ``steps.freeze_composer``; group arms need ``arms.group_size`` to divide the rollouts
-    per step. Raises :class:`lopd_jax.errors.ConfigError`."""
-    from lopd_jax.errors import ConfigError
+    per step. Raises :class:`lopd_jax.settings.errors.ConfigError`."""
+    from lopd_jax.settings.errors import ConfigError
     if cfg.arm == "lopd_frozen_composer" and not cfg.steps.freeze_composer:
         cfg = dataclasses.replace(cfg, steps=dataclasses.replace(cfg.steps, freeze_composer=True))
     if cfg.arm in GROUP_ARMS:
@@ -151,7 +151,7 @@ class GRPOArm:
 
 class TextArm:
     """OPSD / SDPO / SDFT / Skill-SD: chooses each row's text context (see the module and
-    :mod:`lopd_jax.text_context` docstrings, and docs/baselines.md for the choices)."""
+    :mod:`lopd_jax.method.text_context` docstrings, and docs/baselines.md for the choices)."""
 
     def __init__(self, ctx, bank):
         cfg = ctx.cfg
@@ -185,7 +185,7 @@ class TextArm:
 
     def contexts(self, step: int, trajs: Sequence) -> tuple[list[str | None], list[int | None]]:
         """Per row: the context text (None: no distillation) and the skill index picked."""
-        from lopd_jax.text_context import trajectory_text
+        from lopd_jax.method.text_context import trajectory_text
         from train.bank_stage import to_experience
         texts: list[str | None] = []
         picked: list[int | None] = [None] * len(trajs)
@@ -230,7 +230,7 @@ class TextArm:
         """The text-distillation batch of step ``step``'s trajectories, each row with its
         context block; with ``lengths.buckets`` a :class:`train.bucketed_steps.BucketedBatch`
         of it (built from every row, the same on every process)."""
-        from lopd_jax.text_context import context_block_ids, pack_blocks
+        from lopd_jax.method.text_context import context_block_ids, pack_blocks
         from train.rollout import training_arrays
         ctx = self.ctx
         pad = ctx.tokenizer.pad_token_id or 0
@@ -272,9 +272,9 @@ class TextArm:
 
 
 def build_skills(entries) -> list[dict]:
-    """Skill-SD's library: one :func:`lopd_jax.text_context.skill_summary` per distinct
+    """Skill-SD's library: one :func:`lopd_jax.method.text_context.skill_summary` per distinct
     procedure among the bank's (successful) trajectories, with its family."""
-    from lopd_jax.text_context import skill_summary
+    from lopd_jax.method.text_context import skill_summary
     out, seen = [], set()
     for e in entries:
         text = skill_summary(e)

@@ -21,7 +21,7 @@ import os
 import jax
 import numpy as np
 
-from lopd_jax.bank import EmptyBankError, Experience, ExperienceBank
+from lopd_jax.method.bank import EmptyBankError, Experience, ExperienceBank
 from train.rollout import Trajectory
 
 BANK_DIR = "bank"
@@ -31,9 +31,9 @@ BANK_RNG_OFFSET = 1 << 20  # bank rollouts use fold_in(seed key, offset + batch)
 def make_embedder(cfg):
     """The embedder the bank section names (hashing, or the backbone Qwen3-Embedding one)."""
     if cfg.bank.embedder == "hashing":
-        from lopd_jax.embedders import HashingEmbedder
+        from lopd_jax.method.embedders import HashingEmbedder
         return HashingEmbedder(dim=cfg.bank.embedder_dim)
-    from lopd_jax.backbone_embedder import BackboneEmbedder
+    from train.backbone_embedder import BackboneEmbedder
     return BackboneEmbedder.from_pretrained(cfg.bank.embedder_path, pool_token=cfg.bank.embedder_pool_token)
 
 
@@ -54,7 +54,7 @@ def to_experience(traj: Trajectory) -> Experience:
 
 def from_experience(exp: Experience) -> Trajectory:
     """The trajectory arrays kept in a bank entry (for the cold start)."""
-    from lopd_jax.types import Task
+    from lopd_jax.method.types import Task
     if exp.token_ids is None or "mask_spans" not in exp.info:
         raise ValueError(f"bank entry {exp.task_id!r} has no token ids / mask; the cold start needs a bank built "
                          "by this program (or set stages.cold_start_steps=0).")

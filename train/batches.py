@@ -1,7 +1,7 @@
 """The step batches of the training stages, built from trajectories and the bank.
 
 * :func:`experience_arrays` tokenizes the composer's encoder inputs
-  (:func:`lopd_jax.bank.encoder_input_text`) of the retrieved experiences to
+  (:func:`lopd_jax.method.bank.encoder_input_text`) of the retrieved experiences to
   ``exp_tokens`` / ``exp_mask`` ``[B, n_ret, L_e]`` (L_e: the cap, or a length bucket).
 * :func:`lopd_batch` / :func:`cold_start_batch` assemble the step batches documented in
   :mod:`train.steps`, each process only the rows it owns (:func:`local_share`).
@@ -18,7 +18,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from lopd_jax.bank import Experience, ExperienceBank, encoder_input_text
+from lopd_jax.method.bank import Experience, ExperienceBank, encoder_input_text
 from train.rollout import Trajectory, training_arrays
 from train.sampler import bucket
 
@@ -32,7 +32,7 @@ def experience_arrays(ctx, instructions: Sequence[str], retrieved: Sequence[Sequ
     ``L_e`` is ``composer.max_experience_tokens`` when set (longer inputs are cut, and the
     log says how many), else the power-of-two bucket of the longest input (no cut, as the
     release). A task with fewer than ``n_ret`` experiences leaves the rest of its rows
-    all-False: :func:`lopd_jax.composer.slot_mask` masks their latent slots.
+    all-False: :func:`lopd_jax.method.composer.slot_mask` masks their latent slots.
     """
     cap = ctx.cfg.composer.max_experience_tokens
     n = ctx.cfg.composer.n_ret if n_ret is None else n_ret

@@ -1,7 +1,7 @@
 """Length-bucketed training steps: work that follows the trajectories' real lengths.
 
 A padded step runs every row at the total-token cap. Here a step's rows are split into
-*passes* (:func:`lopd_jax.length_model.plan_passes`): each pass holds rows of one bucket
+*passes* (:func:`lopd_jax.settings.length_model.plan_passes`): each pass holds rows of one bucket
 length, cut to it, a multiple of the batch shards long (so every row is sharded as in the
 padded step). Step kinds: LOPD, GRPO, text distillation (OPSD / SDPO / SDFT / Skill-SD)
 and the composer cold start here, the warm-up in :class:`train.warmup.BucketedSFTStep`.
@@ -12,7 +12,7 @@ to the summed gradients: the global batch stays one update.
 
 Exactness: every normalizer comes from the whole batch before the passes run, as in
 :func:`train.steps._accumulated_grads` -- the supervised tokens N, the rollouts with
-supervision R and the anchor's elements (LOPD, :func:`lopd_jax.losses.lopd_totals`), the
+supervision R and the anchor's elements (LOPD, :func:`lopd_jax.method.losses.lopd_totals`), the
 group advantages and N (GRPO), the distilled tokens (text distillation: supervised tokens
 of rows with ``row_weight`` != 0), the supervised tokens (cold start) -- so each pass's
 loss is an exact share of the padded step's and the summed gradients equal its gradients
@@ -34,8 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lopd_jax import losses
-from lopd_jax.length_model import Pass, plan_passes
+from lopd_jax.method import losses
+from lopd_jax.settings.length_model import Pass, plan_passes
 from train.steps import (cold_start_loss, cold_start_update, finish_summed_metrics, grpo_loss, grpo_update,
                          lopd_loss, lopd_update)
 from train.system import LOPDSystem
@@ -60,7 +60,7 @@ class BucketedBatch:
 
     ``passes``: per pass a dict of the batch's entries for its rows (``SEQ_KEYS`` cut to the
     pass's length) plus ``row_valid`` (0 on padding rows) and ``row_index`` (the row in the
-    batch, -1 on padding rows). ``plan``: the :class:`lopd_jax.length_model.Pass` es.
+    batch, -1 on padding rows). ``plan``: the :class:`lopd_jax.settings.length_model.Pass` es.
     ``rows``: the batch's rows; ``stats``: whole-batch numbers the update needs
     (``mean_reward``, ``tokens`` attended, ``supervised`` N, ``rollouts`` R, ``rows``, the
     supervision ``weight``: sum of the positive ``loss_mask`` values, the warm-up's normalizer).
@@ -95,7 +95,7 @@ class BucketedBatch:
 def bucketed_batch(batch: dict, buckets: Sequence[int], shard_tokens: int, shards: int,
                    fill: str = "longest_first") -> BucketedBatch:
     """Split a whole step batch (numpy, every row) into the passes of
-    :func:`lopd_jax.length_model.plan_passes`: rows grouped by bucket, ``shard_tokens``
+    :func:`lopd_jax.settings.length_model.plan_passes`: rows grouped by bucket, ``shard_tokens``
     tokens per batch shard and pass, ``shards`` batch shards."""
     lengths = row_lengths(batch)
     B = len(lengths)

@@ -125,7 +125,7 @@ class Checkpointer:
                  async_save: bool = True):
         if every_steps < 1 or keep < 1:
             raise ValueError(f"every_steps={every_steps} and keep={keep} must both be >= 1.")
-        from lopd_jax.paths import resolve_path
+        from lopd_jax.io.paths import resolve_path
         self.directory = resolve_path(directory)  # Orbax needs absolute local paths
         self.every_steps = every_steps
         options = ocp.CheckpointManagerOptions(
@@ -135,7 +135,7 @@ class Checkpointer:
 
     @classmethod
     def from_config(cls, cfg, directory: str | None = None) -> "Checkpointer":
-        """A Checkpointer from a :class:`lopd_jax.config.TrainConfig`'s checkpoint section."""
+        """A Checkpointer from a :class:`lopd_jax.settings.config.TrainConfig`'s checkpoint section."""
         c = cfg.checkpoint
         return cls(directory or cfg.checkpoint_dir, every_steps=c.every_steps, keep=c.keep,
                    async_save=c.async_save)

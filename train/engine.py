@@ -52,45 +52,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from lopd_jax.shapes import bucket
+from lopd_jax.method.shapes import bucket
+from lopd_jax.settings.sections import EngineConfig, SamplingParams
 from train import engine_calls
 from train.paged_step import empty_pools
-from train.sampling import SamplingParams, stop_string_cut
+from train.sampling import stop_string_cut
 
-__all__ = ["Engine", "EngineConfig", "EpisodeResult", "EpisodeSpec"]
-
-
-@dataclasses.dataclass(frozen=True)
-class EngineConfig:
-    """Engine settings (the run config's ``engine`` section).
-
-    ``slots``: decode rows on the device (per process); ``page_size``: tokens per KV page
-    (64-128 on TPU); ``num_pages``: pages in the pool (per process; 0 = enough for every
-    slot at the episode cap); ``decode_chunk``: decode steps per device call (K);
-    ``prefill_chunk``: tokens per row per prefill call (longer chunks take several calls);
-    ``max_in_flight``: episodes started and not finished at once (0 = no limit: every
-    episode of a rollout may hold pages); ``env_workers``: threads running environment
-    steps (0 = on the engine's own thread, between device calls).
-    Compiled variants: one prefill and one decode per power-of-two count of pages read.
-    None of these settings changes a sampled token (see the module docstring).
-    """
-
-    slots: int = 8
-    page_size: int = 64
-    num_pages: int = 0
-    decode_chunk: int = 16
-    prefill_chunk: int = 256
-    max_in_flight: int = 0
-    env_workers: int = 4
-
-    def __post_init__(self):
-        for name in ("slots", "page_size", "decode_chunk", "prefill_chunk"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}")
-        for name, what in (("num_pages", "0 = sized from the slots"), ("max_in_flight", "0 = no limit"),
-                           ("env_workers", "0 = on the engine's thread")):
-            if getattr(self, name) < 0:
-                raise ValueError(f"EngineConfig.{name} must be >= 0 ({what}), got {getattr(self, name)}")
+__all__ = ["Engine", "EpisodeResult", "EpisodeSpec"]
 
 
 @dataclasses.dataclass

@@ -1,7 +1,7 @@
 """A schedule model of the rollout engine and of the static sampler it replaces.
 
 Time is counted in decode steps (one token for every decode row). Episodes are drawn from
-the run's length distribution (:class:`lopd_jax.length_model.LengthConfig`: prompt,
+the run's length distribution (:class:`lopd_jax.settings.length_model.LengthConfig`: prompt,
 geometric turns, lognormal turn and observation lengths) with the rollout's caps applied
 as the rollout applies them: at most ``max_turns`` turns, a turn at most
 ``max_turn_tokens`` and never past ``max_total_tokens``; an episode ends when the next
@@ -35,7 +35,7 @@ import heapq
 
 import numpy as np
 
-from lopd_jax.length_model import LengthConfig
+from lopd_jax.settings.length_model import LengthConfig
 
 __all__ = ["Episode", "draw_episodes", "pool_pages", "simulate_engine", "simulate_static"]
 

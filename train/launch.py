@@ -5,7 +5,7 @@ variables ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``
 on a Cloud TPU VM slice, which is detected): :func:`add_launch_flags` adds them to a
 parser, :func:`initialize_from_flags` starts the multi-controller runtime from them with
 :func:`train.distributed.initialize`. This module does not import JAX (parsers are
-built before :func:`lopd_jax.startup.configure_platform` may have run).
+built before :func:`lopd_jax.io.startup.configure_platform` may have run).
 """
 
 from __future__ import annotations

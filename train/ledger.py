@@ -4,7 +4,7 @@
 tensorstore, so ``gs://`` workdirs work too); a restarted run skips them. Stages that
 produce state keep it in their own checkpoint directory ``<checkpoints>/<stage>``.
 :func:`read_json` / :func:`write_json` are the small-file IO it (and the saved run
-config, :mod:`lopd_jax.run_config`) uses.
+config, :mod:`lopd_jax.settings.run_config`) uses.
 """
 
 from __future__ import annotations

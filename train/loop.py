@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lopd_jax import files
+from lopd_jax.io import files
 from train.ledger import StageLedger
 from train.run_context import RunContext
 
@@ -62,8 +62,8 @@ def log(msg: str) -> None:
 
 def evaluate_policy(ctx: RunContext, params) -> dict[str, Any]:
     """Greedy rollouts of the held-out tasks: mean reward, success rate and Table-3 stats."""
-    from lopd_jax.eval_stats import behaviour_stats, no_tool_baseline
-    from train.sampling import SamplingParams
+    from lopd_jax.method.eval_stats import behaviour_stats, no_tool_baseline
+    from lopd_jax.settings.sections import SamplingParams
 
     r = ctx.cfg.rollout
     greedy = SamplingParams(temperature=0.0, top_p=r.top_p, top_k=r.top_k)
@@ -254,7 +254,7 @@ def run(cfg, resumed: bool = False) -> str | dict:
     """Run (or resume) every stage of ``cfg``; returns the summary dict or :data:`PREEMPTED`.
 
     The caller saves (and checks) the run's config.json first -- ``lopd_jax.train`` does,
-    with :func:`lopd_jax.run_config.save_run_config` -- and says whether it ``resumed``.
+    with :func:`lopd_jax.settings.run_config.save_run_config` -- and says whether it ``resumed``.
     """
     from train.bank_stage import build_bank, load_bank
     from train.checkpoint import install_preemption_handler

@@ -7,8 +7,6 @@ logical axes travel beside it as a dict of the same structure, read from each va
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from typing import Any
 
 import jax
@@ -17,41 +15,8 @@ import optax
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from models.partitioning import DEFAULT_RULES, Rules
-
-MESH_AXES = ("data", "fsdp", "tensor")
-
-
-@dataclasses.dataclass(frozen=True)
-class MeshConfig:
-    """Mesh shape over the named axes ``data``, ``fsdp`` and ``tensor``.
-
-    One entry may be -1 ("all remaining devices"). ``rules`` maps logical axis names to
-    mesh axes (see :mod:`models.partitioning`).
-    """
-
-    data: int = 1
-    fsdp: int = -1
-    tensor: int = 1
-    rules: tuple = DEFAULT_RULES
-
-    def shape(self, num_devices: int) -> tuple[int, int, int]:
-        """Concrete (data, fsdp, tensor) sizes for ``num_devices`` devices."""
-        sizes = [self.data, self.fsdp, self.tensor]
-        if sizes.count(-1) > 1:
-            raise ValueError(f"at most one mesh axis may be -1, got {dict(zip(MESH_AXES, sizes))}")
-        known = math.prod(s for s in sizes if s != -1)
-        if -1 in sizes:
-            if num_devices % known:
-                raise ValueError(f"{num_devices} devices do not divide into mesh {dict(zip(MESH_AXES, sizes))}")
-            sizes[sizes.index(-1)] = num_devices // known
-        if math.prod(sizes) != num_devices:
-            raise ValueError(
-                f"mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices but "
-                f"{num_devices} are available; change the mesh sizes in the config."
-            )
-        return tuple(sizes)
-
+from lopd_jax.settings.sections import MESH_AXES, MeshConfig
+from models.partitioning import Rules
 
 def make_mesh(cfg: MeshConfig = MeshConfig(), devices=None) -> Mesh:
     """A mesh with Auto axis types over ``devices`` (default: all devices)."""
@@ -115,5 +80,5 @@ def put(tree, shardings):
     return jax.device_put(tree, shardings)
 
 
-__all__ = ["MeshConfig", "make_mesh", "rules_for", "split_state", "tree_shardings", "opt_state_shardings",
+__all__ = ["make_mesh", "rules_for", "split_state", "tree_shardings", "opt_state_shardings",
            "batch_sharding", "replicated", "put", "Mesh", "NamedSharding", "P"]

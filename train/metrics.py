@@ -4,7 +4,7 @@
 (``step``, ``stage``, wall ``time``, ``elapsed`` seconds, then the metrics), the
 numeric values as TensorBoard scalars ``<stage>/<name>`` under ``<workdir>/tb``
 (tensorboardX), and optionally a short console line. The workdir may be a ``gs://``
-URL: the JSONL file is then an :class:`lopd_jax.files.AppendFile` (the object is
+URL: the JSONL file is then an :class:`lopd_jax.io.files.AppendFile` (the object is
 rewritten at :meth:`MetricsWriter.flush` -- every checkpoint save -- and every 30 s),
 and the TensorBoard event files are written to a local scratch directory and copied to
 ``<workdir>/tb`` at the same points. (tensorboardX's own gs:// writer is not used: its
@@ -35,8 +35,8 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from lopd_jax import files
-from lopd_jax.paths import is_url
+from lopd_jax.io import files
+from lopd_jax.io.paths import is_url
 
 METRICS_FILE = "metrics.jsonl"
 

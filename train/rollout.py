@@ -1,7 +1,7 @@
 """Multi-turn rollouts (SPEC 2.2) on the continuous-batching engine (:mod:`train.engine`).
 
 :func:`rollout` runs one episode per task: each episode's prompt, then its turns, each
-turn's text parsed with its :class:`lopd_jax.chat_base.ChatFormat` and passed to its
+turn's text parsed with its :class:`lopd_jax.chat.base.ChatFormat` and passed to its
 :class:`Environment.step`, and the observation ids from ``ChatFormat.observation_ids``
 appended -- with every episode advanced by :class:`train.engine.Engine`: a finished turn
 goes to its environment (on the engine's ``env_workers`` threads) while the other
@@ -23,7 +23,7 @@ rolled out in, the process that ran it or timing.
 Composer conditioning (the paper's "Base + Composer" row): with a :class:`LatentContext`
 the first chunk of each trajectory is the teacher-format prompt -- the latent block
 (framing before, slots, framing after) inserted at the first user message's content, as
-:mod:`lopd_jax.splice` builds it for training -- and the input embeddings of the slots are
+:mod:`lopd_jax.method.splice` builds it for training -- and the input embeddings of the slots are
 the task's latent vectors (the other ids take the policy's own embeddings).
 ``Trajectory.tokens`` stay in the student's format (no block); the block's length counts
 against ``max_total_tokens`` (the model's context).
@@ -51,33 +51,18 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
-from lopd_jax.chat_base import ChatFormat, TokenTrajectory
+from lopd_jax.chat.base import ChatFormat, TokenTrajectory
 from lopd_jax.envs.base import Environment
-from lopd_jax.shapes import bucket
-from lopd_jax.splice import SpliceLayout
-from lopd_jax.types import Message, Task, ToolSchema
+from lopd_jax.method.shapes import bucket
+from lopd_jax.method.splice import SpliceLayout
+from lopd_jax.method.types import Message, Task, ToolSchema
+from lopd_jax.settings.sections import RolloutConfig, SamplingParams
 from train.engine import Engine, EpisodeSpec
-from train.sampling import SamplingParams
 
 FINISH_DONE = "done"
 FINISH_MAX_STEPS = "max_steps"
 FINISH_MAX_TOKENS = "max_tokens"
 FINISH_ENV_ERROR = "env_error"
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutConfig:
-    """Episode caps (SPEC 2.2). Host-side parallelism is the engine's
-    (:attr:`train.engine.EngineConfig.env_workers`)."""
-
-    max_env_steps: int = 30
-    max_turn_tokens: int = 2048
-    max_total_tokens: int = 40_960
-
-    def __post_init__(self):
-        for name in ("max_env_steps", "max_turn_tokens", "max_total_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
 
 
 @dataclasses.dataclass(frozen=True)

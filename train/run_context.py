@@ -1,7 +1,7 @@
 """What every stage of a training run shares: the run context.
 
 :class:`RunContext` builds, once per process, everything the stages use from a
-:class:`lopd_jax.config.TrainConfig`: tokenizer, chat format and latent block, splice
+:class:`lopd_jax.settings.config.TrainConfig`: tokenizer, chat format and latent block, splice
 layout, mesh and sharding rules, the initial backbone theta (random ``model.name`` or the
 ``model.hf_path`` checkpoint), the :class:`train.system.LOPDSystem`, the rollout engine
 (:class:`train.engine.Engine`) and the task source with its splits. Which stages of the run finished is the
@@ -22,8 +22,8 @@ def domain_corpus(source, split: str, family: str) -> str:
     """The tiny tokenizer's training text: its built-in corpus plus the rendered prompts
     (system text, tool schemas, instructions) of ``split``, so the tiny BPE learns the
     environment's own vocabulary and prompts take about half as many tokens."""
-    from lopd_jax.chat import make_chat_format
-    from lopd_jax.tokenizers import _builtin_corpus, tiny_tokenizer
+    from lopd_jax.chat.formats import make_chat_format
+    from lopd_jax.chat.tokenizers import _builtin_corpus, tiny_tokenizer
 
     fmt = make_chat_format(family, tiny_tokenizer(family))
     texts = []
@@ -38,22 +38,22 @@ def domain_corpus(source, split: str, family: str) -> str:
 
 
 def run_tokenizer(cfg, family: str, source_fn):
-    """The run's tokenizer (``model.tokenizer``; ``auto`` resolved as :class:`lopd_jax.config.ModelSection`
+    """The run's tokenizer (``model.tokenizer``; ``auto`` resolved as :class:`lopd_jax.settings.config.ModelSection`
     says). ``source_fn()`` gives the task source, needed only by the tiny tokenizer (its corpus)."""
     m = cfg.model
     kind = m.tokenizer
     if kind == "auto":
         kind = "hf" if m.hf_path else ("tiny" if (m.name or "").startswith("tiny") else family)
     if kind == "tiny":
-        from lopd_jax.tokenizers import tiny_tokenizer
+        from lopd_jax.chat.tokenizers import tiny_tokenizer
         # as many base tokens as the model's vocabulary leaves room for (the corpus may give fewer)
         return tiny_tokenizer(family, vocab_size=max(512, (m.vocab_size or 512) - 32),
                               corpus=domain_corpus(source_fn(), cfg.env.train_split, family))
     if kind == "hf":
-        from lopd_jax.tokenizers import hf_tokenizer
+        from lopd_jax.chat.tokenizers import hf_tokenizer
         return hf_tokenizer(m.hf_path)  # local or gs://
     if kind == "qwen3":
-        from lopd_jax.tokenizers import qwen3_tokenizer
+        from lopd_jax.chat.tokenizers import qwen3_tokenizer
         return qwen3_tokenizer()
     raise ValueError(f"no built-in tokenizer for family {family!r}; set model.tokenizer=hf with model.hf_path.")
 
@@ -204,7 +204,7 @@ class RunContext:
 
     def length_buckets(self) -> tuple[int, ...]:
         """The training passes' sequence lengths: ``lengths.buckets`` below the cap, then
-        the cap (:meth:`lopd_jax.length_model.LengthConfig.bucket_lengths`)."""
+        the cap (:meth:`lopd_jax.settings.length_model.LengthConfig.bucket_lengths`)."""
         return self.cfg.lengths.bucket_lengths(self.spec.seq)
 
     def bucketed(self, batch: dict, group_size: int | None = None):

@@ -2,7 +2,7 @@
 
 :func:`open_run` reads a run's working directory (``stages.json``, the stage checkpoints
 under ``<checkpoints>/<stage>``, the bank) the way :mod:`train.loop` wrote it, given the
-run's saved config (which the programs read with :func:`lopd_jax.run_config.load_run_config`),
+run's saved config (which the programs read with :func:`lopd_jax.settings.run_config.load_run_config`),
 and returns a :class:`Run` whose pieces are restored on first use:
 
 * ``ctx`` -- the :class:`train.run_context.RunContext` rebuilt from the saved config
@@ -150,8 +150,8 @@ class Run:
 
 def open_run(workdir: str, cfg) -> Run:
     """The run in ``workdir`` with its saved config ``cfg`` (the programs read it with
-    :func:`lopd_jax.run_config.load_run_config`, which raises
-    :class:`lopd_jax.errors.ConfigError` when there is none or it does not load)."""
+    :func:`lopd_jax.settings.run_config.load_run_config`, which raises
+    :class:`lopd_jax.settings.errors.ConfigError` when there is none or it does not load)."""
     return Run(workdir, dataclasses.replace(cfg, workdir=workdir))  # the run may have moved
 
 
@@ -177,7 +177,7 @@ def read_export_run_info(model_dir: str) -> dict[str, Any] | None:
     ``gs://``), or None when it is not a run's export."""
     import json
 
-    from lopd_jax import files
+    from lopd_jax.io import files
     path = files.join(model_dir, EXPORT_RUN_FILE)
     if not files.exists(path):
         return None

@@ -6,29 +6,10 @@ processed distribution actually sampled from, and the model's raw temperature-1 
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
-
-
-@dataclasses.dataclass(frozen=True)
-class SamplingParams:
-    """Sampling settings (SPEC 2.2 defaults). ``temperature == 0`` is greedy; ``top_k = 0``
-    and ``top_p = 1`` disable those filters."""
-
-    temperature: float = 0.7
-    top_p: float = 0.95
-    top_k: int = 20
-
-    def __post_init__(self):
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0 or int(self.top_k) != self.top_k:
-            raise ValueError(f"top_k must be an int >= 0 (0 = off), got {self.top_k}")
 
 
 def _scaled(vals: jax.Array, temperature) -> jax.Array:

@@ -1,6 +1,6 @@
 """The LOPD step a run config asks for, derived in one place for the trainer and the compile check.
 
-:func:`step_spec` reads a :class:`lopd_jax.config.TrainConfig` and returns the
+:func:`step_spec` reads a :class:`lopd_jax.settings.config.TrainConfig` and returns the
 :class:`StepSpec` that fixes the compiled LOPD step: backbone architecture and numerics
 (attention kernel and blocks, remat, dtypes), composer, step hyperparameters (logits
 chunk, micro-batching, top-M), mesh and sharding rules, and the batch shapes (global
@@ -19,11 +19,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from lopd_jax.composer import ComposerConfig
-from lopd_jax.splice import SpliceLayout
+from lopd_jax.method.composer import ComposerConfig
+from lopd_jax.method.splice import SpliceLayout
 from models.config import ModelConfig
-from train.mesh import MeshConfig
-from train.system import StepConfig
+from lopd_jax.settings.sections import MeshConfig, StepConfig
 
 SEQ_MULTIPLE = 128
 # With ``composer.max_experience_tokens=None`` (uncut, as the release) the trainer pads
@@ -66,7 +65,7 @@ def step_spec(cfg) -> StepSpec:
 
 def splice_layout(cfg, family: str, tokenizer) -> tuple[Any, Any, SpliceLayout]:
     """``(chat format, latent block, SpliceLayout)`` of the run's tokenizer and chat family."""
-    from lopd_jax.chat import make_chat_format
+    from lopd_jax.chat.formats import make_chat_format
 
     fmt = make_chat_format(family, tokenizer, enable_thinking=cfg.rollout.enable_thinking,
                            use_tokenizer_template=cfg.model.uses_checkpoint_template)

@@ -19,10 +19,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from lopd_jax import losses
-from lopd_jax.composer import slot_mask
-from lopd_jax.losses_kl import chunked_token_logp, scans_unrolled
-from lopd_jax.splice import teacher_hidden_states
+from lopd_jax.method import losses
+from lopd_jax.method.composer import slot_mask
+from lopd_jax.method.losses_kl import chunked_token_logp, scans_unrolled
+from lopd_jax.method.splice import teacher_hidden_states
 from train.nonfinite import all_finite, keep_if_finite
 from train.system import LOPDSystem
 
@@ -45,7 +45,7 @@ def _apply(opt, grads, opt_state, params):
 def lopd_loss(system: LOPDSystem, student_p, composer_p, state, frozen, batch, rng, totals=None):
     """The fused LOPD objective of one batch: (loss, metrics). See train.steps docstring.
 
-    ``totals``: the whole batch's :func:`lopd_jax.losses.lopd_totals` when ``batch`` is a
+    ``totals``: the whole batch's :func:`lopd_jax.method.losses.lopd_totals` when ``batch`` is a
     micro-batch of it (loss and metrics are then that micro-batch's share). A
     ``row_valid`` [B] entry (length-bucketed passes, :mod:`train.bucketed_steps`) takes
     the padding rows (0) out of the anchor; they carry no supervised token either.
@@ -110,7 +110,7 @@ def _accumulated_grads(system: LOPDSystem, state, frozen, batch, rng, argnums, g
     """Gradients and metrics of the whole batch from micro-batches under ``lax.scan``.
 
     Every normalizer (supervised tokens N, rollouts R, anchor elements) comes from the
-    whole batch's masks up front (:func:`lopd_jax.losses.lopd_totals`) and beta is fixed
+    whole batch's masks up front (:func:`lopd_jax.method.losses.lopd_totals`) and beta is fixed
     during the step, so each micro-batch's loss is an exact share of the whole batch's and
     the summed gradients (accumulated in fp32) equal the one-pass gradients up to float
     rounding. LoRA dropout (SPEC default 0) draws per micro-batch.

@@ -18,7 +18,6 @@ State layout (all pure dicts of arrays)::
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import jax
@@ -26,78 +25,13 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from lopd_jax.composer import ComposerConfig, compose, make_compressor
-from lopd_jax.defaults import MARGIN, TOP_M
-from lopd_jax.splice import SpliceLayout
+from lopd_jax.method.composer import ComposerConfig, compose, make_compressor
+from lopd_jax.method.splice import SpliceLayout
+from lopd_jax.settings.sections import StepConfig
 from models.decoder import Decoder
 from models.lora import LoRAParam
 from models.partitioning import Rules
 from train import mesh as mesh_lib
-
-STUDENT_MODES = ("full", "lora")
-LOGITS_DTYPES = ("float32", "compute")
-
-
-@dataclasses.dataclass(frozen=True)
-class StepConfig:
-    """Hyperparameters of the LOPD / cold-start / GRPO steps (SPEC defaults).
-
-    ``micro_batch``: trajectories per data shard per forward / backward pass of the LOPD
-    step (gradient accumulation inside the one jitted step; exact, see
-    :func:`train.steps.make_lopd_step`); 0 = every local trajectory in one pass.
-
-    Choices that follow the authors' release by default (docs/release_parity.md):
-    ``composer_margin_weighting`` (``rollout_mean``: the composer's margin gradient is the
-    mean of the per-rollout deltas; Delta for the dual step stays token-weighted),
-    ``weight_decay`` (0.01, torch AdamW's default), ``logits_dtype`` (``float32``: the
-    LM-head matmul accumulates and returns fp32; ``compute`` rounds the logits to the
-    compute dtype first), ``skip_nonfinite`` (skip the whole update -- student, composer,
-    beta -- when a gradient norm or Delta is not finite) and ``max_nonfinite_skips``
-    (the loop stops after that many consecutive skipped steps; 0 = never).
-    """
-
-    margin: float = MARGIN
-    anchor_weight: float = 0.2
-    eta_beta: float = 0.5
-    top_m: int = TOP_M
-    composer_kl_weighting: str = "rollout_mean"
-    composer_margin_weighting: str = "rollout_mean"
-    freeze_composer: bool = False
-    student_mode: str = "full"
-    logits_chunk: int = 512
-    student_lr: float = 1e-5
-    composer_lr: float = 1e-5
-    student_clip: float = 1.0
-    composer_clip: float = 1.0
-    weight_decay: float = 0.01
-    cold_start_lr: float = 1e-5
-    cold_start_encoder_clip: float = 3.0
-    cold_start_compressor_clip: float = 30.0
-    grpo_clip_eps: float = 0.2
-    micro_batch: int = 0
-    logits_dtype: str = "float32"
-    skip_nonfinite: bool = True
-    max_nonfinite_skips: int = 10
-
-    def __post_init__(self):
-        if self.micro_batch < 0:
-            raise ValueError(f"micro_batch={self.micro_batch}; use 0 (no accumulation) or a positive count.")
-        if self.student_mode not in STUDENT_MODES:
-            raise ValueError(f"student_mode={self.student_mode!r}; choose from {STUDENT_MODES}.")
-        if self.composer_kl_weighting not in ("token_mean", "rollout_mean"):
-            raise ValueError(f"composer_kl_weighting={self.composer_kl_weighting!r}; use token_mean or rollout_mean.")
-        if self.composer_margin_weighting not in ("token_mean", "rollout_mean"):
-            raise ValueError(f"composer_margin_weighting={self.composer_margin_weighting!r}; "
-                             "use rollout_mean (release) or token_mean.")
-        if self.logits_dtype not in LOGITS_DTYPES:
-            raise ValueError(f"logits_dtype={self.logits_dtype!r}; use float32 (release) or compute.")
-        if self.max_nonfinite_skips < 0:
-            raise ValueError(f"max_nonfinite_skips={self.max_nonfinite_skips} must be >= 0 (0 = never stop).")
-
-    def logits_jnp_dtype(self, compute_dtype):
-        """The LM-head matmul's accumulation / output dtype for ``compute_dtype`` inputs."""
-        return jnp.float32 if self.logits_dtype == "float32" else compute_dtype
-
 
 def adamw(lr: float, clip: float, weight_decay: float) -> optax.GradientTransformation:
     """Global-norm clipping followed by AdamW."""

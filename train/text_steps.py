@@ -2,7 +2,7 @@
 
 The same student objective as LOPD -- the global token mean of the top-M + tail reverse
 KL from the student to a teacher on the student's own sampled tokens -- with the teacher
-conditioned on text tokens at the latent slot (:mod:`lopd_jax.text_context`) instead of
+conditioned on text tokens at the latent slot (:mod:`lopd_jax.method.text_context`) instead of
 latents, and no composer, margin or anchor. The teacher is theta0 (OPSD, SDPO, Skill-SD)
 or an EMA of the student (SDFT, ``state["ema"]``), always stop-gradient.
 
@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from lopd_jax import losses
-from lopd_jax.text_context import align_teacher_hidden, text_teacher_inputs
+from lopd_jax.method import losses
+from lopd_jax.method.text_context import align_teacher_hidden, text_teacher_inputs
 from train.system import LOPDSystem
 
 sg = jax.lax.stop_gradient

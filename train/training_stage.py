@@ -39,7 +39,7 @@ def write_rollouts(out, rows: list[dict]) -> None:
 
 def log_rollouts(out, stage: str, step: int, trajs, first_row: int) -> None:
     """Append this step's rollouts (every host's, gathered to all, written by process 0) to
-    ``out`` (an :class:`lopd_jax.files.AppendFile` of ``<workdir>/rollouts.jsonl``, local or
+    ``out`` (an :class:`lopd_jax.io.files.AppendFile` of ``<workdir>/rollouts.jsonl``, local or
     ``gs://``; None on other processes): row, producing process, task, ids, mask, reward."""
     from train import distributed
     mine = rollout_records(stage, step, trajs, first_row, jax.process_index())
@@ -155,7 +155,7 @@ class TrainingStage:
         process 0 (``self.rollout_log``; a ``gs://`` object is rewritten every 30 s and when
         the stage ends)."""
         if self.log_rollouts and jax.process_index() == 0:
-            from lopd_jax.files import AppendFile, join
+            from lopd_jax.io.files import AppendFile, join
             self.rollout_log = AppendFile(join(self.ctx.cfg.workdir, ROLLOUTS_FILE))
         try:
             return run_steps(self.ctx, "lopd", self.state, self.ctx.cfg.stages.lopd_steps, self.step, self.batch,

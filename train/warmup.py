@@ -18,10 +18,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from lopd_jax import losses
-from lopd_jax.linear_nll import weighted_linear_nll
-from lopd_jax.losses_kl import chunked_token_logp
-from lopd_jax.types import Task
+from lopd_jax.method import losses
+from lopd_jax.method.linear_nll import weighted_linear_nll
+from lopd_jax.method.losses_kl import chunked_token_logp
+from lopd_jax.method.types import Task
 from train import mesh as mesh_lib
 from train.bucketed_steps import BucketedBatch, _BucketedStep
 from train.rollout import Trajectory
@@ -29,12 +29,12 @@ from train.rollout import Trajectory
 
 def demonstration(ctx, task: Task, source=None) -> Trajectory:
     """The oracle trajectory of ``task`` as token ids and supervision mask (episodes of
-    ``source``, default the run's task source; e.g. a :class:`lopd_jax.privileged.HintedTaskSource`).
+    ``source``, default the run's task source; e.g. a :class:`lopd_jax.envs.privileged.HintedTaskSource`).
 
     Raises ValueError when the source has no oracle (only the synthetic family has one) or
     when the rendered demonstration does not earn reward 1 (a format / env mismatch).
     """
-    from lopd_jax.chat_base import TokenTrajectory
+    from lopd_jax.chat.base import TokenTrajectory
     from lopd_jax.envs.synthetic import ENV_ID, oracle_turns
 
     if task.env_id != ENV_ID:
@@ -87,11 +87,11 @@ def warmup_tasks(ctx) -> list[Task]:
 def warmup_pool(ctx) -> list[Trajectory]:
     """The warm-up's demonstrations: every warm-up task's (:func:`warmup_tasks`), plus, for a
     seeded ``stages.warmup_hint_fraction`` of them, a second copy whose prompt carries the
-    task's oracle hint (:mod:`lopd_jax.privileged`) -- so the model learns to read a
+    task's oracle hint (:mod:`lopd_jax.envs.privileged`) -- so the model learns to read a
     privileged text context, as a pre-trained model can."""
     import random
 
-    from lopd_jax.privileged import HintedTaskSource
+    from lopd_jax.envs.privileged import HintedTaskSource
 
     tasks = warmup_tasks(ctx)
     demos = demonstrations(ctx, tasks)
@@ -166,7 +166,7 @@ def sft_update(opt, state, grads, metrics):
 
 
 def learning_rate(stages):
-    """The warm-up's learning rate from a :class:`lopd_jax.config.StagesSection`: the constant
+    """The warm-up's learning rate from a :class:`lopd_jax.settings.config.StagesSection`: the constant
     ``warmup_lr``, or with ``warmup_lr_schedule="cosine"`` a linear ramp from 0 over the first
     5% of ``warmup_steps`` to ``warmup_lr``, then a cosine decay to 10% of it at the end."""
     if stages.warmup_lr_schedule == "constant":
@@ -179,7 +179,7 @@ def learning_rate(stages):
 def make_sft_step(system, stages, clip: float = 1.0):
     """``(optimizer, step)``: a jitted ``(state, lora0, batch) -> (state, metrics)`` with
     ``state = {"step", "params", "opt"}`` (params sharded like theta0, state donated).
-    ``stages``: the run's :class:`lopd_jax.config.StagesSection`; its learning rate
+    ``stages``: the run's :class:`lopd_jax.settings.config.StagesSection`; its learning rate
     (:func:`learning_rate`) also fixes the optimizer state's structure, so the warm-up and
     every reader of its checkpoint build the same one here."""
     opt = optax.chain(optax.clip_by_global_norm(clip), optax.adamw(learning_rate(stages), weight_decay=0.0))

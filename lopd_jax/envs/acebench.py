@@ -56,7 +56,7 @@ from lopd_jax.envs.acebench_checker import (MAX_ANSWER_CHARS, AnswerFormatError,
                                             check_call, check_normal, decode_calls, grade,
                                             grade_special, normalize)
 from lopd_jax.envs.base import Environment, HeldoutTaskSource
-from lopd_jax.types import AssistantTurn, Message, StepResult, Task, ToolSchema
+from lopd_jax.method.types import AssistantTurn, Message, StepResult, Task, ToolSchema
 
 __all__ = ["ENV_ID", "NORMAL_CATEGORIES", "SPECIAL_CATEGORIES", "AGENT_CATEGORIES", "UPSTREAM",
            "MAX_ANSWER_CHARS", "AnswerFormatError", "check_call", "check_normal", "decode_calls",

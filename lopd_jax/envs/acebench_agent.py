@@ -46,7 +46,7 @@ from lopd_jax.envs.acebench_checker import AnswerFormatError, decode_calls
 from lopd_jax.envs.acebench_scenarios import SAVED_ATTRS, build_instances, end_state, execute
 from lopd_jax.envs.base import Environment
 from lopd_jax.envs.bench_code import BenchStats
-from lopd_jax.types import AssistantTurn, Message, StepResult, Task, ToolSchema
+from lopd_jax.method.types import AssistantTurn, Message, StepResult, Task, ToolSchema
 
 AGENT_CATEGORIES = ("agent_multi_step", "agent_multi_turn")
 MAX_MESSAGES = 40  # upstream's max_dialog_turns: messages of the dialogue after the first

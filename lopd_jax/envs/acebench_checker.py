@@ -16,7 +16,7 @@ import math
 import re
 from typing import Any, Sequence
 
-from lopd_jax.types import AssistantTurn, Task
+from lopd_jax.method.types import AssistantTurn, Task
 
 MAX_ANSWER_CHARS = 200_000  # longer answers are graded as failed, unparsed
 MAX_NUMBER = 1e15  # bound of arithmetic in answers (upstream evaluates BinOps)

@@ -48,8 +48,8 @@ import types
 import typing
 from typing import Any, Callable
 
-from lopd_jax.call_limits import arguments_limit_error
-from lopd_jax.types import AssistantTurn, Message, StepResult, Task, ToolCall, ToolSchema
+from lopd_jax.chat.call_limits import arguments_limit_error
+from lopd_jax.method.types import AssistantTurn, Message, StepResult, Task, ToolCall, ToolSchema
 
 SPLITS = ("train", "heldout")
 
@@ -121,7 +121,7 @@ def call_key(call: ToolCall) -> str:
 
 
 def check_call(call: ToolCall) -> str | None:
-    """The limit (:mod:`lopd_jax.call_limits`) a call breaks, as error text, or None."""
+    """The limit (:mod:`lopd_jax.chat.call_limits`) a call breaks, as error text, or None."""
     if not isinstance(call.name, str):
         return "a tool call needs a string name"
     if not isinstance(call.arguments, dict):

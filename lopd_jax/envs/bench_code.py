@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 from lopd_jax.envs.base import EpisodeStats
 from lopd_jax.envs.code import NO_CODE_FEEDBACK, CodeEnvironment, extract_code
 from lopd_jax.envs.sandbox import SandboxConfig
-from lopd_jax.types import AssistantTurn, Message, StepResult, Task, ToolSchema
+from lopd_jax.method.types import AssistantTurn, Message, StepResult, Task, ToolSchema
 
 # (payload, code, sandbox config) -> (reward, feedback, status, extra integer counters)
 Grader = Callable[[dict, str, SandboxConfig], tuple[float, str, str, dict[str, int]]]

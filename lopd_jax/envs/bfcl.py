@@ -55,7 +55,7 @@ from lopd_jax.envs import worker_pool
 from lopd_jax.envs.base import (Environment, EpisodeStats, TaskSource, check_split, tool_message,
                                 validate_arguments)
 from lopd_jax.envs.isolation import ResourceLimits, Worker, WorkerError, WorkerTimeout
-from lopd_jax.types import AssistantTurn, Message, StepResult, Task, ToolCall, ToolSchema
+from lopd_jax.method.types import AssistantTurn, Message, StepResult, Task, ToolCall, ToolSchema
 
 ENV_ID = "bfcl"
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")

@@ -39,7 +39,7 @@ from typing import Any, Iterable
 from lopd_jax.envs.base import Environment, EpisodeStats, TaskSource, check_split, tool_message
 from lopd_jax.envs.code_grading import evaluate_code
 from lopd_jax.envs.sandbox import SandboxConfig
-from lopd_jax.types import AssistantTurn, Message, StepResult, Task, ToolSchema
+from lopd_jax.method.types import AssistantTurn, Message, StepResult, Task, ToolSchema
 
 HUMANEVAL_ENV_ID = "humaneval"
 TACO_ENV_ID = "taco"

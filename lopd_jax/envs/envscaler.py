@@ -65,7 +65,7 @@ from lopd_jax.envs.base import (TaskSource, ToolError, ToolUseEnvironment, Toolb
                                 check_split, format_result)
 from lopd_jax.envs.isolation import ResourceLimits, Worker, WorkerError
 from lopd_jax.envs.numeric_state import preserved_numeric_state
-from lopd_jax.types import Message, Task, ToolSchema
+from lopd_jax.method.types import Message, Task, ToolSchema
 
 ENV_ID = "envscaler"
 MAX_RESULT_CHARS = 100_000

@@ -50,7 +50,7 @@ from lopd_jax.envs.code_grading import _results_or_failure, humaneval_body
 from lopd_jax.envs.code_harness import call_program
 from lopd_jax.envs.sandbox import SandboxConfig, run_python
 from lopd_jax.envs.wire import wire_decode, wire_encode
-from lopd_jax.types import Task
+from lopd_jax.method.types import Task
 
 ENV_ID = "evalplus"
 KIND = "evalplus"

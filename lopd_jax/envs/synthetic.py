@@ -34,7 +34,7 @@ from typing import Any, Sequence
 from lopd_jax.envs.base import TaskSource, Toolbox, ToolUseEnvironment, check_split
 from lopd_jax.envs.synthetic_domains import (ALL_DOMAINS, ALL_FAMILIES, DOMAINS, FAMILIES, HIDDEN_RULES, VERIFY,
                                              Family)
-from lopd_jax.types import AssistantTurn, Message, Task, ToolCall, ToolSchema
+from lopd_jax.method.types import AssistantTurn, Message, Task, ToolCall, ToolSchema
 
 ENV_ID = "synthetic"
 

@@ -4,7 +4,7 @@ Each domain is a small state class whose public methods are the tools. Each fami
 task template: it samples parameters and an initial state from a seeded RNG, renders a
 short instruction, knows the exact correct tool calls (the oracle) and the checks over the
 final state (and final answer) that score an episode. Everything is plain JSON-able data
-so a :class:`~lopd_jax.types.Task` payload rebuilds the task exactly.
+so a :class:`~lopd_jax.method.types.Task` payload rebuilds the task exactly.
 
 Family ids (``Task.family``):
 
@@ -44,7 +44,7 @@ import re
 from typing import Any, Callable
 
 from lopd_jax.envs.base import ToolError
-from lopd_jax.types import ToolCall
+from lopd_jax.method.types import ToolCall
 
 ACCOUNTS = ("alice", "bob", "carol", "dave", "erin", "frank", "gina", "hugo")
 ITEMS = ("pens", "cups", "books", "lamps", "plates", "socks", "hats", "mugs")

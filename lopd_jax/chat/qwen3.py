@@ -1,6 +1,6 @@
 """Qwen3's chat format: ChatML turns, ``<tool_call>`` JSON blocks, ``<think>`` reasoning.
 
-The renderer mirrors :data:`lopd_jax.chat_templates.QWEN3_CHAT_TEMPLATE` (Qwen3's own
+The renderer mirrors :data:`lopd_jax.chat.templates.QWEN3_CHAT_TEMPLATE` (Qwen3's own
 template) line for line; tests check it against ``tokenizer.apply_chat_template``.
 
 Token-in-token-out caveat: Qwen3's template re-renders *earlier* assistant turns
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from lopd_jax.chat_base import (ChatFormat, json_call_blocks, message_text,
+from lopd_jax.chat.base import (ChatFormat, json_call_blocks, message_text,
                                 split_thinking, tojson)
-from lopd_jax.types import AssistantTurn, Message, ToolSchema
+from lopd_jax.method.types import AssistantTurn, Message, ToolSchema
 
 _TOOLS_INTRO = ("# Tools\n\nYou may call one or more functions to assist with the user query."
                 "\n\nYou are provided with function signatures within <tools></tools> XML "
@@ -145,7 +145,7 @@ class Qwen3ChatFormat(ChatFormat):
     def parse_assistant(self, text: str) -> AssistantTurn:
         """Thinking, visible content and ``<tool_call>`` JSON calls of one generated turn.
 
-        Never raises: a malformed or over-limit block (:mod:`lopd_jax.call_limits`) is a
+        Never raises: a malformed or over-limit block (:mod:`lopd_jax.chat.call_limits`) is a
         parse error naming what was wrong.
         """
         thinking, rest = split_thinking(text)

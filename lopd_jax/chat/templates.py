@@ -1,8 +1,8 @@
 """Jinja chat templates for the chat-format families, as ``tokenizer.chat_template`` text.
 
-These are installed on the tokenizers this project builds offline (``lopd_jax.tokenizers``)
+These are installed on the tokenizers this project builds offline (``lopd_jax.chat.tokenizers``)
 so that ``tokenizer.apply_chat_template`` exists for them and the hand-written renderers in
-``lopd_jax.chat_qwen3`` / ``lopd_jax.chat_olmo3`` can be checked against it.
+``lopd_jax.chat.qwen3`` / ``lopd_jax.chat.olmo3`` can be checked against it.
 
 * ``QWEN3_CHAT_TEMPLATE`` is Qwen3's own hybrid-thinking template (Qwen3-0.6B ... 8B),
   reconstructed from published copies of the checkpoints' ``tokenizer_config.json``: tools

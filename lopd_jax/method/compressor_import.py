@@ -1,5 +1,5 @@
 """Import a composer compressor trained by the authors' PyTorch release into the Flax
-:class:`lopd_jax.compressor.Compressor` (release parity, docs/release_parity.md).
+:class:`lopd_jax.method.compressor.Compressor` (release parity, docs/release_parity.md).
 
 The release's compressor is a Perceiver-resampler-style module (SPEC 4) whose parameters
 carry these torch names (``state_dict()`` keys, optionally under a prefix such as
@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from lopd_jax.compressor import Compressor
+from lopd_jax.method.compressor import Compressor
 
 # Flax path -> (torch name, transpose)
 _LN = {"scale": ("weight", False), "bias": ("bias", False)}

@@ -1,7 +1,7 @@
 """Explicit limits on tool calls between the model's text and the environments.
 
 Everything here returns an error *text* instead of raising, so the parsers
-(:mod:`lopd_jax.chat_qwen3`, :mod:`lopd_jax.chat_olmo3`) and the environments
+(:mod:`lopd_jax.chat.qwen3`, :mod:`lopd_jax.chat.olmo3`) and the environments
 (:mod:`lopd_jax.envs.base`) can turn any input into a parse-error observation. Each error
 names the limit it hit (its constant and value), so the model reads what to change:
 

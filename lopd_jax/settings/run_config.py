@@ -13,8 +13,8 @@ import json
 import os
 from typing import Any, Sequence
 
-from lopd_jax.config import ConfigError, TrainConfig
-from lopd_jax.overrides import from_dict, to_dict
+from lopd_jax.settings.config import ConfigError, TrainConfig
+from lopd_jax.settings.overrides import from_dict, to_dict
 
 CONFIG_FILE = "config.json"
 

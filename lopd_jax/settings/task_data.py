@@ -4,7 +4,7 @@
 then works from any directory, and its ``config.json`` names the files it used).
 :func:`check_task_data` builds the run's task source once, as the run will, and turns
 every problem (a missing data path, a file that does not exist or does not parse, a data
-package that is not installed) into a :class:`lopd_jax.errors.ConfigError` naming the
+package that is not installed) into a :class:`lopd_jax.settings.errors.ConfigError` naming the
 ``env.kwargs`` key and the section of ``docs/data.md`` that says where the data comes
 from and what format it has; ``lopd_jax.train`` exits 2 on it with nothing written.
 """
@@ -14,8 +14,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from lopd_jax.errors import ConfigError
-from lopd_jax.paths import resolve_path
+from lopd_jax.settings.errors import ConfigError
+from lopd_jax.io.paths import resolve_path
 
 DATA_DOC = "docs/data.md"
 # env.kwargs keys that hold local data files (lists allowed for TACO's ``paths``)

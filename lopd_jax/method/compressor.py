@@ -112,7 +112,7 @@ class Compressor(nnx.Module):
         True is the tanh approximation.
       eps: LayerNorm epsilon (torch default 1e-5).
       ff_bias: biases on the feed-forward Linears (False, as the release: its composer
-        checkpoints map one to one, see :mod:`lopd_jax.compressor_import`).
+        checkpoints map one to one, see :mod:`lopd_jax.method.compressor_import`).
       param_dtype / dtype: parameter storage and computation dtypes (softmax is fp32).
       rngs: ``nnx.Rngs`` for initialization.
 

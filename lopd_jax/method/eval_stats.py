@@ -66,7 +66,7 @@ def no_tool_baseline(make_env: Any, tasks: Sequence[Any], answer: str = "Done.")
     ``make_env`` is the task source's environment factory; each episode is one
     ``Environment.step`` with the plain-text answer, which ends it.
     """
-    from lopd_jax.types import AssistantTurn
+    from lopd_jax.method.types import AssistantTurn
 
     if not tasks:
         raise ValueError("no_tool_baseline needs at least one task")

@@ -22,7 +22,7 @@ from typing import Callable, Literal, Sequence
 
 import numpy as np
 
-from lopd_jax.errors import ConfigError
+from lopd_jax.settings.errors import ConfigError
 
 SEQ_MULTIPLE = 128  # training sequence lengths are multiples of this (as train.step_spec.padded_seq_len)
 FILLS = ("longest_first", "own_bucket")

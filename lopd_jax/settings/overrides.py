@@ -3,11 +3,11 @@
     cfg = load_config("tiny")                                   # configs/tiny.py
     cfg = apply_overrides(cfg, ["steps.margin=0.1", "rollout.temperature=1.0"])
 
-:mod:`lopd_jax.config` defines the schema (the :class:`~lopd_jax.config.TrainConfig`
+:mod:`lopd_jax.settings.config` defines the schema (the :class:`~lopd_jax.settings.config.TrainConfig`
 dataclass tree and its checks); this module finds named configs in the :mod:`configs`
 package, parses ``dotted.key=value`` overrides to each field's type, and converts configs
-to and from JSON dicts (``<workdir>/config.json``, :mod:`lopd_jax.run_config`). Every
-problem raises :class:`~lopd_jax.config.ConfigError` naming the key and the fix.
+to and from JSON dicts (``<workdir>/config.json``, :mod:`lopd_jax.settings.run_config`). Every
+problem raises :class:`~lopd_jax.settings.config.ConfigError` naming the key and the fix.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import types
 import typing
 from typing import Any, Literal, Sequence
 
-from lopd_jax.config import _DEFER_CROSS_CHECKS, ConfigError, TrainConfig, _matches, _type_name
+from lopd_jax.settings.config import _DEFER_CROSS_CHECKS, ConfigError, TrainConfig, _matches, _type_name
 
 
 # ----------------------------------------------------------------------------- loading

@@ -1,18 +1,18 @@
 """The schema of a whole training run: one frozen dataclass tree, :class:`TrainConfig`.
 
 Named configs (``configs/<name>.py``) and ``dotted.key=value`` overrides are read by
-:mod:`lopd_jax.overrides`; a run's saved ``config.json`` by :mod:`lopd_jax.run_config`::
+:mod:`lopd_jax.settings.overrides`; a run's saved ``config.json`` by :mod:`lopd_jax.settings.run_config`::
 
-    cfg = lopd_jax.overrides.load_config("tiny")
-    cfg = lopd_jax.overrides.apply_overrides(cfg, ["steps.margin=0.1"])
-    lopd_jax.run_config.save_run_config(cfg, workdir)  # refuses a changed config on resume
+    cfg = lopd_jax.settings.overrides.load_config("tiny")
+    cfg = lopd_jax.settings.overrides.apply_overrides(cfg, ["steps.margin=0.1"])
+    lopd_jax.settings.run_config.save_run_config(cfg, workdir)  # refuses a changed config on resume
 
 Sections reuse the project's own dataclasses where one exists (``steps`` is
-:class:`train.system.StepConfig`, ``mesh`` is :class:`train.mesh.MeshConfig`,
-``composer`` is :class:`lopd_jax.composer.ComposerConfig`, ``engine`` is
-:class:`train.engine.EngineConfig`), so the loop passes them on
-unchanged; ``rollout`` extends :class:`train.sampling.SamplingParams` and
-:class:`train.rollout.RolloutConfig`, ``bank`` extends :class:`lopd_jax.bank.BankSettings`,
+:class:`lopd_jax.settings.sections.StepConfig`, ``mesh`` is :class:`lopd_jax.settings.sections.MeshConfig`,
+``composer`` is :class:`lopd_jax.method.composer.ComposerConfig`, ``engine`` is
+:class:`lopd_jax.settings.sections.EngineConfig`), so the loop passes them on
+unchanged; ``rollout`` extends :class:`lopd_jax.settings.sections.SamplingParams` and
+:class:`lopd_jax.settings.sections.RolloutConfig`, ``bank`` extends :class:`lopd_jax.method.bank.BankSettings`,
 so each setting's name, type and default are written once. ``logits_chunk`` lives in
 ``steps`` (StepConfig's field); ``n_ret`` lives in ``composer`` and
 :meth:`TrainConfig.bank_config` copies it into the bank's config.
@@ -30,20 +30,16 @@ import types
 import typing
 from typing import Any, Literal
 
-from lopd_jax.arm_config import ARMS, ArmSection
-from lopd_jax.bank import BankConfig, BankSettings
-from lopd_jax.composer import ComposerConfig
-from lopd_jax.length_model import LengthConfig
+from lopd_jax.settings.arm_config import ARMS, ArmSection
+from lopd_jax.method.bank import BankConfig, BankSettings
+from lopd_jax.method.composer import ComposerConfig
+from lopd_jax.settings.length_model import LengthConfig
 from models.config import ATTENTION_IMPLS, REMAT_POLICIES
-from train.engine import EngineConfig
-from train.mesh import MeshConfig
-from train.rollout import RolloutConfig
-from train.sampling import SamplingParams
-from train.system import StepConfig
+from lopd_jax.settings.sections import EngineConfig, MeshConfig, RolloutConfig, SamplingParams, StepConfig
 
 DTYPES = ("float32", "bfloat16", "float16")
 
-from lopd_jax.errors import ConfigError  # noqa: E402  (re-exported: lopd_jax.config.ConfigError)
+from lopd_jax.settings.errors import ConfigError  # noqa: E402  (re-exported: lopd_jax.settings.config.ConfigError)
 
 
 # While a list of overrides is applied, checks that tie several fields together wait for
@@ -163,8 +159,8 @@ class ModelSection:
 
 @dataclasses.dataclass(frozen=True)
 class BankSection(BankSettings):
-    """Experience bank (SPEC 5): the :class:`lopd_jax.bank.BankSettings` fields (those of
-    :class:`lopd_jax.bank.BankConfig` but ``n_ret``, taken from ``composer.n_ret``), the
+    """Experience bank (SPEC 5): the :class:`lopd_jax.method.bank.BankSettings` fields (those of
+    :class:`lopd_jax.method.bank.BankConfig` but ``n_ret``, taken from ``composer.n_ret``), the
     embedder, and the bank to load (``path``; None means "build it offline before
     training"). ``embedder_pool_token``: the token the backbone embedder appends and pools
     (Qwen3-Embedding's ``<|endoftext|>``; none = no token appended). ``eval_n_ret``:
@@ -205,8 +201,8 @@ class EnvSection:
 
 @dataclasses.dataclass(frozen=True)
 class RolloutSection(RolloutConfig, SamplingParams):
-    """Sampling and episode caps (SPEC 2.2): the fields of :class:`train.sampling.SamplingParams`
-    (temperature, top_p, top_k) and of :class:`train.rollout.RolloutConfig` (max_env_steps,
+    """Sampling and episode caps (SPEC 2.2): the fields of :class:`lopd_jax.settings.sections.SamplingParams`
+    (temperature, top_p, top_k) and of :class:`lopd_jax.settings.sections.RolloutConfig` (max_env_steps,
     max_turn_tokens, max_total_tokens), plus the chat format's ``enable_thinking`` and
     ``log_rollouts``. The engine that runs the rollouts (slots, pages, environment
     threads) is the ``engine`` section."""
@@ -224,11 +220,11 @@ class RolloutSection(RolloutConfig, SamplingParams):
         _positive(self, "rollout", "max_env_steps", "max_turn_tokens", "max_total_tokens")
 
     def sampling_params(self) -> SamplingParams:
-        """These settings as :class:`train.sampling.SamplingParams`."""
+        """These settings as :class:`lopd_jax.settings.sections.SamplingParams`."""
         return _project(self, SamplingParams)
 
     def rollout_config(self) -> RolloutConfig:
-        """These caps as :class:`train.rollout.RolloutConfig`."""
+        """These caps as :class:`lopd_jax.settings.sections.RolloutConfig`."""
         return _project(self, RolloutConfig)
 
 
@@ -300,9 +296,9 @@ class TrainConfig:
     engine: EngineConfig = EngineConfig()  # the rollout engine: slots, pages, decode chunk (train.engine)
     stages: StagesSection = StagesSection()
     checkpoint: CheckpointSection = CheckpointSection()
-    arm: Literal[ARMS] = "lopd"  # the training stage's algorithm (lopd_jax.arm_config)
+    arm: Literal[ARMS] = "lopd"  # the training stage's algorithm (lopd_jax.settings.arm_config)
     arms: ArmSection = ArmSection()
-    lengths: LengthConfig = LengthConfig()  # length buckets of the training steps (lopd_jax.length_model)
+    lengths: LengthConfig = LengthConfig()  # length buckets of the training steps (lopd_jax.settings.length_model)
     seed: int = 0
     workdir: str = "workdirs/run"
 
@@ -320,7 +316,7 @@ class TrainConfig:
         return self.checkpoint.directory or os.path.join(self.workdir, "checkpoints")
 
     def bank_config(self) -> BankConfig:
-        """The bank section as :class:`lopd_jax.bank.BankConfig` (n_ret from the composer)."""
+        """The bank section as :class:`lopd_jax.method.bank.BankConfig` (n_ret from the composer)."""
         return _project(self.bank, BankConfig, n_ret=self.composer.n_ret)
 
     def model_config(self):

@@ -1,7 +1,7 @@
 """Olmo-3's chat format: ChatML turns, ``<function_calls>`` with Python-style calls.
 
 Established from Olmo-3-7B-Instruct's chat template (see
-:data:`lopd_jax.chat_templates.OLMO3_CHAT_TEMPLATE`): a default system turn when the
+:data:`lopd_jax.chat.templates.OLMO3_CHAT_TEMPLATE`): a default system turn when the
 conversation has none, tool schemas as a JSON list in ``<functions>...</functions>``,
 assistant calls as ``name(key=<json value>, ...)`` lines (several calls newline-separated in
 one ``<function_calls>`` block, written right after the visible content), and every tool
@@ -16,13 +16,13 @@ import ast
 import json
 from typing import Any, Sequence
 
-from lopd_jax.call_limits import (MAX_NUMBER_DIGITS, arguments_limit_error, load_json,
+from lopd_jax.chat.call_limits import (MAX_NUMBER_DIGITS, arguments_limit_error, load_json,
                                   text_limit_error)
-from lopd_jax.chat_base import (ChatFormat, call_from_json, message_text, scan_blocks,
+from lopd_jax.chat.base import (ChatFormat, call_from_json, message_text, scan_blocks,
                                 split_thinking, tojson)
-from lopd_jax.chat_templates import (OLMO3_DEFAULT_SYSTEM, OLMO3_NO_FUNCTIONS,
+from lopd_jax.chat.templates import (OLMO3_DEFAULT_SYSTEM, OLMO3_NO_FUNCTIONS,
                                      OLMO3_WITH_FUNCTIONS)
-from lopd_jax.types import AssistantTurn, Message, ToolCall, ToolSchema
+from lopd_jax.method.types import AssistantTurn, Message, ToolCall, ToolSchema
 
 _PARSE_ERRORS = (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError)
 MAX_INT_BITS = int(MAX_NUMBER_DIGITS * 3.3219280948873626)
@@ -105,7 +105,7 @@ def parse_function_calls(body: str, where: str = "<function_calls> block") -> tu
     """Calls in one ``<function_calls>`` body: Python-style lines, or a JSON object/list.
 
     Every malformed line becomes an error message; well-formed lines still parse. Never
-    raises; over-limit blocks (:mod:`lopd_jax.call_limits`) are errors naming the limit.
+    raises; over-limit blocks (:mod:`lopd_jax.chat.call_limits`) are errors naming the limit.
     """
     source = body.strip()
     if not source:

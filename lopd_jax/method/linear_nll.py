@@ -9,7 +9,7 @@ known as soon as the chunk's logits are. The backward pass only scales the two s
 gradients by the incoming cotangent. So one step runs three LM-head matmuls (logits,
 ``dlogits @ head^T``, ``hidden^T @ dlogits``), as plain autodiff does, while no
 ``[B, S, V]`` tensor is ever held: each chunk's ``[B, C, V]`` buffers are reused. Against
-:func:`lopd_jax.losses_kl.chunked_token_logp` (remat: four matmuls) it saves the
+:func:`lopd_jax.method.losses_kl.chunked_token_logp` (remat: four matmuls) it saves the
 recomputed logits; against materialized logits it saves ``[B, S, V]`` memory traffic.
 
 Scope: the head's gradient is accumulated across chunks inside the loop. With the batch
@@ -28,7 +28,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from lopd_jax.losses_kl import check_head_inputs, project_logits, scans_unrolled, sequence_chunks
+from lopd_jax.method.losses_kl import check_head_inputs, project_logits, scans_unrolled, sequence_chunks
 
 
 def weighted_linear_nll(
@@ -49,10 +49,10 @@ def weighted_linear_nll(
       head: LM-head kernel ``[D, V]`` (``embedding.T`` for tied heads).
       targets: ``[B, S]`` int token ids.
       weights: ``[B, S]`` float token weights; tokens with weight <= 0 are left out, as in
-        :func:`lopd_jax.losses.weighted_token_mean` (loss 0 when no token has weight).
+        :func:`lopd_jax.method.losses.weighted_token_mean` (loss 0 when no token has weight).
       chunk_size: sequence positions per chunk (one chunk holds ``B * chunk_size`` rows of
         ``V`` logits). ``S`` is padded up to a multiple internally.
-      compute_dtype, logits_dtype: as :func:`lopd_jax.losses_kl.project_logits`.
+      compute_dtype, logits_dtype: as :func:`lopd_jax.method.losses_kl.project_logits`.
       total_weight: the denominator in place of ``sum(w)`` (e.g. the whole batch's weight
         when this call sees one length-bucketed pass of it, :mod:`train.bucketed_steps`);
         None: this call's own ``sum(w)``.

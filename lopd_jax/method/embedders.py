@@ -29,7 +29,7 @@ QWEN3_QUERY_TEMPLATE = "Instruct: {task}\nQuery:{query}"
 
 
 class Embedder(abc.ABC):
-    """Batched text -> unit-vector interface used by :class:`lopd_jax.bank.ExperienceBank`.
+    """Batched text -> unit-vector interface used by :class:`lopd_jax.method.bank.ExperienceBank`.
 
     Args:
       query_instruction: optional task description; when set, every query is formatted

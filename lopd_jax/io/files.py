@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import time
 
-from lopd_jax.paths import is_url
+from lopd_jax.io.paths import is_url
 
 
 def epath_of(path: str | os.PathLike):

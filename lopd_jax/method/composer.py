@@ -2,7 +2,7 @@
 
 The encoder is the frozen backbone theta0 with its LoRA switched on; it reads each
 retrieved experience (task-conditioned text, tokenized) and returns final hidden states,
-which the shared-weight compressor (lopd_jax.compressor) turns into K vectors. The n_ret
+which the shared-weight compressor (lopd_jax.method.compressor) turns into K vectors. The n_ret
 experiences of a task are encoded separately and concatenated in retrieval order:
 B tasks x n_ret experiences -> [B, n_ret * K, d].
 """
@@ -15,8 +15,27 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lopd_jax.compressor import Compressor
+from lopd_jax.method.compressor import Compressor
 from models.config import LoraConfig, ModelConfig
+
+
+DEFAULT_FRAMING_BEFORE = ("Reference example: a different, already solved task, given as "
+                          "latent memory:\n")
+DEFAULT_FRAMING_AFTER = "\nEnd of reference example. Now solve your own task from scratch.\n\n"
+
+
+@dataclasses.dataclass(frozen=True)
+class LatentFraming:
+    """Fixed text around the latent slots inserted before the task text (SPEC 2.5)."""
+
+    before: str = DEFAULT_FRAMING_BEFORE
+    after: str = DEFAULT_FRAMING_AFTER
+    num_slots: int = 96
+
+    def __post_init__(self):
+        if self.num_slots < 1:
+            raise ValueError(f"LatentFraming.num_slots must be >= 1, got {self.num_slots} "
+                             "(it is n_ret * K, e.g. 3 * 32 = 96)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,7 +46,7 @@ class ComposerConfig:
     ``max_experience_tokens``: encoder inputs are cut to this many tokens (None = no cut,
     as the release; inputs are then padded to a length bucket of the longest one).
     ``framing_before`` / ``framing_after``: the text around the latent slots (None = the
-    built-in SPEC 2.5 framing, :data:`lopd_jax.chat_base.DEFAULT_FRAMING_BEFORE`); set them
+    built-in SPEC 2.5 framing, :data:`lopd_jax.method.composer.DEFAULT_FRAMING_BEFORE`); set them
     to the release's exact text to reproduce its teacher prompt token for token.
     """
 
@@ -47,9 +66,8 @@ class ComposerConfig:
         return self.n_ret * self.num_latents
 
     def latent_framing(self, num_slots: int | None = None):
-        """The :class:`lopd_jax.chat_base.LatentFraming` of this config (``num_slots``
+        """The :class:`lopd_jax.method.composer.LatentFraming` of this config (``num_slots``
         default: n_ret * K)."""
-        from lopd_jax.chat_base import LatentFraming
         text = {k: v for k, v in (("before", self.framing_before), ("after", self.framing_after)) if v is not None}
         return LatentFraming(num_slots=num_slots or self.num_slots, **text)
 

@@ -1,8 +1,8 @@
 """Chat formats by family, chosen by configuration: ``make_chat_format("qwen3", tokenizer)``.
 
-The interface and the token-in-token-out helpers live in :mod:`lopd_jax.chat_base`; the
-families in :mod:`lopd_jax.chat_qwen3`, :mod:`lopd_jax.chat_olmo3` and
-:mod:`lopd_jax.chat_chatml` (the Llama family: SmolLM2's ChatML). A typical rollout::
+The interface and the token-in-token-out helpers live in :mod:`lopd_jax.chat.base`; the
+families in :mod:`lopd_jax.chat.qwen3`, :mod:`lopd_jax.chat.olmo3` and
+:mod:`lopd_jax.chat.chatml` (the Llama family: SmolLM2's ChatML). A typical rollout::
 
     fmt = make_chat_format(cfg.chat_format, tokenizer, enable_thinking=False)
     traj = TokenTrajectory()
@@ -22,11 +22,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from lopd_jax.chat_base import (ChatFormat, LatentBlock, LatentFraming, TokenTrajectory,
-                                split_thinking)
-from lopd_jax.chat_chatml import ChatMLChatFormat
-from lopd_jax.chat_olmo3 import Olmo3ChatFormat
-from lopd_jax.chat_qwen3 import Qwen3ChatFormat
+from lopd_jax.chat.base import ChatFormat, LatentBlock, TokenTrajectory, split_thinking
+from lopd_jax.method.composer import LatentFraming
+from lopd_jax.chat.chatml import ChatMLChatFormat
+from lopd_jax.chat.olmo3 import Olmo3ChatFormat
+from lopd_jax.chat.qwen3 import Qwen3ChatFormat
 
 CHAT_FORMATS: dict[str, type[ChatFormat]] = {
     Qwen3ChatFormat.family: Qwen3ChatFormat,

@@ -13,7 +13,7 @@ oracle demonstrations teach a random-init tiny model to read such a context duri
 warm-up (``stages.warmup_hint_fraction``), the CPU stand-in for the in-context learning a
 pre-trained model brings.
 
-The framing sentences are OPSD's (:data:`lopd_jax.text_context.FRAMING`). The text is part
+The framing sentences are OPSD's (:data:`lopd_jax.method.text_context.FRAMING`). The text is part
 of the rendered prompt, so the tokenizer sees it together with the instruction; OPSD's
 training step tokenizes the block on its own, so the ids can differ at the two seams.
 """
@@ -23,9 +23,9 @@ from __future__ import annotations
 from typing import Any
 
 from lopd_jax.envs.base import Environment, TaskSource
-from lopd_jax.types import AssistantTurn, Message, StepResult, Task, ToolSchema
+from lopd_jax.method.types import AssistantTurn, Message, StepResult, Task, ToolSchema
 
-from lopd_jax.text_context import FRAMING
+from lopd_jax.method.text_context import FRAMING
 
 FRAMING_BEFORE, FRAMING_AFTER = FRAMING["opsd"]
 

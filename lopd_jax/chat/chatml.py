@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from lopd_jax.chat_base import ChatFormat, json_call_blocks, message_text, tojson
-from lopd_jax.types import AssistantTurn, Message, ToolSchema
+from lopd_jax.chat.base import ChatFormat, json_call_blocks, message_text, tojson
+from lopd_jax.method.types import AssistantTurn, Message, ToolSchema
 
 DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 """The system text SmolLM2's template inserts when the first message is not a system one."""
@@ -123,7 +123,7 @@ class ChatMLChatFormat(ChatFormat):
     def parse_assistant(self, text: str) -> AssistantTurn:
         """Visible content and ``<tool_call>`` JSON calls of one generated turn.
 
-        Never raises: a malformed or over-limit block (:mod:`lopd_jax.call_limits`) is a
+        Never raises: a malformed or over-limit block (:mod:`lopd_jax.chat.call_limits`) is a
         parse error naming what was wrong.
         """
         outside, calls, errors = json_call_blocks(text)

@@ -43,7 +43,7 @@ FRAMING = {
 def context_block_ids(tokenizer, arm: str, text: str, max_tokens: int) -> list[int]:
     """``framing_before + "\\n" + text + "\\n" + framing_after + "\\n\\n"`` as ids, at most
     ``max_tokens`` long (the text is cut, never the framing). Pieces are tokenized
-    separately, as :meth:`lopd_jax.splice.SpliceLayout.from_tokenizer` does the latent
+    separately, as :meth:`lopd_jax.method.splice.SpliceLayout.from_tokenizer` does the latent
     block's framing."""
     if arm not in FRAMING:
         raise ValueError(f"no text-context framing for arm {arm!r}; known: {sorted(FRAMING)}")
@@ -95,9 +95,9 @@ def align_teacher_hidden(hidden, insert_at, ctx_len, length: int):
 
 
 def trajectory_text(experience, max_obs_chars: int | None = 120) -> str:
-    """A trajectory (a :class:`lopd_jax.bank.Experience`) as text: one line per step,
-    ``Step i: tool calls -> observations`` (:func:`lopd_jax.bank.linearize`)."""
-    from lopd_jax.bank import linearize
+    """A trajectory (a :class:`lopd_jax.method.bank.Experience`) as text: one line per step,
+    ``Step i: tool calls -> observations`` (:func:`lopd_jax.method.bank.linearize`)."""
+    from lopd_jax.method.bank import linearize
     return linearize(experience, max_obs_chars=max_obs_chars)
 
 

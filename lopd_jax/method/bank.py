@@ -29,8 +29,8 @@ import faiss
 import numpy as np
 import tensorstore as ts
 
-from lopd_jax.embedders import Embedder, build_embedder
-from lopd_jax.types import Message
+from lopd_jax.method.embedders import Embedder, build_embedder
+from lopd_jax.method.types import Message
 
 FORMAT_VERSION = 1
 RETRIEVAL_MODES = ("symmetric", "asymmetric")
@@ -43,7 +43,7 @@ class Experience:
     """One admitted rollout.
 
     ``messages`` is the trajectory in the chat-message convention of
-    :mod:`lopd_jax.types` (system, user task, assistant turns with ``tool_calls``, tool /
+    :mod:`lopd_jax.method.types` (system, user task, assistant turns with ``tool_calls``, tool /
     user observations). ``token_ids`` optionally keeps the exact sampled ids;
     ``info`` holds free-form JSON metadata (family, group index, ...).
     """
@@ -63,7 +63,7 @@ class Experience:
         except TypeError as e:
             raise TypeError(
                 f"Experience {self.task_id!r} is not JSON-serializable ({e}); messages must "
-                "be plain dicts/lists/str/numbers as in lopd_jax.types.") from e
+                "be plain dicts/lists/str/numbers as in lopd_jax.method.types.") from e
 
     @classmethod
     def from_json(cls, line: str) -> Experience:
@@ -75,7 +75,7 @@ class Experience:
 class BankSettings:
     """The bank's own settings (SPEC 5): :class:`BankConfig` without ``n_ret``, which a run
     takes from its composer (``composer.n_ret``); the run config's ``bank`` section
-    (:class:`lopd_jax.config.BankSection`) is these fields plus the embedder and paths.
+    (:class:`lopd_jax.settings.config.BankSection`) is these fields plus the embedder and paths.
 
     ``min_reward`` is ``bank_min_reward``; ``extra_candidates`` is the "+10" of the
     k + 10 candidate search; ``max_obs_chars`` truncates observations in the

@@ -20,28 +20,10 @@ import dataclasses
 import json
 from typing import Any, ClassVar, Sequence
 
-from lopd_jax.call_limits import MAX_CALLS_PER_TURN, arguments_limit_error, load_json
-from lopd_jax.tokenizers import LATENT_TOKEN, validate_tokenizer
-from lopd_jax.types import AssistantTurn, Message, ToolCall, ToolSchema
-
-DEFAULT_FRAMING_BEFORE = ("Reference example: a different, already solved task, given as "
-                          "latent memory:\n")
-DEFAULT_FRAMING_AFTER = "\nEnd of reference example. Now solve your own task from scratch.\n\n"
-
-
-@dataclasses.dataclass(frozen=True)
-class LatentFraming:
-    """Fixed text around the latent slots inserted before the task text (SPEC 2.5)."""
-
-    before: str = DEFAULT_FRAMING_BEFORE
-    after: str = DEFAULT_FRAMING_AFTER
-    num_slots: int = 96
-
-    def __post_init__(self):
-        if self.num_slots < 1:
-            raise ValueError(f"LatentFraming.num_slots must be >= 1, got {self.num_slots} "
-                             "(it is n_ret * K, e.g. 3 * 32 = 96)")
-
+from lopd_jax.chat.call_limits import MAX_CALLS_PER_TURN, arguments_limit_error, load_json
+from lopd_jax.chat.tokenizers import LATENT_TOKEN, validate_tokenizer
+from lopd_jax.method.composer import LatentFraming
+from lopd_jax.method.types import AssistantTurn, Message, ToolCall, ToolSchema
 
 @dataclasses.dataclass(frozen=True)
 class LatentBlock:

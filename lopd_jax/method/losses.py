@@ -4,7 +4,7 @@ SPEC sections 2.7-2.10 (LOPD), 3 (cold start NLL) and 7 (GRPO). All functions ar
 and jit-able; arrays are batch-major (``[B, S]`` per-token, ``[B]`` per rollout). Under
 SPMD ``jit`` the sums below run over the global batch, so token means are global.
 
-The KL itself and the chunked LM-head projection live in :mod:`lopd_jax.losses_kl` and
+The KL itself and the chunked LM-head projection live in :mod:`lopd_jax.method.losses_kl` and
 are re-exported here.
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lopd_jax.defaults import MARGIN, TOP_M
-from lopd_jax.losses_kl import (
+from lopd_jax.method.defaults import MARGIN, TOP_M
+from lopd_jax.method.losses_kl import (
     TAIL_LOG_CLAMP,
     chunked_distill_stats,
     chunked_token_logp,

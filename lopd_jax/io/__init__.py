@@ -1,0 +1,1 @@
+"""Files and paths, local or remote, and the process start-up that picks JAX's platform."""

@@ -1,0 +1,188 @@
+"""The run config's section dataclasses that the training machinery reads: the mesh
+(:class:`MeshConfig`), the steps (:class:`StepConfig`), sampling (:class:`SamplingParams`),
+episode caps (:class:`RolloutConfig`) and the rollout engine (:class:`EngineConfig`).
+
+They live with the settings so the config schema (:mod:`lopd_jax.settings.config`) needs
+nothing from ``train/``; ``train/`` reads them from here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax.numpy as jnp
+
+from lopd_jax.method.defaults import MARGIN, TOP_M
+from models.partitioning import DEFAULT_RULES
+
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Mesh shape over the named axes ``data``, ``fsdp`` and ``tensor``.
+
+    One entry may be -1 ("all remaining devices"). ``rules`` maps logical axis names to
+    mesh axes (see :mod:`models.partitioning`).
+    """
+
+    data: int = 1
+    fsdp: int = -1
+    tensor: int = 1
+    rules: tuple = DEFAULT_RULES
+
+    def shape(self, num_devices: int) -> tuple[int, int, int]:
+        """Concrete (data, fsdp, tensor) sizes for ``num_devices`` devices."""
+        sizes = [self.data, self.fsdp, self.tensor]
+        if sizes.count(-1) > 1:
+            raise ValueError(f"at most one mesh axis may be -1, got {dict(zip(MESH_AXES, sizes))}")
+        known = math.prod(s for s in sizes if s != -1)
+        if -1 in sizes:
+            if num_devices % known:
+                raise ValueError(f"{num_devices} devices do not divide into mesh {dict(zip(MESH_AXES, sizes))}")
+            sizes[sizes.index(-1)] = num_devices // known
+        if math.prod(sizes) != num_devices:
+            raise ValueError(
+                f"mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices but "
+                f"{num_devices} are available; change the mesh sizes in the config."
+            )
+        return tuple(sizes)
+
+
+STUDENT_MODES = ("full", "lora")
+
+
+LOGITS_DTYPES = ("float32", "compute")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+    """Hyperparameters of the LOPD / cold-start / GRPO steps (SPEC defaults).
+
+    ``micro_batch``: trajectories per data shard per forward / backward pass of the LOPD
+    step (gradient accumulation inside the one jitted step; exact, see
+    :func:`train.steps.make_lopd_step`); 0 = every local trajectory in one pass.
+
+    Choices that follow the authors' release by default (docs/release_parity.md):
+    ``composer_margin_weighting`` (``rollout_mean``: the composer's margin gradient is the
+    mean of the per-rollout deltas; Delta for the dual step stays token-weighted),
+    ``weight_decay`` (0.01, torch AdamW's default), ``logits_dtype`` (``float32``: the
+    LM-head matmul accumulates and returns fp32; ``compute`` rounds the logits to the
+    compute dtype first), ``skip_nonfinite`` (skip the whole update -- student, composer,
+    beta -- when a gradient norm or Delta is not finite) and ``max_nonfinite_skips``
+    (the loop stops after that many consecutive skipped steps; 0 = never).
+    """
+
+    margin: float = MARGIN
+    anchor_weight: float = 0.2
+    eta_beta: float = 0.5
+    top_m: int = TOP_M
+    composer_kl_weighting: str = "rollout_mean"
+    composer_margin_weighting: str = "rollout_mean"
+    freeze_composer: bool = False
+    student_mode: str = "full"
+    logits_chunk: int = 512
+    student_lr: float = 1e-5
+    composer_lr: float = 1e-5
+    student_clip: float = 1.0
+    composer_clip: float = 1.0
+    weight_decay: float = 0.01
+    cold_start_lr: float = 1e-5
+    cold_start_encoder_clip: float = 3.0
+    cold_start_compressor_clip: float = 30.0
+    grpo_clip_eps: float = 0.2
+    micro_batch: int = 0
+    logits_dtype: str = "float32"
+    skip_nonfinite: bool = True
+    max_nonfinite_skips: int = 10
+
+    def __post_init__(self):
+        if self.micro_batch < 0:
+            raise ValueError(f"micro_batch={self.micro_batch}; use 0 (no accumulation) or a positive count.")
+        if self.student_mode not in STUDENT_MODES:
+            raise ValueError(f"student_mode={self.student_mode!r}; choose from {STUDENT_MODES}.")
+        if self.composer_kl_weighting not in ("token_mean", "rollout_mean"):
+            raise ValueError(f"composer_kl_weighting={self.composer_kl_weighting!r}; use token_mean or rollout_mean.")
+        if self.composer_margin_weighting not in ("token_mean", "rollout_mean"):
+            raise ValueError(f"composer_margin_weighting={self.composer_margin_weighting!r}; "
+                             "use rollout_mean (release) or token_mean.")
+        if self.logits_dtype not in LOGITS_DTYPES:
+            raise ValueError(f"logits_dtype={self.logits_dtype!r}; use float32 (release) or compute.")
+        if self.max_nonfinite_skips < 0:
+            raise ValueError(f"max_nonfinite_skips={self.max_nonfinite_skips} must be >= 0 (0 = never stop).")
+
+    def logits_jnp_dtype(self, compute_dtype):
+        """The LM-head matmul's accumulation / output dtype for ``compute_dtype`` inputs."""
+        return jnp.float32 if self.logits_dtype == "float32" else compute_dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    """Episode caps (SPEC 2.2). Host-side parallelism is the engine's
+    (:attr:`lopd_jax.settings.sections.EngineConfig.env_workers`)."""
+
+    max_env_steps: int = 30
+    max_turn_tokens: int = 2048
+    max_total_tokens: int = 40_960
+
+    def __post_init__(self):
+        for name in ("max_env_steps", "max_turn_tokens", "max_total_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings (SPEC 2.2 defaults). ``temperature == 0`` is greedy; ``top_k = 0``
+    and ``top_p = 1`` disable those filters."""
+
+    temperature: float = 0.7
+    top_p: float = 0.95
+    top_k: int = 20
+
+    def __post_init__(self):
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0 or int(self.top_k) != self.top_k:
+            raise ValueError(f"top_k must be an int >= 0 (0 = off), got {self.top_k}")
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """Engine settings (the run config's ``engine`` section).
+
+    ``slots``: decode rows on the device (per process); ``page_size``: tokens per KV page
+    (64-128 on TPU); ``num_pages``: pages in the pool (per process; 0 = enough for every
+    slot at the episode cap); ``decode_chunk``: decode steps per device call (K);
+    ``prefill_chunk``: tokens per row per prefill call (longer chunks take several calls);
+    ``max_in_flight``: episodes started and not finished at once (0 = no limit: every
+    episode of a rollout may hold pages); ``env_workers``: threads running environment
+    steps (0 = on the engine's own thread, between device calls).
+    Compiled variants: one prefill and one decode per power-of-two count of pages read.
+    None of these settings changes a sampled token (see the module docstring).
+    """
+
+    slots: int = 8
+    page_size: int = 64
+    num_pages: int = 0
+    decode_chunk: int = 16
+    prefill_chunk: int = 256
+    max_in_flight: int = 0
+    env_workers: int = 4
+
+    def __post_init__(self):
+        for name in ("slots", "page_size", "decode_chunk", "prefill_chunk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}")
+        for name, what in (("num_pages", "0 = sized from the slots"), ("max_in_flight", "0 = no limit"),
+                           ("env_workers", "0 = on the engine's thread")):
+            if getattr(self, name) < 0:
+                raise ValueError(f"EngineConfig.{name} must be >= 0 ({what}), got {getattr(self, name)}")
+
+
+__all__ = ["EngineConfig", "LOGITS_DTYPES", "MESH_AXES", "MeshConfig", "RolloutConfig", "STUDENT_MODES",
+           "SamplingParams", "StepConfig"]
