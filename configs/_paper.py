@@ -9,12 +9,12 @@ Where the paper and the authors' release differ, these configs follow the releas
 """
 
 from lopd_jax.method.composer import ComposerConfig
+from lopd_jax.method.defaults import MARGIN, TOP_M
 from lopd_jax.settings.config import (BankSection, CheckpointSection, EnvSection, ModelSection, RolloutSection,
                              StagesSection, TrainConfig)
-from lopd_jax.method.defaults import MARGIN, TOP_M
 from lopd_jax.settings.length_model import LengthConfig
-from models.config import LoraConfig
 from lopd_jax.settings.sections import EngineConfig, MeshConfig, StepConfig
+from models.config import LoraConfig
 
 
 def paper_config(name: str, *, source: str = "envscaler", workdir: str,

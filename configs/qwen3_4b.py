@@ -7,8 +7,8 @@ v5e-256) with the layer activations' embedding dimension sharded over it too
 """
 
 from configs._paper import paper_config
-from models.partitioning import DEFAULT_RULES
 from lopd_jax.settings.sections import MeshConfig
+from models.partitioning import DEFAULT_RULES
 
 RULES = tuple((name, "tensor" if name == "act_embed" else axes) for name, axes in DEFAULT_RULES)
 

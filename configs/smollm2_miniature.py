@@ -28,9 +28,9 @@ Differences from the CPU miniature (configs/miniature.py), and why:
 import dataclasses
 
 from configs.tiny import CONFIG as TINY
+from lopd_jax.io.paths import SMOLLM2_FILE, smollm2_path
 from lopd_jax.method.composer import ComposerConfig
 from lopd_jax.settings.config import ModelSection
-from lopd_jax.io.paths import SMOLLM2_FILE, smollm2_path
 from models.config import LoraConfig
 
 # the wheel's file when installed; otherwise the bare file name, which the run refuses with

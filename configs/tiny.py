@@ -14,8 +14,8 @@ The run shows that every stage runs, resumes and exports, not that the method le
 from lopd_jax.method.composer import ComposerConfig
 from lopd_jax.settings.config import (BankSection, CheckpointSection, EnvSection, ModelSection, RolloutSection,
                              StagesSection, TrainConfig)
-from models.config import LoraConfig
 from lopd_jax.settings.sections import EngineConfig, MeshConfig, StepConfig
+from models.config import LoraConfig
 
 CONFIG = TrainConfig(
     # 896 >= the tiny tokenizer's ids (BPE trained on the built-in corpus plus the training prompts,

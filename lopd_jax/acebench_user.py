@@ -21,10 +21,10 @@ from lopd_jax.chat.formats import make_chat_format
 from lopd_jax.envs.base import Environment
 from lopd_jax.evaluate import TINY, load_policy
 from lopd_jax.method.types import AssistantTurn, Message, StepResult, Task, ToolSchema
-from train.engine import Engine
 from lopd_jax.settings.sections import RolloutConfig
-from train.rollout import rollout
 from lopd_jax.settings.sections import SamplingParams
+from train.engine import Engine
+from train.rollout import rollout
 
 
 class _ReplyEnvironment(Environment):

@@ -25,6 +25,17 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+
+from lopd_jax.method.splice import SpliceLayout
+from lopd_jax.settings.config import ConfigError
+from lopd_jax.settings.run_config import load_run_config
+from train import mesh as mesh_lib
+from train.batches import experience_arrays
+from train.checkpoint import CheckpointError
+from train.rollout import LatentContext
+from train.run_reader import COMPOSER_STAGES, open_run
 
 @dataclasses.dataclass
 class ComposerRun:
@@ -54,10 +65,6 @@ def load_composer_run(workdir: str, stage: str = "auto") -> ComposerRun:
     Raises ``ValueError`` naming what is missing (no config, no bank, no composer
     checkpoint of the asked stage).
     """
-    from lopd_jax.settings.config import ConfigError
-    from lopd_jax.settings.run_config import load_run_config
-    from train.checkpoint import CheckpointError
-    from train.run_reader import COMPOSER_STAGES, open_run
 
     if stage not in COMPOSER_STAGES:
         raise ValueError(f"composer stage {stage!r}: choose from {COMPOSER_STAGES}")
@@ -80,7 +87,6 @@ def eval_n_ret(ctx) -> int:
 def eval_layout(ctx):
     """The latent block of Base + Composer prompts: ``eval_n_ret * K`` slots (the run's own
     layout when ``eval_n_ret == composer.n_ret``)."""
-    from lopd_jax.method.splice import SpliceLayout
 
     n = eval_n_ret(ctx)
     if n == ctx.cfg.composer.n_ret:
@@ -96,7 +102,6 @@ def task_latents(run: ComposerRun, tasks: Sequence) -> jax.Array:
     release trains with 3 and evaluates Base + Composer with 1). The sampler cannot mask
     slots inside its KV cache, so a task with fewer hits than ``eval_n_ret`` repeats them.
     """
-    from train.batches import experience_arrays
 
     ctx = run.ctx
     n = eval_n_ret(ctx)
@@ -115,9 +120,7 @@ def task_latents(run: ComposerRun, tasks: Sequence) -> jax.Array:
 
 def distributed_replicated(ctx, x):
     """``x`` (numpy, equal on every process) as a global array replicated over ``ctx``'s mesh."""
-    import numpy as np
 
-    from train import mesh as mesh_lib
     return jax.device_put(np.asarray(x), mesh_lib.replicated(ctx.rules))
 
 
@@ -131,10 +134,6 @@ def rows_latent_context(run: ComposerRun, tasks: Sequence, lo: int, hi: int):
     """
     if jax.process_count() == 1:
         return latent_context(run, list(tasks)[lo:hi])
-    import numpy as np
-    from jax.experimental import multihost_utils
-
-    from train.rollout import LatentContext
 
     latents = np.asarray(multihost_utils.process_allgather(task_latents(run, tasks), tiled=True))[lo:hi]
     return LatentContext(eval_layout(run.ctx), latents)
@@ -143,7 +142,6 @@ def rows_latent_context(run: ComposerRun, tasks: Sequence, lo: int, hi: int):
 def latent_context(run: ComposerRun, tasks: Sequence, latents=None):
     """A :class:`train.rollout.LatentContext` for ``tasks`` (``latents`` default:
     :func:`task_latents`); the other prompt ids take the policy's own embeddings."""
-    from train.rollout import LatentContext
 
     latents = task_latents(run, tasks) if latents is None else latents
     return LatentContext(eval_layout(run.ctx), latents)

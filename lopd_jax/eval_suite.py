@@ -34,7 +34,6 @@ import os
 import time
 from typing import Any, Callable, Sequence
 
-from lopd_jax.io import files
 from lopd_jax.envs.acebench import (AGENT_CATEGORIES, NORMAL_CATEGORIES, SPECIAL_CATEGORIES, UPSTREAM,
                                     ACEBenchTaskSource, aggregate, aggregate_counts)
 from lopd_jax.envs.bfcl import CATEGORIES, BFCLTaskSource
@@ -42,6 +41,7 @@ from lopd_jax.envs.code import HumanEvalTaskSource
 from lopd_jax.envs.envscaler import EnvScalerTaskSource
 from lopd_jax.envs.evalplus import EvalPlusTaskSource
 from lopd_jax.envs.livecodebench import LiveCodeBenchTaskSource
+from lopd_jax.io import files
 
 TABLES = {"tool_use": "Table 1: tool use", "code": "Table 2: code"}
 SUITES = ("tool_use", "code", "all")

@@ -64,7 +64,7 @@ def measure(run, tasks: Sequence) -> dict[str, dict[str, Any]]:
 
     from lopd_jax.composer_eval import latent_context
     from lopd_jax.envs.privileged import HintedTaskSource
-    from train.loop import EVAL_RNG_OFFSET
+    from train.stage_loop import EVAL_RNG_OFFSET
     from train.rollout import rollout
     from train.sampler import SamplingParams
 

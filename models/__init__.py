@@ -6,6 +6,8 @@ The Hugging Face entry points are imported lazily so ``import models.config`` st
 ``save_peft_adapter``.
 """
 
+import importlib
+
 _LAZY = {
     "from_pretrained": "models.hf_import",
     "load_config": "models.hf_import",
@@ -22,7 +24,6 @@ __all__ = sorted(_LAZY)
 def __getattr__(name):
     """Import the Hugging Face entry points on first use."""
     if name in _LAZY:
-        import importlib
 
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'models' has no attribute {name!r}")

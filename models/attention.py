@@ -21,6 +21,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from models.splash import splash_attention
+
 _MASK = -1e30
 
 
@@ -190,7 +192,6 @@ def attention(q, k, v, q_pos, k_pos, k_valid, window, scale, impl="plain", block
     value ``window`` may take in the static ``windows``, and shard-maps over ``rules``' mesh.
     """
     if impl == "splash":
-        from models.splash import splash_attention
         return splash_attention(q, k, v, k_valid, window, scale, windows=windows, rules=rules, block=block_q)
     if impl == "plain":
         return plain_attention(q, k, v, q_pos, k_pos, k_valid, window, scale)

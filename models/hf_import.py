@@ -20,9 +20,9 @@ import numpy as np
 from flax import nnx
 
 from models import hf_config, hf_mapping
-from models.gguf import GGUFStorage, is_gguf_path
 from models.config import LoraConfig, ModelConfig
 from models.decoder import Decoder
+from models.gguf import GGUFStorage, is_gguf_path
 from models.lora import LoRAParam
 from models.partitioning import DEFAULT_RULES, Rules
 from models.storage import FLOAT_DTYPES, Storage, TensorInfo, open_storage

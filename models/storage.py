@@ -21,6 +21,8 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
+import safetensors.numpy
+import tensorstore as ts
 
 FLOAT_DTYPES: dict[str, Any] = {
     "F64": np.float64,
@@ -82,7 +84,6 @@ class Storage:
 
     def write_safetensors(self, name: str, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
         """Write one safetensors file from host arrays."""
-        import safetensors.numpy
 
         self.write_bytes(name, safetensors.numpy.save(tensors, metadata=metadata))
 
@@ -152,8 +153,6 @@ class LocalStorage(Storage):
         self.path(name).write_bytes(data)
 
     def write_safetensors(self, name, tensors, metadata):
-        import safetensors.numpy
-
         self.root.mkdir(parents=True, exist_ok=True)
         safetensors.numpy.save_file(tensors, str(self.path(name)), metadata=metadata)
 
@@ -189,8 +188,6 @@ class KvStoreStorage(Storage):
     """A checkpoint directory behind a ``tensorstore`` key-value store (GCS, or any driver)."""
 
     def __init__(self, spec: dict, url: str):
-        import tensorstore as ts
-
         self.url = url
         self.spec = spec
         try:

@@ -31,10 +31,19 @@ import time
 from typing import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
+from lopd_jax.method.text_context import context_block_ids, pack_blocks, skill_summary, trajectory_text
 from lopd_jax.settings.arm_config import COMPOSER_ARMS, GROUP_ARMS
-from train.training_stage import LOPDStage, TrainingStage
+from lopd_jax.settings.errors import ConfigError
+from train import distributed
+from train.bank_stage import to_experience
+from train.bucketed_steps import BucketedGRPOStep, BucketedTextStep
+from train.rollout import training_arrays
+from train.steps import make_grpo_step
+from train.text_steps import make_text_distill_step, text_state_shardings
+from train.training_stage import LOPDStage, TrainingStage, rollout_records, write_rollouts
 
 SUCCESS = 1.0  # reward of a solved task (SDPO's "successful sibling")
 
@@ -43,7 +52,6 @@ def resolve_arm(cfg):
     """``cfg`` with what its arm implies applied and checked: ``lopd_frozen_composer`` sets
     ``steps.freeze_composer``; group arms need ``arms.group_size`` to divide the rollouts
     per step. Raises :class:`lopd_jax.settings.errors.ConfigError`."""
-    from lopd_jax.settings.errors import ConfigError
     if cfg.arm == "lopd_frozen_composer" and not cfg.steps.freeze_composer:
         cfg = dataclasses.replace(cfg, steps=dataclasses.replace(cfg.steps, freeze_composer=True))
     if cfg.arm in GROUP_ARMS:
@@ -67,16 +75,6 @@ def group_size(cfg) -> int:
 def rollouts_per_step(cfg) -> int:
     """Rollouts every arm samples per training step (the equal-budget unit)."""
     return cfg.env.tasks_per_step * cfg.env.group_size
-
-
-def abstract_train_state(system, cfg):
-    """``(abstract state, shardings)`` of the arm's training-stage checkpoint (the LOPD
-    state's layout; SDFT adds ``ema``), for restoring it outside the loop (export)."""
-    from train.text_steps import text_state_shardings
-    abstract, _ = system.abstract_state(cfg.seed)
-    if cfg.arm == "sdft":
-        abstract = {**abstract, "ema": abstract["student"]}
-    return abstract, text_state_shardings(system, abstract)
 
 
 def training_stage(ctx, bank, bank_path: str, composer0, writer):
@@ -109,7 +107,6 @@ class GRPOArm:
 
     def batch(self, step: int, trajs) -> dict[str, np.ndarray]:
         """The GRPO batch of step ``step``'s trajectories: tokens, masks, sampler log-probs, rewards."""
-        from train.rollout import training_arrays
         ctx = self.ctx
         arr = training_arrays(trajs, buckets=ctx.seq_buckets(), minimum=128, pad_id=ctx.tokenizer.pad_token_id or 0)
         batch = {"tokens": arr["tokens"], "attention_mask": arr["attention_mask"], "loss_mask": arr["mask"],
@@ -122,10 +119,8 @@ class GRPOArm:
         metrics); length-bucketed (:class:`train.bucketed_steps.BucketedGRPOStep`) when the
         batch is."""
         if isinstance(batch, dict):
-            from train.steps import make_grpo_step
             step = make_grpo_step(self.ctx.system, state, batch, group_size=self.group_size)
         else:
-            from train.bucketed_steps import BucketedGRPOStep
             step = BucketedGRPOStep(self.ctx.system, state, group_size=self.group_size)
 
         def run(st, frozen, b):
@@ -185,8 +180,6 @@ class TextArm:
 
     def contexts(self, step: int, trajs: Sequence) -> tuple[list[str | None], list[int | None]]:
         """Per row: the context text (None: no distillation) and the skill index picked."""
-        from lopd_jax.method.text_context import trajectory_text
-        from train.bank_stage import to_experience
         texts: list[str | None] = []
         picked: list[int | None] = [None] * len(trajs)
         if self.arm == "opsd":
@@ -217,21 +210,17 @@ class TextArm:
     def init_state(self, state):
         """The training state, with SDFT's EMA teacher (a copy of the student) added."""
         if self.ema_decay is not None:
-            import jax.numpy as jnp
             state = {**state, "ema": jax.tree.map(jnp.copy, state["student"])}
         return state
 
     def shardings(self, state):
         """The text-distillation state's shardings (:func:`train.text_steps.text_state_shardings`)."""
-        from train.text_steps import text_state_shardings
         return text_state_shardings(self.ctx.system, state)
 
     def batch(self, step: int, trajs):
         """The text-distillation batch of step ``step``'s trajectories, each row with its
         context block; with ``lengths.buckets`` a :class:`train.bucketed_steps.BucketedBatch`
         of it (built from every row, the same on every process)."""
-        from lopd_jax.method.text_context import context_block_ids, pack_blocks
-        from train.rollout import training_arrays
         ctx = self.ctx
         pad = ctx.tokenizer.pad_token_id or 0
         texts, self._picked = self.contexts(step, trajs)
@@ -248,9 +237,7 @@ class TextArm:
         """The jitted text-distillation update (:func:`train.text_steps.make_text_distill_step`);
         length-bucketed (:class:`train.bucketed_steps.BucketedTextStep`) when the batch is."""
         if not isinstance(batch, dict):
-            from train.bucketed_steps import BucketedTextStep
             return BucketedTextStep(self.ctx.system, state, self.ema_decay)
-        from train.text_steps import make_text_distill_step
         return make_text_distill_step(self.ctx.system, state, batch, self.ema_decay)
 
     def after_step(self, metrics: dict) -> None:
@@ -274,7 +261,6 @@ class TextArm:
 def build_skills(entries) -> list[dict]:
     """Skill-SD's library: one :func:`lopd_jax.method.text_context.skill_summary` per distinct
     procedure among the bank's (successful) trajectories, with its family."""
-    from lopd_jax.method.text_context import skill_summary
     out, seen = [], set()
     for e in entries:
         text = skill_summary(e)
@@ -350,7 +336,6 @@ class PolicyStage(TrainingStage):
     def rollout(self, s: int) -> tuple[list, dict]:
         """Every row's trajectory of step ``s`` (each process rolls out its own rows; all are
         gathered to every process, in row order) and their statistics."""
-        from train import distributed
         tasks = self.step_tasks(s)
         params = self.student_params()
         t0 = time.perf_counter()
@@ -364,7 +349,6 @@ class PolicyStage(TrainingStage):
                 "success_rate": float(np.mean([t.reward >= SUCCESS for t in trajs])),
                 "mean_length": float(np.mean([len(t) for t in trajs]))}
         if self.log_rollouts:
-            from train.training_stage import rollout_records, write_rollouts
             rows, row = [], 0
             for p, part in enumerate(parts):
                 rows += rollout_records("lopd", s + 1, part, row, p)

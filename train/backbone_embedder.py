@@ -21,8 +21,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from lopd_jax.chat.tokenizers import hf_tokenizer
 from lopd_jax.method.embedders import Embedder
 from lopd_jax.method.shapes import bucket
+from models import from_pretrained
 
 POOL_TOKEN = "<|endoftext|>"
 """The token Qwen3-Embedding appends before last-token pooling (id 151643 for Qwen3)."""
@@ -81,8 +83,6 @@ class BackboneEmbedder(Embedder):
     @classmethod
     def from_pretrained(cls, path: str, **kwargs: Any) -> "BackboneEmbedder":
         """Load a Qwen3-Embedding (or any Qwen3 / Olmo-3) checkpoint and its tokenizer."""
-        from lopd_jax.chat.tokenizers import hf_tokenizer
-        from models import from_pretrained
         model = from_pretrained(path, dtype=kwargs.pop("dtype", "float32"))
         tokenizer = hf_tokenizer(path)  # local or gs://
         return cls(model, tokenizer, name=kwargs.pop("name", f"backbone:{path}"), **kwargs)

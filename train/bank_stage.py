@@ -22,6 +22,10 @@ import jax
 import numpy as np
 
 from lopd_jax.method.bank import EmptyBankError, Experience, ExperienceBank
+from lopd_jax.method.embedders import HashingEmbedder
+from lopd_jax.method.types import Task
+from train import distributed
+from train.backbone_embedder import BackboneEmbedder
 from train.rollout import Trajectory
 
 BANK_DIR = "bank"
@@ -31,9 +35,7 @@ BANK_RNG_OFFSET = 1 << 20  # bank rollouts use fold_in(seed key, offset + batch)
 def make_embedder(cfg):
     """The embedder the bank section names (hashing, or the backbone Qwen3-Embedding one)."""
     if cfg.bank.embedder == "hashing":
-        from lopd_jax.method.embedders import HashingEmbedder
         return HashingEmbedder(dim=cfg.bank.embedder_dim)
-    from train.backbone_embedder import BackboneEmbedder
     return BackboneEmbedder.from_pretrained(cfg.bank.embedder_path, pool_token=cfg.bank.embedder_pool_token)
 
 
@@ -54,7 +56,6 @@ def to_experience(traj: Trajectory) -> Experience:
 
 def from_experience(exp: Experience) -> Trajectory:
     """The trajectory arrays kept in a bank entry (for the cold start)."""
-    from lopd_jax.method.types import Task
     if exp.token_ids is None or "mask_spans" not in exp.info:
         raise ValueError(f"bank entry {exp.task_id!r} has no token ids / mask; the cold start needs a bank built "
                          "by this program (or set stages.cold_start_steps=0).")
@@ -80,7 +81,6 @@ def build_bank(ctx, params, workdir: str) -> tuple[ExperienceBank, dict]:
     if cfg.bank.path:
         bank = ExperienceBank.load(cfg.bank.path, embedder)
         return bank, {"path": cfg.bank.path, "entries": len(bank), "loaded": True}
-    from train import distributed
     bank = ExperienceBank(embedder, cfg.bank_config())
     key = jax.random.key(cfg.seed)
     B = cfg.env.tasks_per_step

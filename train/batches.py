@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from lopd_jax.method.bank import Experience, ExperienceBank, encoder_input_text
+from train import distributed
 from train.rollout import Trajectory, training_arrays
 from train.sampler import bucket
 
@@ -93,7 +94,6 @@ def gather_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Every process's rows of a batch (this process's rows, numpy), in process (= row)
     order, on every process; entries whose trailing shapes differ between processes (the
     experience length bucket) are zero-padded to the largest (their masks stay False)."""
-    from train import distributed
     parts = distributed.allgather_objects(batch)
     if len(parts) == 1:
         return batch

@@ -36,6 +36,7 @@ import numpy as np
 
 from lopd_jax.method import losses
 from lopd_jax.settings.length_model import Pass, plan_passes
+from train.distributed import global_array, row_range
 from train.steps import (cold_start_loss, cold_start_update, finish_summed_metrics, grpo_loss, grpo_update,
                          lopd_loss, lopd_update)
 from train.system import LOPDSystem
@@ -75,7 +76,6 @@ class BucketedBatch:
     def put(self, system: LOPDSystem) -> "BucketedBatch":
         """The passes as global arrays on the system's batch shardings (each process puts
         its rows of every pass)."""
-        from train.distributed import global_array, row_range
         out = []
         for p in self.passes:
             sh = system.batch_shardings(p)

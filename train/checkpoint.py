@@ -34,6 +34,9 @@ from typing import Any, Callable
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
+
+from lopd_jax.io.paths import resolve_path
 
 STATE, META = "state", "meta"
 _BYTES_TAG = "__bytes_b64__"
@@ -125,7 +128,6 @@ class Checkpointer:
                  async_save: bool = True):
         if every_steps < 1 or keep < 1:
             raise ValueError(f"every_steps={every_steps} and keep={keep} must both be >= 1.")
-        from lopd_jax.io.paths import resolve_path
         self.directory = resolve_path(directory)  # Orbax needs absolute local paths
         self.every_steps = every_steps
         options = ocp.CheckpointManagerOptions(
@@ -262,7 +264,6 @@ def preemption_agreed() -> bool:
     local = _PREEMPTED.is_set()
     if jax.process_count() == 1:
         return local
-    from jax.experimental import multihost_utils
     return bool(np.any(multihost_utils.process_allgather(np.array(local))))
 
 

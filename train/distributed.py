@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 ENV_ADDRESS, ENV_NUM, ENV_ID = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
 HEARTBEAT_ENV = "LOPD_HEARTBEAT_SECONDS"
@@ -173,7 +174,6 @@ def global_max(values: Sequence[int] | np.ndarray) -> np.ndarray:
     v = np.asarray(values, np.int64).reshape(-1)
     if not multiprocess():
         return v
-    from jax.experimental import multihost_utils
     return np.asarray(multihost_utils.process_allgather(v.astype(np.int32))).reshape(jax.process_count(), -1).max(0)
 
 
@@ -190,7 +190,6 @@ def allgather_objects(obj: Any) -> list[Any]:
     """
     if not multiprocess():
         return [obj]
-    from jax.experimental import multihost_utils
     data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
     n = int(global_max([data.size])[0])
     size = 1 << max(n - 1, 1).bit_length()
@@ -209,7 +208,6 @@ def allgather_list(items: Sequence[Any]) -> list[Any]:
 def sync(name: str) -> None:
     """A barrier across processes (no-op on one)."""
     if multiprocess():
-        from jax.experimental import multihost_utils
         multihost_utils.sync_global_devices(name)
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 
+from train.distributed import initialize
+
 
 def add_launch_flags(parser: argparse.ArgumentParser) -> None:
     """Add ``--coordinator_address``, ``--num_processes`` and ``--process_id`` to ``parser``."""
@@ -27,7 +29,6 @@ def initialize_from_flags(args: argparse.Namespace) -> str | None:
     """Start the runtime from the flags of :func:`add_launch_flags` (and the environment)
     when the run is multi-process; returns an error message for an incomplete or
     inconsistent launch (the program then exits with status 2), else None."""
-    from train.distributed import initialize
     try:
         initialize(args.coordinator_address, args.num_processes, args.process_id)
     except ValueError as e:

@@ -14,6 +14,7 @@ import os
 from typing import Any
 
 import jax
+import tensorstore as ts
 
 STAGES_FILE = "stages.json"
 STAGE_ORDER = ("warmup", "eval_before", "bank", "cold_start", "lopd", "eval_after", "export", "plot")
@@ -23,7 +24,6 @@ STAGE_ORDER = ("warmup", "eval_before", "bank", "cold_start", "lopd", "eval_afte
 
 
 def _kvstore(directory: str):
-    import tensorstore as ts
     url = directory if "://" in directory else "file://" + os.path.abspath(directory)
     return ts.KvStore.open(url.rstrip("/") + "/").result()
 

@@ -33,55 +33,35 @@ saved and :func:`run` returns :data:`PREEMPTED` (exit status 0).
 
 from __future__ import annotations
 
-import sys
+import json
 import time
-from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from lopd_jax.io import files
+from models import save_pretrained
+from train import mesh as mesh_lib, warmup
+from train.arms import resolve_arm, training_stage, uses_composer
+from train.bank_stage import build_bank, from_experience, load_bank
+from train.batches import batch_rows, cold_start_batch, gather_rows, local_share
+from train.bucketed_steps import BucketedColdStartStep
+from train.checkpoint import install_preemption_handler
+from train.data import TaskPipeline
 from train.ledger import StageLedger
+from train.metrics import MetricsWriter, plot_run
+from train.rollout import training_arrays
 from train.run_context import RunContext
+from train.run_reader import EXPORT_RUN_FILE, export_run_info
+from train.stage_loop import evaluate_policy, log, run_steps
+from train.steps import make_cold_start_step
 
 PREEMPTED = "preempted"
-EVAL_RNG_OFFSET = 1 << 21
 EXPORT_DIR = "export"
 PLOT_FILE = "plot.png"
 
 
-def log(msg: str) -> None:
-    """One progress line on stderr (process 0 only)."""
-    if jax.process_index() == 0:
-        print(f"[lopd] {msg}", file=sys.stderr, flush=True)
-
-
 # ----------------------------------------------------------------------------- evaluation
-
-
-def evaluate_policy(ctx: RunContext, params) -> dict[str, Any]:
-    """Greedy rollouts of the held-out tasks: mean reward, success rate and Table-3 stats."""
-    from lopd_jax.method.eval_stats import behaviour_stats, no_tool_baseline
-    from lopd_jax.settings.sections import SamplingParams
-
-    r = ctx.cfg.rollout
-    greedy = SamplingParams(temperature=0.0, top_p=r.top_p, top_k=r.top_k)
-    key = jax.random.fold_in(jax.random.key(ctx.cfg.seed), EVAL_RNG_OFFSET)
-    B = ctx.cfg.env.tasks_per_step
-    trajs, t0 = [], time.perf_counter()
-    for i in range(0, len(ctx.eval_tasks), B):  # split across hosts, every trajectory gathered everywhere
-        trajs += ctx.rollout_split(params, ctx.eval_tasks[i:i + B], jax.random.fold_in(key, i), greedy,
-                                   gather=True)[0]
-    stats = behaviour_stats(trajs)
-    out = {k: v for k, v in stats.items() if isinstance(v, (int, float))}
-    out["reward_mean"] = float(np.mean([t.reward for t in trajs]))
-    out["eval_tasks"] = len(trajs)
-    if getattr(ctx, "no_tool_baseline", None) is None:  # the same for every evaluation of a run
-        ctx.no_tool_baseline = no_tool_baseline(ctx.source.make_env, ctx.eval_tasks)
-    out["no_tool_baseline"] = ctx.no_tool_baseline
-    out["eval_seconds"] = time.perf_counter() - t0
-    return out
 
 
 def _eval_note(ev: dict) -> str:
@@ -95,89 +75,11 @@ def _eval_note(ev: dict) -> str:
 # ----------------------------------------------------------------------------- step loops
 
 
-def put_batch(system, batch: dict) -> dict:
-    """This process's rows of a batch (numpy) -> global arrays on the system's batch shardings.
-
-    ``jax.make_array_from_process_local_data``: on one process the rows are the whole
-    batch; on a pod each process passes the rows it owns (see the module docstring).
-    """
-    from train.distributed import global_array
-    if not isinstance(batch, dict):  # a length-bucketed batch (train.bucketed_steps) puts its passes
-        return batch.put(system)
-    shardings = system.batch_shardings(batch)
-    if shardings is None:
-        return batch
-    return {k: global_array(v, shardings[k]) for k, v in batch.items()}
-
-
-def run_steps(ctx: RunContext, stage: str, state, num_steps: int, step_fn: Callable, batch_fn: Callable,
-              *, shardings=None, extra_meta: Callable[[int], dict] | None = None, writer=None,
-              on_metrics: Callable[[int, dict], dict] | None = None,
-              on_restore: Callable[[Any, dict], None] | None = None):
-    """Resumable step loop of one stage; returns ``(state, preempted)``.
-
-    ``state`` is the stage's initial state (also the restore target); ``batch_fn(step)``
-    gives the batch of a step (a function of the step alone, for exact resume);
-    ``step_fn(state, batch) -> (state, metrics)``; ``on_metrics(step, metrics)`` may add
-    to the logged record; ``on_restore(state, metadata)`` sees a restored checkpoint.
-    """
-    from train.checkpoint import Checkpointer, preemption_agreed
-    from train.metrics import Progress
-    from train.nonfinite import NonFiniteTracker
-    from train.run_reader import restore_newest
-
-    c = ctx.cfg.checkpoint
-    ckpt = Checkpointer(ctx.ckpt_dir(stage), every_steps=c.every_steps, keep=c.keep, async_save=c.async_save)
-    start, latest = 0, None
-    found = restore_newest(ckpt, state, shardings)
-    if found is not None:
-        state, restored_meta, latest = found
-        if on_restore is not None:
-            on_restore(state, restored_meta)
-        start = latest
-        log(f"{stage}: resumed from step {start}")
-    preempted = False
-    meta = lambda s: {"stage": stage, "step": s, **(extra_meta(s) if extra_meta else {})}  # noqa: E731
-    guard = NonFiniteTracker(ctx.cfg.steps.max_nonfinite_skips, stage)
-    with Progress(num_steps, stage, initial=start) as bar:
-        for s in range(start, num_steps):
-            t0 = time.perf_counter()
-            batch = put_batch(ctx.system, batch_fn(s))
-            t1 = time.perf_counter()
-            state, metrics = step_fn(state, batch)
-            metrics = {k: float(v) for k, v in jax.device_get(metrics).items() if np.ndim(v) == 0}
-            t2 = time.perf_counter()
-            metrics["batch_seconds"], metrics["train_seconds"] = t1 - t0, t2 - t1
-            if "nonfinite" in metrics:  # skipped updates; stops after steps.max_nonfinite_skips in a row
-                metrics["skipped_steps"] = float(guard.update(metrics, s + 1))
-            if on_metrics is not None:
-                metrics.update(on_metrics(s, metrics))
-            if writer is not None:
-                writer.write(s + 1, stage, metrics)
-            bar.update(1)
-            done = s + 1
-            if ckpt.save(done, state, meta(done), force=done == num_steps) and writer is not None:
-                writer.flush()  # a gs:// metrics object then holds every checkpointed step's record
-            if done < num_steps and preemption_agreed():
-                ckpt.save(done, state, meta(done), force=True)
-                preempted = True
-                log(f"{stage}: preempted at step {done}; checkpoint saved -- rerun the same command to resume")
-                break
-    if latest is not None and latest >= num_steps:
-        log(f"{stage}: all {num_steps} steps already done")
-    ckpt.close()
-    return state, preempted
-
-
 # ----------------------------------------------------------------------------- stages
 
 
 def warmup_stage(ctx: RunContext, writer):
     """Supervised warm-up on oracle demonstrations; returns ``(theta, preempted)``."""
-    from train import warmup
-    from train.batches import batch_rows, local_share
-    from train.data import TaskPipeline
-    from train.rollout import training_arrays
 
     cfg, system = ctx.cfg, ctx.system
     theta0, lora0, _ = system.initial_params()
@@ -208,7 +110,6 @@ def warmup_stage(ctx: RunContext, writer):
     else:
         jitted, state_sh = warmup.jit_sft_step(system, opt, step, state, batch_fn(0))
     if state_sh is not None:  # committed like the step's outputs, so step 2 does not recompile
-        from train import mesh as mesh_lib
         state = mesh_lib.put(state, state_sh)
     state, preempted = run_steps(ctx, "warmup", state, cfg.stages.warmup_steps,
                                  lambda st, b: jitted(st, lora0, b), batch_fn, shardings=state_sh, writer=writer)
@@ -217,10 +118,6 @@ def warmup_stage(ctx: RunContext, writer):
 
 def cold_start_stage(ctx: RunContext, bank, writer):
     """Composer cold start (SPEC 3) on the bank's successful trajectories; ``(phi0, preempted)``."""
-    from train.bank_stage import from_experience
-    from train.batches import cold_start_batch, gather_rows
-    from train.data import TaskPipeline
-    from train.steps import make_cold_start_step
 
     cfg, system = ctx.cfg, ctx.system
     trajs = [from_experience(e) for e in bank.entries]
@@ -234,10 +131,8 @@ def cold_start_stage(ctx: RunContext, bank, writer):
 
     state = system.init_cold_start_state(cfg.seed)
     shardings = system.cold_start_shardings(state)
-    from train import mesh as mesh_lib
     state = mesh_lib.put(state, shardings)
     if cfg.lengths.enabled:
-        from train.bucketed_steps import BucketedColdStartStep
         step = BucketedColdStartStep(system, state)
     else:
         step = make_cold_start_step(system, state, batch_fn(0))
@@ -256,10 +151,6 @@ def run(cfg, resumed: bool = False) -> str | dict:
     The caller saves (and checks) the run's config.json first -- ``lopd_jax.train`` does,
     with :func:`lopd_jax.settings.run_config.save_run_config` -- and says whether it ``resumed``.
     """
-    from train.bank_stage import build_bank, load_bank
-    from train.checkpoint import install_preemption_handler
-    from train.arms import resolve_arm, training_stage, uses_composer
-    from train.metrics import MetricsWriter, plot_run
 
     cfg = resolve_arm(cfg)
     workdir = cfg.workdir
@@ -362,10 +253,7 @@ def run(cfg, resumed: bool = False) -> str | dict:
 def export_student(ctx: RunContext, student, frozen, out_dir: str, dtype: str | None = None) -> list[str]:
     """Write the student as a Hugging Face checkpoint (with the tokenizer) to ``out_dir``,
     plus the run's :data:`train.run_reader.EXPORT_RUN_FILE` (task source, episode caps)."""
-    import json
 
-    from models import save_pretrained
-    from train.run_reader import EXPORT_RUN_FILE, export_run_info
     model = ctx.student_model(student, frozen)
     dtype = dtype or ctx.cfg.model.param_dtype
     written = save_pretrained(model, out_dir, dtype=dtype, tokenizer=ctx.tokenizer, merge_lora=True,

@@ -15,15 +15,25 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
+from lopd_jax.chat.formats import make_chat_format
+from lopd_jax.chat.tokenizers import _builtin_corpus, hf_tokenizer, qwen3_tokenizer, tiny_tokenizer
+from lopd_jax.envs.registry import get_task_source
+from models import from_pretrained
+from models.decoder import Decoder
+from train import distributed, mesh as mesh_lib
+from train.bucketed_steps import bucketed_batch, grpo_bucketed_batch
+from train.engine import Engine
+from train.rollout import rollout
+from train.step_spec import splice_layout, step_spec
+from train.system import LOPDSystem
 
 
 def domain_corpus(source, split: str, family: str) -> str:
     """The tiny tokenizer's training text: its built-in corpus plus the rendered prompts
     (system text, tool schemas, instructions) of ``split``, so the tiny BPE learns the
     environment's own vocabulary and prompts take about half as many tokens."""
-    from lopd_jax.chat.formats import make_chat_format
-    from lopd_jax.chat.tokenizers import _builtin_corpus, tiny_tokenizer
 
     fmt = make_chat_format(family, tiny_tokenizer(family))
     texts = []
@@ -45,15 +55,12 @@ def run_tokenizer(cfg, family: str, source_fn):
     if kind == "auto":
         kind = "hf" if m.hf_path else ("tiny" if (m.name or "").startswith("tiny") else family)
     if kind == "tiny":
-        from lopd_jax.chat.tokenizers import tiny_tokenizer
         # as many base tokens as the model's vocabulary leaves room for (the corpus may give fewer)
         return tiny_tokenizer(family, vocab_size=max(512, (m.vocab_size or 512) - 32),
                               corpus=domain_corpus(source_fn(), cfg.env.train_split, family))
     if kind == "hf":
-        from lopd_jax.chat.tokenizers import hf_tokenizer
         return hf_tokenizer(m.hf_path)  # local or gs://
     if kind == "qwen3":
-        from lopd_jax.chat.tokenizers import qwen3_tokenizer
         return qwen3_tokenizer()
     raise ValueError(f"no built-in tokenizer for family {family!r}; set model.tokenizer=hf with model.hf_path.")
 
@@ -81,15 +88,6 @@ class RunContext:
     """
 
     def __init__(self, cfg):
-        from flax import nnx
-
-        from lopd_jax.envs.registry import get_task_source
-        from models.decoder import Decoder
-        from train import mesh as mesh_lib
-        from train.engine import Engine
-        from train.step_spec import splice_layout, step_spec
-        from train.system import LOPDSystem
-
         self.cfg = cfg
         self.spec = step_spec(cfg)  # the LOPD step's shapes and settings (shared with the compile check)
         self.model_cfg = self.spec.model
@@ -102,7 +100,6 @@ class RunContext:
         self.mesh = mesh_lib.make_mesh(self.spec.mesh)
         self.rules = mesh_lib.rules_for(self.mesh, self.spec.mesh)
         if cfg.model.hf_path:
-            from models import from_pretrained
             m = cfg.model
             backbone = from_pretrained(m.hf_path, dtype=m.dtype, param_dtype=m.param_dtype, mesh=self.mesh,
                                        rules=self.rules, lora=cfg.composer.lora, attention_impl=m.attention_impl,
@@ -133,7 +130,6 @@ class RunContext:
     # ----- helpers shared by the stages -----
     def set_theta0(self, theta) -> None:
         """Make ``theta`` (e.g. the warmed-up backbone) the frozen theta0 and the student's start."""
-        from train import mesh as mesh_lib
         self.system._theta0 = mesh_lib.put(theta, self.system.frozen_shardings())
 
     def ckpt_dir(self, stage: str) -> str:
@@ -166,7 +162,6 @@ class RunContext:
     def local_rows(self, rows: int) -> tuple[int, int]:
         """``[start, stop)``: the rows of a ``rows``-row step batch this process owns (as the
         batch sharding places them; all rows on one process)."""
-        from train import distributed, mesh as mesh_lib
         if jax.process_count() == 1:
             return 0, rows
         return distributed.row_range(mesh_lib.batch_sharding(self.rules, 1), rows)
@@ -174,7 +169,6 @@ class RunContext:
     def rollout(self, params, tasks, rng, sampling=None, *, first_episode: int = 0, on_finish=None):
         """Trajectories of ``tasks`` under ``params`` on this process's engine; task ``i`` is
         episode ``first_episode + i`` (:func:`train.rollout.rollout`)."""
-        from train.rollout import rollout
         return rollout(self.engine, params, self.fmt, self.source.make_env, list(tasks), rng,
                        self.cfg.rollout.rollout_config(), sampling, first_episode=first_episode, on_finish=on_finish)
 
@@ -187,7 +181,6 @@ class RunContext:
         ``first_episode + r``, whichever process runs it.
         Returns ``(trajectories, first_row)``: the row of the first returned trajectory.
         """
-        from train import distributed
         tasks = list(tasks)
         if jax.process_count() == 1:
             return self.rollout(params, tasks, rng, sampling, first_episode=first_episode), 0
@@ -213,7 +206,6 @@ class RunContext:
         batches (``group_size``) get their group advantages first. Tokens per batch shard
         and pass: ``lengths.bucket_tokens``, or the padded step's (``steps.micro_batch``
         rows, or all of a shard's rows, times the cap)."""
-        from train.bucketed_steps import bucketed_batch, grpo_bucketed_batch
         rows, shards = len(batch["tokens"]), self.batch_shards
         local = max(1, rows // shards)
         micro = self.cfg.steps.micro_batch

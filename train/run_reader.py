@@ -23,14 +23,20 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from lopd_jax.io import files
+from train import warmup
+from train.bank_stage import load_bank
 from train.checkpoint import Checkpointer, CheckpointError, abstract_tree
 from train.ledger import StageLedger
+from train.run_context import RunContext
+from train.text_steps import text_state_shardings
 
 COMPOSER_STAGES = ("auto", "lopd", "cold_start")
 
@@ -60,6 +66,15 @@ def _restore_stage(ctx, stage: str, template) -> tuple[Any, int | None]:
         ckpt.close()
 
 
+def abstract_train_state(system, cfg):
+    """``(abstract state, shardings)`` of the arm's training-stage checkpoint (the LOPD
+    state's layout; SDFT adds ``ema``), for restoring it outside the loop (export)."""
+    abstract, _ = system.abstract_state(cfg.seed)
+    if cfg.arm == "sdft":
+        abstract = {**abstract, "ema": abstract["student"]}
+    return abstract, text_state_shardings(system, abstract)
+
+
 class Run:
     """A training run reopened from its working directory (see the module docstring).
 
@@ -77,7 +92,6 @@ class Run:
     @functools.cached_property
     def ctx(self):
         """The run's :class:`train.run_context.RunContext`, rebuilt from its config."""
-        from train.run_context import RunContext
         return RunContext(self.cfg)
 
     @property
@@ -94,7 +108,6 @@ class Run:
         system = ctx.system
         theta = system.initial_params()[0]
         if cfg.stages.warmup_steps > 0:
-            from train import warmup
             opt, _ = warmup.make_sft_step(system, cfg.stages)
             target = {"step": jnp.zeros((), jnp.int32), "params": theta, "opt": jax.eval_shape(opt.init, theta)}
             warm, _ = _restore_stage(ctx, "warmup", target)
@@ -108,8 +121,7 @@ class Run:
 
     def student(self, step: int | None = None):
         """The student parameters of training-stage (``lopd``) checkpoint ``step`` (default:
-        the newest), in the arm's state layout (:func:`train.arms.abstract_train_state`)."""
-        from train.arms import abstract_train_state
+        the newest), in the arm's state layout (:func:`abstract_train_state`)."""
         self.theta0()  # a LoRA student sits on theta0: the warm-up result, when there was one
         abstract, shardings = abstract_train_state(self.ctx.system, self.cfg)
         with Checkpointer(self.ctx.ckpt_dir("lopd")) as ck:
@@ -144,7 +156,6 @@ class Run:
 
     def bank(self):
         """The experience bank the ``bank`` stage built (or loaded), with the configured embedder."""
-        from train.bank_stage import load_bank
         return load_bank(self.ctx, self.bank_path())
 
 
@@ -175,9 +186,7 @@ def export_run_info(cfg) -> dict[str, Any]:
 def read_export_run_info(model_dir: str) -> dict[str, Any] | None:
     """The :data:`EXPORT_RUN_FILE` record of a Hugging Face checkpoint directory (local or
     ``gs://``), or None when it is not a run's export."""
-    import json
 
-    from lopd_jax.io import files
     path = files.join(model_dir, EXPORT_RUN_FILE)
     if not files.exists(path):
         return None

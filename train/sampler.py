@@ -68,10 +68,10 @@ import numpy as np
 from flax import nnx
 
 from lopd_jax.method.shapes import bucket
+from lopd_jax.settings.sections import SamplingParams
 from models.decoder import Decoder, KVCache
 from models.partitioning import Rules
 from train.decode_step import decode_step, from_layers, layer_weights, to_layers
-from lopd_jax.settings.sections import SamplingParams
 from train.sampling import processed_logprobs, sample_logits, stop_string_cut
 
 __all__ = ["BucketConfig", "DecodeCache", "Generation", "Sampler", "SamplingParams", "bucket",

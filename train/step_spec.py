@@ -19,10 +19,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+
+from lopd_jax.chat.formats import make_chat_format
 from lopd_jax.method.composer import ComposerConfig
 from lopd_jax.method.splice import SpliceLayout
-from models.config import ModelConfig
 from lopd_jax.settings.sections import MeshConfig, StepConfig
+from models.config import ModelConfig
 
 SEQ_MULTIPLE = 128
 # With ``composer.max_experience_tokens=None`` (uncut, as the release) the trainer pads
@@ -65,7 +69,6 @@ def step_spec(cfg) -> StepSpec:
 
 def splice_layout(cfg, family: str, tokenizer) -> tuple[Any, Any, SpliceLayout]:
     """``(chat format, latent block, SpliceLayout)`` of the run's tokenizer and chat family."""
-    from lopd_jax.chat.formats import make_chat_format
 
     fmt = make_chat_format(family, tokenizer, enable_thinking=cfg.rollout.enable_thinking,
                            use_tokenizer_template=cfg.model.uses_checkpoint_template)
@@ -76,8 +79,6 @@ def splice_layout(cfg, family: str, tokenizer) -> tuple[Any, Any, SpliceLayout]:
 
 def abstract_lopd_batch(spec: StepSpec) -> dict:
     """``jax.ShapeDtypeStruct`` s of one LOPD batch of ``spec`` (for ahead-of-time compiles)."""
-    import jax
-    import jax.numpy as jnp
 
     b, s, n, e = spec.batch, spec.seq, spec.composer.n_ret, spec.exp_len
     return {

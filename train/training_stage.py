@@ -1,6 +1,6 @@
 """The training stage of a run: rollouts of the current student, batches, updates, records.
 
-:class:`TrainingStage` is the stage as the step loop's callbacks (:func:`train.loop.run_steps`):
+:class:`TrainingStage` is the stage as the step loop's callbacks (:func:`train.stage_loop.run_steps`):
 each step's data flows forward, the rollouts of the current student -> the step batch ->
 one jitted update -> the step's record (:func:`training_step_record`: rollout statistics,
 ``rollouts_per_minute``, the periodic held-out evaluation). :class:`LOPDStage` is the LOPD
@@ -11,14 +11,21 @@ stage (SPEC 2); the other arms' stage is :class:`train.arms.PolicyStage`.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, Callable
 
 import jax
 import numpy as np
 
-from train.loop import evaluate_policy, log, run_steps
+from lopd_jax.io.files import AppendFile, join
+from train import distributed, mesh as mesh_lib
+from train.batches import gather_rows, lopd_batch
+from train.bucketed_steps import BucketedLOPDStep
+from train.data import TaskPipeline
 from train.run_context import RunContext
+from train.stage_loop import evaluate_policy, log, run_steps
+from train.steps import make_lopd_step
 
 ROLLOUTS_FILE = "rollouts.jsonl"  # every training-stage rollout (any arm), with rollout.log_rollouts
 
@@ -32,7 +39,6 @@ def rollout_records(stage: str, step: int, trajs, first_row: int, process: int) 
 
 def write_rollouts(out, rows: list[dict]) -> None:
     """Append ``rows`` (records of :func:`rollout_records`) to ``out`` (None: not process 0)."""
-    import json
     if out is not None:
         out.write("".join(json.dumps(r) + "\n" for r in rows))
 
@@ -41,7 +47,6 @@ def log_rollouts(out, stage: str, step: int, trajs, first_row: int) -> None:
     """Append this step's rollouts (every host's, gathered to all, written by process 0) to
     ``out`` (an :class:`lopd_jax.io.files.AppendFile` of ``<workdir>/rollouts.jsonl``, local or
     ``gs://``; None on other processes): row, producing process, task, ids, mask, reward."""
-    from train import distributed
     mine = rollout_records(stage, step, trajs, first_row, jax.process_index())
     write_rollouts(out, distributed.allgather_list(mine))
 
@@ -79,9 +84,6 @@ class TrainingStage:
 
     def __init__(self, ctx: RunContext, state, frozen, shardings, tasks_per_step: int, group_size: int,
                  bank_path: str, writer):
-        from train import mesh as mesh_lib
-        from train.data import TaskPipeline
-
         self.ctx, self.frozen, self.shardings, self.writer = ctx, frozen, shardings, writer
         self.bank_path, self.group_size = bank_path, group_size
         self.state = mesh_lib.put(state, shardings)
@@ -155,7 +157,6 @@ class TrainingStage:
         process 0 (``self.rollout_log``; a ``gs://`` object is rewritten every 30 s and when
         the stage ends)."""
         if self.log_rollouts and jax.process_index() == 0:
-            from lopd_jax.io.files import AppendFile, join
             self.rollout_log = AppendFile(join(self.ctx.cfg.workdir, ROLLOUTS_FILE))
         try:
             return run_steps(self.ctx, "lopd", self.state, self.ctx.cfg.stages.lopd_steps, self.step, self.batch,
@@ -180,7 +181,6 @@ class LOPDStage(TrainingStage):
 
     def rollout(self, s: int) -> tuple[list, dict]:
         """This process's rows of step ``s``'s rollouts and every host's statistics."""
-        from train import distributed
         tasks = self.step_tasks(s)
         params = self.student_params()
         t0 = time.perf_counter()
@@ -203,7 +203,6 @@ class LOPDStage(TrainingStage):
         """The LOPD step batch (:func:`train.batches.lopd_batch`); with ``lengths.buckets``
         the whole batch (every host's rows, gathered) in length-bucketed passes
         (:meth:`train.run_context.RunContext.bucketed`)."""
-        from train.batches import gather_rows, lopd_batch
         batch = lopd_batch(self.ctx, trajs, self.bank)
         if not self.ctx.cfg.lengths.enabled:
             return batch
@@ -213,7 +212,5 @@ class LOPDStage(TrainingStage):
         """The jitted LOPD step (:func:`train.steps.make_lopd_step`), or its length-bucketed
         form (:class:`train.bucketed_steps.BucketedLOPDStep`)."""
         if not isinstance(batch, dict):
-            from train.bucketed_steps import BucketedLOPDStep
             return BucketedLOPDStep(self.ctx.system, state)
-        from train.steps import make_lopd_step
         return make_lopd_step(self.ctx.system, state, batch)

@@ -11,6 +11,7 @@ NLL on the assistant tokens (AdamW). Real checkpoints skip it (``stages.warmup_s
 from __future__ import annotations
 
 import dataclasses
+import random
 from typing import Sequence
 
 import jax
@@ -18,6 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from lopd_jax.chat.base import TokenTrajectory
+from lopd_jax.envs.privileged import HintedTaskSource
+from lopd_jax.envs.synthetic import ENV_ID, oracle_turns
 from lopd_jax.method import losses
 from lopd_jax.method.linear_nll import weighted_linear_nll
 from lopd_jax.method.losses_kl import chunked_token_logp
@@ -34,8 +38,6 @@ def demonstration(ctx, task: Task, source=None) -> Trajectory:
     Raises ValueError when the source has no oracle (only the synthetic family has one) or
     when the rendered demonstration does not earn reward 1 (a format / env mismatch).
     """
-    from lopd_jax.chat.base import TokenTrajectory
-    from lopd_jax.envs.synthetic import ENV_ID, oracle_turns
 
     if task.env_id != ENV_ID:
         raise ValueError(f"the warm-up needs oracle demonstrations, which only the synthetic source has "
@@ -89,9 +91,6 @@ def warmup_pool(ctx) -> list[Trajectory]:
     seeded ``stages.warmup_hint_fraction`` of them, a second copy whose prompt carries the
     task's oracle hint (:mod:`lopd_jax.envs.privileged`) -- so the model learns to read a
     privileged text context, as a pre-trained model can."""
-    import random
-
-    from lopd_jax.envs.privileged import HintedTaskSource
 
     tasks = warmup_tasks(ctx)
     demos = demonstrations(ctx, tasks)

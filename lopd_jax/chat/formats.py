@@ -23,10 +23,10 @@ from __future__ import annotations
 from typing import Any
 
 from lopd_jax.chat.base import ChatFormat, LatentBlock, TokenTrajectory, split_thinking
-from lopd_jax.method.composer import LatentFraming
 from lopd_jax.chat.chatml import ChatMLChatFormat
 from lopd_jax.chat.olmo3 import Olmo3ChatFormat
 from lopd_jax.chat.qwen3 import Qwen3ChatFormat
+from lopd_jax.method.composer import LatentFraming
 
 CHAT_FORMATS: dict[str, type[ChatFormat]] = {
     Qwen3ChatFormat.family: Qwen3ChatFormat,

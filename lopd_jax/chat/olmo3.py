@@ -16,10 +16,10 @@ import ast
 import json
 from typing import Any, Sequence
 
-from lopd_jax.chat.call_limits import (MAX_NUMBER_DIGITS, arguments_limit_error, load_json,
-                                  text_limit_error)
 from lopd_jax.chat.base import (ChatFormat, call_from_json, message_text, scan_blocks,
                                 split_thinking, tojson)
+from lopd_jax.chat.call_limits import (MAX_NUMBER_DIGITS, arguments_limit_error, load_json,
+                                  text_limit_error)
 from lopd_jax.chat.templates import (OLMO3_DEFAULT_SYSTEM, OLMO3_NO_FUNCTIONS,
                                      OLMO3_WITH_FUNCTIONS)
 from lopd_jax.method.types import AssistantTurn, Message, ToolCall, ToolSchema

@@ -26,6 +26,8 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 from transformers import PreTrainedTokenizerFast
 
 from lopd_jax.chat.templates import OLMO3_CHAT_TEMPLATE, QWEN3_CHAT_TEMPLATE
+from lopd_jax.io.files import download_dir
+from lopd_jax.io.paths import is_url
 from models.gguf import gguf_tokenizer, is_gguf_path
 
 # Qwen2/Qwen3 pre-tokenizer split (single digits, unlike cl100k's \p{N}{1,3}).
@@ -266,9 +268,6 @@ def hf_tokenizer(path: str | os.PathLike):
     A local ``.gguf`` file gives the tokenizer and chat template stored in it
     (:func:`models.gguf.gguf_tokenizer`)."""
     import transformers
-
-    from lopd_jax.io.files import download_dir
-    from lopd_jax.io.paths import is_url
 
     path = os.fspath(path)
     if is_gguf_path(path):

@@ -25,6 +25,8 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
+from tqdm import tqdm
+
 from lopd_jax.envs.base import EpisodeStats
 from lopd_jax.envs.code import NO_CODE_FEEDBACK, CodeEnvironment, extract_code
 from lopd_jax.envs.sandbox import SandboxConfig
@@ -118,7 +120,6 @@ def grade_many(grader: Grader, items: Sequence[tuple[dict, str]], sandbox: Sandb
                ) -> list[tuple[float, str, str, dict[str, int]]]:
     """Grade ``(payload, code)`` pairs with ``workers`` threads (each grading is its own
     sandboxed subprocess); results in input order, with a progress bar."""
-    from tqdm import tqdm
 
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")

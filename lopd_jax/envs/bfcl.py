@@ -42,6 +42,7 @@ from __future__ import annotations
 import ast
 import functools
 import glob
+import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -518,7 +519,6 @@ class BFCLTaskSource(TaskSource):
 
     def tasks(self, split: str) -> list[Task]:
         """Tasks of ``split``: a seeded hash of the task id puts each in one split."""
-        import hashlib
 
         check_split(split)
         out = []

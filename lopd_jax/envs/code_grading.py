@@ -32,8 +32,8 @@ import re
 import time
 from typing import Any
 
-from lopd_jax.envs.code_harness import call_program, parse_results, stdin_program
 from lopd_jax.envs import worker_pool
+from lopd_jax.envs.code_harness import call_program, parse_results, stdin_program
 from lopd_jax.envs.isolation import ResourceLimits, WorkerError
 from lopd_jax.envs.sandbox import SandboxConfig, SandboxResult, run_python
 from lopd_jax.envs.wire import wire_decode, wire_encode

@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import importlib
 import json
 import os
+import resource
 import select
 import shutil
 import signal
@@ -36,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 import weakref
 from typing import Any
 
@@ -231,8 +234,6 @@ def _kill_all() -> None:
 
 
 def _apply_limits(limits: dict[str, int | None]) -> None:
-    import resource
-
     def cap(kind: int, value: int | None) -> None:
         if value is None:
             return
@@ -249,8 +250,6 @@ def _apply_limits(limits: dict[str, int | None]) -> None:
 
 
 def _worker_main(repo_root: str, handler_spec: str, limits_json: str) -> None:
-    import importlib
-    import types
 
     # Private protocol descriptors; dataset code sees /dev/null as stdin, stderr as stdout.
     proto_in = os.fdopen(os.dup(0), "rb")

@@ -47,8 +47,12 @@ import dataclasses
 import itertools
 import json
 import os
+import selectors
+import shutil
 import signal
+import subprocess
 import sys
+import tempfile
 import time
 import warnings
 
@@ -227,7 +231,6 @@ def _kill_everything(proc, cgroup: str | None, mem_cgroup: str | None = None) ->
 def _read_streams(proc, deadline: float, cap: int) -> tuple[bytes, bytes, bool, bool]:
     """Read stdout/stderr until EOF, the deadline or the cap; returns (out, err, timed_out,
     over_cap). Does not kill anything."""
-    import selectors
 
     bufs = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
     sel = selectors.DefaultSelector()
@@ -280,9 +283,6 @@ def run_python(code: str, stdin: str = "", config: SandboxConfig | None = None) 
     ``stdin`` is fed to the program's standard input. Never raises for anything the program
     does; raises TypeError for a non-string ``code``.
     """
-    import shutil
-    import subprocess
-    import tempfile
 
     if not isinstance(code, str) or not isinstance(stdin, str):
         raise TypeError("run_python(code, stdin) takes two strings, got "

@@ -10,8 +10,10 @@ lines on the inherited ``report_fd``.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import resource
 import sys
 
 REPORT_PREFIX = "LOPD_SANDBOX_REPORT "
@@ -57,14 +59,10 @@ exec(compile(_src, "main.py", "exec"), _g)
 
 
 def _libc():
-    import ctypes
-
     return ctypes.CDLL(None, use_errno=True)
 
 
 def _check(ret: int, what: str) -> None:
-    import ctypes
-
     if ret != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"{what}: {os.strerror(err)}")
@@ -140,7 +138,6 @@ def _confine_filesystem(libc, workdir: str, enforced: dict, hidden: list) -> Non
 
 def _drop_capabilities(libc) -> bool:
     """Empty the bounding/ambient/effective/permitted sets and lock root's privileges out."""
-    import ctypes
 
     pr_set_no_new_privs, pr_capbset_drop, pr_set_securebits, pr_cap_ambient = 38, 24, 28, 47
     libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0)
@@ -174,8 +171,6 @@ def _drop_capabilities(libc) -> bool:
 
 
 def _set_rlimits(conf: dict) -> None:
-    import resource
-
     def lim(which, soft, hard=None):
         try:
             resource.setrlimit(which, (soft, soft if hard is None else hard))

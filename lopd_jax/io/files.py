@@ -21,12 +21,13 @@ from __future__ import annotations
 import os
 import time
 
+from etils import epath
+
 from lopd_jax.io.paths import is_url
 
 
 def epath_of(path: str | os.PathLike):
     """``path`` as an :class:`etils.epath.Path` (local or ``gs://``)."""
-    from etils import epath
     return epath.Path(os.fspath(path))
 
 

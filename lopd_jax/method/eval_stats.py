@@ -26,6 +26,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Any, Sequence
 
+from lopd_jax.method.types import AssistantTurn
+
 
 def _mean(xs: Sequence[float]) -> float:
     return float(sum(xs) / len(xs)) if xs else 0.0
@@ -66,7 +68,6 @@ def no_tool_baseline(make_env: Any, tasks: Sequence[Any], answer: str = "Done.")
     ``make_env`` is the task source's environment factory; each episode is one
     ``Environment.step`` with the plain-text answer, which ends it.
     """
-    from lopd_jax.method.types import AssistantTurn
 
     if not tasks:
         raise ValueError("no_tool_baseline needs at least one task")

@@ -27,6 +27,8 @@ from typing import Sequence
 import jax.numpy as jnp
 import numpy as np
 
+from lopd_jax.method.bank import linearize
+
 # (before, after) framing sentences of each text arm's context block.
 FRAMING = {
     "opsd": ("Privileged information: a correct solution of this task:",
@@ -97,7 +99,6 @@ def align_teacher_hidden(hidden, insert_at, ctx_len, length: int):
 def trajectory_text(experience, max_obs_chars: int | None = 120) -> str:
     """A trajectory (a :class:`lopd_jax.method.bank.Experience`) as text: one line per step,
     ``Step i: tool calls -> observations`` (:func:`lopd_jax.method.bank.linearize`)."""
-    from lopd_jax.method.bank import linearize
     return linearize(experience, max_obs_chars=max_obs_chars)
 
 

@@ -30,16 +30,17 @@ import types
 import typing
 from typing import Any, Literal
 
-from lopd_jax.settings.arm_config import ARMS, ArmSection
 from lopd_jax.method.bank import BankConfig, BankSettings
 from lopd_jax.method.composer import ComposerConfig
+from lopd_jax.settings.arm_config import ARMS, ArmSection
 from lopd_jax.settings.length_model import LengthConfig
-from models.config import ATTENTION_IMPLS, REMAT_POLICIES
 from lopd_jax.settings.sections import EngineConfig, MeshConfig, RolloutConfig, SamplingParams, StepConfig
+from models.config import ATTENTION_IMPLS, REMAT_POLICIES, named_config
 
 DTYPES = ("float32", "bfloat16", "float16")
 
 from lopd_jax.settings.errors import ConfigError  # noqa: E402  (re-exported: lopd_jax.settings.config.ConfigError)
+from models.hf_import import load_config as load_hf_config
 
 
 # While a list of overrides is applied, checks that tie several fields together wait for
@@ -325,7 +326,6 @@ class TrainConfig:
         From ``hf_path``'s config.json when set (checked against ``name`` if both are
         given), else ``named_config(name)``; LoRA slots come from ``composer.lora``.
         """
-        from models.config import named_config
         m = self.model
         kw = dict(dtype=m.dtype, param_dtype=m.param_dtype, attention_impl=m.attention_impl,
                   attention_block_q=m.attention_block_q, attention_block_kv=m.attention_block_kv,
@@ -337,7 +337,6 @@ class TrainConfig:
                 return named_config(m.name, **kw)
             except KeyError as e:
                 raise ConfigError(f"model.name: {e.args[0]}") from None
-        from models.hf_import import load_config as load_hf_config
         cfg = load_hf_config(m.hf_path, yarn_on_sliding_layers=m.yarn_on_sliding_layers, **kw)
         if m.name is not None:
             ref = named_config(m.name)

@@ -23,6 +23,7 @@ import types
 import typing
 from typing import Any, Literal, Sequence
 
+import configs
 from lopd_jax.settings.config import _DEFER_CROSS_CHECKS, ConfigError, TrainConfig, _matches, _type_name
 
 
@@ -31,7 +32,6 @@ from lopd_jax.settings.config import _DEFER_CROSS_CHECKS, ConfigError, TrainConf
 
 def known_configs() -> list[str]:
     """Names of the config modules of the :mod:`configs` package (importable from any directory)."""
-    import configs
 
     names = {m.name for m in pkgutil.iter_modules(configs.__path__)}
     return sorted(n for n in names if not n.startswith("_"))

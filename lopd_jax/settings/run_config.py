@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 from lopd_jax.settings.config import ConfigError, TrainConfig
 from lopd_jax.settings.overrides import from_dict, to_dict
+from train.ledger import read_json, write_json
 
 CONFIG_FILE = "config.json"
 
@@ -75,7 +76,6 @@ def save_run_config(cfg: TrainConfig, workdir: str | None = None, allow: Sequenc
     Returns True when a saved config was found (a resumed run); the file is then
     rewritten with the allowed changes. Only process 0 writes.
     """
-    from train.ledger import write_json
 
     workdir = workdir or cfg.workdir
     resumed = _read(workdir) is not None
@@ -86,8 +86,6 @@ def save_run_config(cfg: TrainConfig, workdir: str | None = None, allow: Sequenc
 
 
 def _read(workdir: str) -> Any | None:
-    from train.ledger import read_json
-
     try:
         return read_json(workdir, CONFIG_FILE)
     except json.JSONDecodeError as e:

@@ -14,8 +14,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from lopd_jax.settings.errors import ConfigError
+from lopd_jax.envs.registry import get_task_source, known_task_sources
 from lopd_jax.io.paths import resolve_path
+from lopd_jax.settings.errors import ConfigError
 
 DATA_DOC = "docs/data.md"
 # env.kwargs keys that hold local data files (lists allowed for TACO's ``paths``)
@@ -49,7 +50,6 @@ def resolve_data_paths(cfg):
 
 def check_task_data(cfg) -> None:
     """Build ``cfg``'s task source once; raise :class:`ConfigError` (key, problem, doc section) if it fails."""
-    from lopd_jax.envs.registry import get_task_source, known_task_sources
 
     env = cfg.env
     if env.source not in known_task_sources():

@@ -1,0 +1,121 @@
+"""What every stage with steps runs on: the resumable step loop (:func:`run_steps`, with
+:func:`put_batch`), the held-out evaluation (:func:`evaluate_policy`) and the progress log.
+
+:func:`train.loop.run` orchestrates the stages; :mod:`train.training_stage` and
+:mod:`train.arms` run their steps here too.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from lopd_jax.method.eval_stats import behaviour_stats, no_tool_baseline
+from lopd_jax.settings.sections import SamplingParams
+from train.checkpoint import Checkpointer, preemption_agreed
+from train.distributed import global_array
+from train.metrics import Progress
+from train.nonfinite import NonFiniteTracker
+from train.run_context import RunContext
+from train.run_reader import restore_newest
+
+EVAL_RNG_OFFSET = 1 << 21
+
+
+def log(msg: str) -> None:
+    """One progress line on stderr (process 0 only)."""
+    if jax.process_index() == 0:
+        print(f"[lopd] {msg}", file=sys.stderr, flush=True)
+
+
+def evaluate_policy(ctx: RunContext, params) -> dict[str, Any]:
+    """Greedy rollouts of the held-out tasks: mean reward, success rate and Table-3 stats."""
+    r = ctx.cfg.rollout
+    greedy = SamplingParams(temperature=0.0, top_p=r.top_p, top_k=r.top_k)
+    key = jax.random.fold_in(jax.random.key(ctx.cfg.seed), EVAL_RNG_OFFSET)
+    B = ctx.cfg.env.tasks_per_step
+    trajs, t0 = [], time.perf_counter()
+    for i in range(0, len(ctx.eval_tasks), B):  # split across hosts, every trajectory gathered everywhere
+        trajs += ctx.rollout_split(params, ctx.eval_tasks[i:i + B], jax.random.fold_in(key, i), greedy,
+                                   gather=True)[0]
+    stats = behaviour_stats(trajs)
+    out = {k: v for k, v in stats.items() if isinstance(v, (int, float))}
+    out["reward_mean"] = float(np.mean([t.reward for t in trajs]))
+    out["eval_tasks"] = len(trajs)
+    if getattr(ctx, "no_tool_baseline", None) is None:  # the same for every evaluation of a run
+        ctx.no_tool_baseline = no_tool_baseline(ctx.source.make_env, ctx.eval_tasks)
+    out["no_tool_baseline"] = ctx.no_tool_baseline
+    out["eval_seconds"] = time.perf_counter() - t0
+    return out
+
+
+def put_batch(system, batch: dict) -> dict:
+    """This process's rows of a batch (numpy) -> global arrays on the system's batch shardings.
+
+    ``jax.make_array_from_process_local_data``: on one process the rows are the whole
+    batch; on a pod each process passes the rows it owns (see the module docstring).
+    """
+    if not isinstance(batch, dict):  # a length-bucketed batch (train.bucketed_steps) puts its passes
+        return batch.put(system)
+    shardings = system.batch_shardings(batch)
+    if shardings is None:
+        return batch
+    return {k: global_array(v, shardings[k]) for k, v in batch.items()}
+
+
+def run_steps(ctx: RunContext, stage: str, state, num_steps: int, step_fn: Callable, batch_fn: Callable,
+              *, shardings=None, extra_meta: Callable[[int], dict] | None = None, writer=None,
+              on_metrics: Callable[[int, dict], dict] | None = None,
+              on_restore: Callable[[Any, dict], None] | None = None):
+    """Resumable step loop of one stage; returns ``(state, preempted)``.
+
+    ``state`` is the stage's initial state (also the restore target); ``batch_fn(step)``
+    gives the batch of a step (a function of the step alone, for exact resume);
+    ``step_fn(state, batch) -> (state, metrics)``; ``on_metrics(step, metrics)`` may add
+    to the logged record; ``on_restore(state, metadata)`` sees a restored checkpoint.
+    """
+    c = ctx.cfg.checkpoint
+    ckpt = Checkpointer(ctx.ckpt_dir(stage), every_steps=c.every_steps, keep=c.keep, async_save=c.async_save)
+    start, latest = 0, None
+    found = restore_newest(ckpt, state, shardings)
+    if found is not None:
+        state, restored_meta, latest = found
+        if on_restore is not None:
+            on_restore(state, restored_meta)
+        start = latest
+        log(f"{stage}: resumed from step {start}")
+    preempted = False
+    meta = lambda s: {"stage": stage, "step": s, **(extra_meta(s) if extra_meta else {})}  # noqa: E731
+    guard = NonFiniteTracker(ctx.cfg.steps.max_nonfinite_skips, stage)
+    with Progress(num_steps, stage, initial=start) as bar:
+        for s in range(start, num_steps):
+            t0 = time.perf_counter()
+            batch = put_batch(ctx.system, batch_fn(s))
+            t1 = time.perf_counter()
+            state, metrics = step_fn(state, batch)
+            metrics = {k: float(v) for k, v in jax.device_get(metrics).items() if np.ndim(v) == 0}
+            t2 = time.perf_counter()
+            metrics["batch_seconds"], metrics["train_seconds"] = t1 - t0, t2 - t1
+            if "nonfinite" in metrics:  # skipped updates; stops after steps.max_nonfinite_skips in a row
+                metrics["skipped_steps"] = float(guard.update(metrics, s + 1))
+            if on_metrics is not None:
+                metrics.update(on_metrics(s, metrics))
+            if writer is not None:
+                writer.write(s + 1, stage, metrics)
+            bar.update(1)
+            done = s + 1
+            if ckpt.save(done, state, meta(done), force=done == num_steps) and writer is not None:
+                writer.flush()  # a gs:// metrics object then holds every checkpointed step's record
+            if done < num_steps and preemption_agreed():
+                ckpt.save(done, state, meta(done), force=True)
+                preempted = True
+                log(f"{stage}: preempted at step {done}; checkpoint saved -- rerun the same command to resume")
+                break
+    if latest is not None and latest >= num_steps:
+        log(f"{stage}: all {num_steps} steps already done")
+    ckpt.close()
+    return state, preempted
