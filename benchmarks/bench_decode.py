@@ -41,7 +41,8 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 from models import from_pretrained  # noqa: E402
-from train.sampler import Sampler, SamplingParams  # noqa: E402
+from train.sampler import Sampler
+from lopd_jax.settings.sections import SamplingParams  # noqa: E402
 
 MODES = {"greedy": SamplingParams(temperature=0.0), "sampled": SamplingParams(temperature=0.7, top_p=0.95, top_k=20)}
 

@@ -42,7 +42,8 @@ from models.config import qwen3  # noqa: E402
 from models.decoder import Decoder  # noqa: E402
 from train.engine import Engine, EpisodeSpec
 from lopd_jax.settings.sections import EngineConfig  # noqa: E402
-from train.sampler import BucketConfig, Sampler, SamplingParams  # noqa: E402
+from train.sampler import BucketConfig, Sampler
+from lopd_jax.settings.sections import SamplingParams  # noqa: E402
 
 VOCAB = 512
 

@@ -51,7 +51,8 @@ from benchmarks.bench_decode import paired_times  # noqa: E402
 from lopd_jax.io.paths import smollm2_path  # noqa: E402
 from models import from_pretrained, gguf_tokenizer  # noqa: E402
 from models.config import LoraConfig  # noqa: E402
-from train.sampler import Sampler, SamplingParams  # noqa: E402
+from train.sampler import Sampler
+from lopd_jax.settings.sections import SamplingParams  # noqa: E402
 
 QUESTIONS = [
     "Hi!", "What is 2 + 2?", "Write a haiku about the sea.", "Name three colours of the rainbow.",

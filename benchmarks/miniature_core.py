@@ -63,7 +63,7 @@ def fork(prefix: str, run_dir: str, config: str, overrides: list[str]) -> None:
     """Copy the prefix into ``run_dir`` without its training stage and write the run's config."""
     sys.path.insert(0, ROOT)
     from lopd_jax.settings.run_config import save_run_config
-    from lopd_jax.train import resolve_config
+    from lopd_jax.programs.train import resolve_config
     from train.arms import resolve_arm
 
     tmp = run_dir + ".tmp"
@@ -122,8 +122,8 @@ def sweep_report(W: str, arms: list[str], seeds: list[int]) -> list[str]:
     symlinks; ``m0`` is ``lopd__steps.margin=0``) and its report: ``results.json``,
     ``results.md`` and the figures, under ``W/report``."""
     sys.path.insert(0, ROOT)
-    from lopd_jax.sweep import RunSpec
-    from lopd_jax.sweep_report import write_report
+    from lopd_jax.programs.sweep import RunSpec
+    from lopd_jax.programs.sweep_report import write_report
 
     from train.system import MARGIN
 

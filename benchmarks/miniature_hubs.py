@@ -4,7 +4,7 @@
 
 For every finished run ``W/runs/ARM_sSEED`` (benchmarks/miniature_core.py) this evaluates
 the exported student on the held-out tasks of ``--config=miniature``'s task source with
-:func:`lopd_jax.evaluate.evaluate`: once greedy (the table's number, broken down by
+:func:`lopd_jax.programs.evaluate.evaluate`: once greedy (the table's number, broken down by
 customer) and ``--samples`` times at temperature 1 (no top-p / top-k), whose mean success
 estimates the student's mean probability of a correct episode -- a finer measure than
 greedy decoding, which is all-or-nothing per customer on this family. Writes
@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     configure_platform()  # before JAX is imported: no libtpu detection noise on CPU hosts
     from configs.miniature import CONFIG
     from lopd_jax.envs.synthetic import SyntheticTaskSource
-    from lopd_jax.evaluate import evaluate, parse_args
+    from lopd_jax.programs.evaluate import evaluate, parse_args
 
     p = argparse.ArgumentParser(prog="python benchmarks/miniature_hubs.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--workdir", required=True)

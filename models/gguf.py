@@ -70,7 +70,7 @@ def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def supported_tensor_types() -> set[str]:
     """Names of the GGML tensor types the installed ``gguf`` package dequantizes."""
-    from gguf import quants
+    from gguf import quants  # optional: only .gguf files need the gguf package
 
     return {"F32", "F16"} | {t.name for t in quants._type_traits}
 
@@ -99,7 +99,7 @@ class GGUFStorage(Storage):
 
     def __init__(self, path: str | os.PathLike):
         try:
-            import gguf
+            import gguf  # optional: only .gguf files need it
         except ImportError as e:
             raise ImportError("reading a .gguf file needs the `gguf` package: pip install gguf") from e
         self.path = os.fspath(path)
@@ -196,7 +196,7 @@ class GGUFStorage(Storage):
 
     def read_tensor(self, info: TensorInfo) -> np.ndarray:
         """One tensor dequantized to float32 in the Hugging Face layout ([out, in])."""
-        from gguf import quants
+        from gguf import quants  # optional: only .gguf files need the gguf package
 
         t = self._tensors[info.name]
         w = np.asarray(quants.dequantize(t.data, t.tensor_type), np.float32).reshape(info.shape)
@@ -218,7 +218,7 @@ class GGUFStorage(Storage):
 def gguf_tokenizer(path: str | os.PathLike):
     """The ``transformers`` tokenizer stored in a GGUF file (vocabulary, merges, special
     tokens and chat template), built by ``transformers``' GGUF tokenizer converter."""
-    import transformers
+    import transformers  # heavy: only a GGUF tokenizer needs it
 
     path = os.fspath(path)
     return transformers.AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(path)),

@@ -62,7 +62,7 @@ def _block(seq: int, block: int) -> int:
 
 def _kernel(heads: int, seq: int, window: int, block: int, interpret: bool):
     """A splash MHA kernel for ``heads`` local heads (built per trace: it holds jnp arrays)."""
-    from jax.experimental.pallas.ops.tpu import splash_attention as sa
+    from jax.experimental.pallas.ops.tpu import splash_attention as sa  # TPU kernel: only when splash runs
 
     if window > 0:
         mask = sa.LocalMask((seq, seq), window_size=(window - 1, 0), offset=0)
@@ -77,7 +77,7 @@ def _kernel(heads: int, seq: int, window: int, block: int, interpret: bool):
 
 def _local(q, k, v, seg, window, *, windows, block, interpret):
     """Per-shard body: q [b, H, S, hd] (pre-scaled), k / v [b, KV, S, hd], seg [b, S]."""
-    from jax.experimental.pallas.ops.tpu.splash_attention import SegmentIds
+    from jax.experimental.pallas.ops.tpu.splash_attention import SegmentIds  # TPU kernel, as above
 
     heads, seq = q.shape[1], q.shape[2]
 

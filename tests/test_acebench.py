@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-from lopd_jax import eval_suite
+from lopd_jax.programs import eval_suite
 from lopd_jax.envs import acebench
 from lopd_jax.envs.acebench import (NORMAL_CATEGORIES, SPECIAL_CATEGORIES, ACEBenchTaskSource,
                                     AnswerFormatError, decode_calls, grade, load_category)

@@ -48,7 +48,7 @@ def test_compile_check_and_trainer_build_the_same_step():
     """From one config name and overrides, the compile check's step inputs are the ones the
     trainer's RunContext builds its LOPD system from (model, composer, step, mesh, shapes,
     latent-block layout)."""
-    from lopd_jax.compile_check import parse_args, run_config, step_inputs
+    from lopd_jax.programs.compile_check import parse_args, run_config, step_inputs
     from lopd_jax.settings.overrides import apply_overrides, load_config
     from train.run_context import RunContext
 
@@ -66,13 +66,13 @@ def test_compile_check_and_trainer_build_the_same_step():
 
 
 def test_compile_check_rejects_unknown_config_key():
-    from lopd_jax.compile_check import main
+    from lopd_jax.programs.compile_check import main
 
     assert main(["--config=tiny", "--topology=cpu:8", "steps.top_mm=3"]) == 2
 
 
 def test_compile_check_rejects_unknown_topology(capsys):
-    from lopd_jax.compile_check import main, topology_devices
+    from lopd_jax.programs.compile_check import main, topology_devices
 
     with pytest.raises(ValueError, match="unknown topology 'v9x-8'; known: .*v5p-32.*cpu:N"):
         topology_devices("v9x-8")
@@ -83,7 +83,7 @@ def test_compile_check_rejects_unknown_topology(capsys):
 def test_cpu_topology_names_the_device_count_it_needs():
     """In a process whose JAX already started with 8 CPU devices, cpu:16 says what to set
     (a fresh ``python -m lopd_jax.compile_check --topology=cpu:N`` sets it itself)."""
-    from lopd_jax.compile_check import main, topology_devices
+    from lopd_jax.programs.compile_check import main, topology_devices
 
     with pytest.raises(ValueError, match="needs 16 CPU devices but JAX started with 8; start the process with "
                                          "XLA_FLAGS=--xla_force_host_platform_device_count=16"):
@@ -114,7 +114,7 @@ def test_every_named_config_resolves_up_to_the_compile(name, tmp_path, capsys):
     """Each configs/NAME.py, without weights or task data, gets as far as compiling: config,
     tokenizer (a stated placeholder where the family has none built in), latent-block
     layout, mesh and step shapes (8 simulated devices; a v5p slice in test_quickstart)."""
-    from lopd_jax.compile_check import main
+    from lopd_jax.programs.compile_check import main
 
     out = tmp_path / "r.json"
     # qwen3_4b is laid out for v5e-64 and up (fsdp 32); here its fsdp axis shrinks to fit 8 devices
@@ -127,7 +127,7 @@ def test_every_named_config_resolves_up_to_the_compile(name, tmp_path, capsys):
 
 
 def test_model_flops_scale_with_tokens():
-    from lopd_jax.compile_check import model_flops
+    from lopd_jax.programs.compile_check import model_flops
     from lopd_jax.method.composer import ComposerConfig
     from models.config import named_config
 
@@ -140,7 +140,7 @@ def test_model_flops_scale_with_tokens():
 
 
 def test_splash_kernel_flops_counts_calls_by_phase_and_causal_blocks():
-    from lopd_jax.compile_check import splash_kernel_flops
+    from lopd_jax.programs.compile_check import splash_kernel_flops
 
     # shapes as XLA:TPU prints them: layouts, tuple outputs, a leading (vmapped) batch dim
     hlo = (
@@ -201,8 +201,8 @@ def test_tpu_worker_version_check(tmp_path):
 def test_compile_check_steps_follow_the_run_config():
     """The steps the check compiles are the ones the run trains with: warm-up (when it runs),
     the cold start (composer arms), then the arm's step; ``--steps`` picks some, by name."""
-    from lopd_jax.compile_buckets import stage_steps
-    from lopd_jax.compile_check import selected_steps
+    from lopd_jax.programs.compile_buckets import stage_steps
+    from lopd_jax.programs.compile_check import selected_steps
     from lopd_jax.settings.overrides import apply_overrides, load_config
 
     tiny = load_config("tiny")
@@ -219,7 +219,7 @@ def test_compile_check_steps_follow_the_run_config():
 def test_step_flops_add_up_to_the_lopd_step():
     """The per-step FLOP models are parts of the LOPD step's: the cold start drops the student
     and the anchor, the warm-up and GRPO are the student alone."""
-    from lopd_jax.compile_check import model_flops, step_flops
+    from lopd_jax.programs.compile_check import model_flops, step_flops
     from lopd_jax.method.composer import ComposerConfig
     from models.config import named_config
 
@@ -236,7 +236,7 @@ def test_compile_check_compiles_each_steps_buckets(tmp_path, capsys):
     GRPO arm's warm-up and GRPO steps: 2 shapes each + their updates, on 2 CPU devices; no
     padded LOPD step, which this arm does not run) and prints per step the largest pass's
     memory, model FLOPs per real token padded and length-aware."""
-    from lopd_jax.compile_check import main
+    from lopd_jax.programs.compile_check import main
 
     out = tmp_path / "r.json"
     args = ["--config=tiny", "--topology=cpu:2", "arm=grpo", "arms.group_size=4", "rollout.max_total_tokens=256",

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from lopd_jax import compile_sampler
+from lopd_jax.programs import compile_sampler
 from lopd_jax.settings.overrides import load_config
 from models.config import named_config
 from train.engine_schedule import pool_pages

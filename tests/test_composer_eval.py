@@ -30,7 +30,7 @@ GREEDY = SamplingParams(temperature=0.0)
 
 
 def test_latent_rollout_equals_known_token_prompt_and_latents_matter():
-    from lopd_jax.evaluate import load_policy
+    from lopd_jax.programs.evaluate import load_policy
 
     tok = tiny_tokenizer("qwen3")
     fmt = make_chat_format("qwen3", tok)
@@ -73,8 +73,8 @@ def test_latent_rollout_equals_known_token_prompt_and_latents_matter():
 
 
 def test_evaluate_composer_from_run(tmp_path_factory, tmp_path):
-    from lopd_jax.composer_eval import latent_context, load_composer_run
-    from lopd_jax.evaluate import main, parse_args
+    from lopd_jax.programs.composer_eval import latent_context, load_composer_run
+    from lopd_jax.programs.evaluate import main, parse_args
     from tests.test_train_e2e import ensure_full_run
 
     workdir, _ = ensure_full_run(tmp_path_factory)

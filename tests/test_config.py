@@ -160,7 +160,7 @@ def test_warmup_lr_schedule():
     import pytest
 
     from lopd_jax.settings.config import ConfigError
-    from lopd_jax.train import resolve_config
+    from lopd_jax.programs.train import resolve_config
     from train.warmup import learning_rate
 
     base = ["--config=tiny", "stages.warmup_steps=200", "stages.warmup_lr=4e-3"]
@@ -178,7 +178,7 @@ def test_warmup_lr_schedule():
 def test_task_data_is_checked_before_anything_is_written(tmp_path):
     """The paper configs' EnvScaler source without its files is a config error naming the
     key and the doc section; bad files too; the shipped samples resolve (paths made absolute)."""
-    from lopd_jax.train import main, resolve_config
+    from lopd_jax.programs.train import main, resolve_config
 
     workdir = tmp_path / "run"
     with pytest.raises(ConfigError, match=r"env.kwargs.train_path=<file>.*docs/data.md, section \"EnvScaler "
@@ -204,9 +204,9 @@ def test_task_data_is_checked_before_anything_is_written(tmp_path):
 
 
 def test_a_new_run_stopped_by_a_config_error_leaves_no_trace(tmp_path):
-    """What :func:`lopd_jax.train.run_training` undoes after a config error in a new run:
+    """What :func:`lopd_jax.programs.train.run_training` undoes after a config error in a new run:
     the workdir it created, or only its config.json in a workdir that existed."""
-    from lopd_jax.train import _undo_new_run
+    from lopd_jax.programs.train import _undo_new_run
 
     new = tmp_path / "new"
     save_run_config(apply_overrides(load_config("tiny"), [f"workdir={new}"]))
@@ -232,13 +232,13 @@ def test_resume_with_allowed_config_change(tmp_path):
         save_run_config(changed, allow=["bank.min_reward"])
     assert save_run_config(changed, allow=["bank.min_reward", "steps.margin"]) is True
     assert load_run_config(str(tmp_path)).bank.min_reward == 0.25
-    from lopd_jax.train import resolve_config
+    from lopd_jax.programs.train import resolve_config
     with pytest.raises(ConfigError, match=r"\['bank.min_rewrd'\] are not config keys"):
         resolve_config(["--config=tiny", "--allow_config_change=bank.min_reward,bank.min_rewrd"])
 
 
 def test_train_help_lists_the_named_configs(capsys):
-    from lopd_jax.train import build_parser
+    from lopd_jax.programs.train import build_parser
 
     text = build_parser().format_help()
     for name in ("tiny", "miniature", "qwen3_4b", "qwen3_8b", "olmo3_7b"):

@@ -15,10 +15,10 @@ import jax
 import numpy as np
 
 from lopd_jax import demo
-from lopd_jax.composer_eval import load_composer_run
-from lopd_jax.premise import oracle_logprob
+from lopd_jax.programs.composer_eval import load_composer_run
+from lopd_jax.programs.premise import oracle_logprob
 from lopd_jax.settings.run_config import check_resume, load_run_config
-from lopd_jax.train import resolve_config
+from lopd_jax.programs.train import resolve_config
 
 START = demo.START_DIR
 

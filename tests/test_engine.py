@@ -248,7 +248,7 @@ def test_rollout_trajectories_do_not_depend_on_the_batch_split_or_slots():
     in flight at a time; chat format, environments and caps included."""
     from lopd_jax.chat.formats import make_chat_format
     from lopd_jax.envs.synthetic import SyntheticTaskSource
-    from lopd_jax.evaluate import load_policy
+    from lopd_jax.programs.evaluate import load_policy
     from lopd_jax.settings.sections import RolloutConfig
     from train.rollout import rollout
 
@@ -282,7 +282,7 @@ def test_evaluate_samples_the_same_trajectories_at_any_batch_size(tmp_path):
     ``--batch_size=6`` (and so 2 and 6 slots): the same episodes, task by task."""
     import json
 
-    from lopd_jax.evaluate import main
+    from lopd_jax.programs.evaluate import main
 
     outs = []
     for bs in (2, 6):

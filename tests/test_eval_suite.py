@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from lopd_jax import eval_suite
+from lopd_jax.programs import eval_suite
 from lopd_jax.envs.bfcl import ground_truth_turns
 from lopd_jax.envs.code import HumanEvalTaskSource
 from lopd_jax.envs.envscaler import EnvScalerTaskSource
@@ -206,7 +206,7 @@ def test_sweep_report_gains_the_suite_rows_per_arm():
 
 
 def test_suite_flags_are_checked(tmp_path):
-    from lopd_jax.evaluate import parse_args
+    from lopd_jax.programs.evaluate import parse_args
 
     for bad in (["--suite=code", "--model=tiny"], ["--suite=code", "--model=tiny", f"--data_dir={tmp_path}/none"],
                 ["--suite=code", "--model=tiny", f"--data_dir={tmp_path}", "--suite_samples=0"],
@@ -221,7 +221,7 @@ def test_suite_flags_are_checked(tmp_path):
 
 def test_suite_with_a_composer_run(tmp_path_factory, tmp_path):
     """``--composer_from`` (the run's base + composer) runs the suite like ``--model``."""
-    from lopd_jax.evaluate import main
+    from lopd_jax.programs.evaluate import main
     from tests.test_train_e2e import ensure_full_run
 
     workdir, _ = ensure_full_run(tmp_path_factory)

@@ -31,7 +31,7 @@ def test_export_cli_matches_run_export_and_transformers_logits(full_run, tmp_pat
     import torch
     import transformers
 
-    from lopd_jax.export import restore_student
+    from lopd_jax.programs.export import restore_student
     ctx, student, frozen = restore_student(workdir)  # in-process, onto the test's 8-device mesh
     model = ctx.student_model(student, frozen)
     tok = transformers.AutoTokenizer.from_pretrained(out)

@@ -18,7 +18,7 @@ import transformers
 
 gguf = pytest.importorskip("gguf", reason="GGUF import needs the gguf package (pip install gguf)")
 
-from lopd_jax import convert_gguf  # noqa: E402
+from lopd_jax.programs import convert_gguf# noqa: E402
 from models import from_pretrained  # noqa: E402
 from models.gguf import GGUFStorage, UnsupportedGGUFError, unpermute_qk  # noqa: E402
 

@@ -1,14 +1,28 @@
-"""One-way layers of the code, read from the import statements (module- and function-level).
+"""Floors of the code, read from the import statements (module- and function-level), top first.
 
-    0 models     the backbone: decoder, LoRA, Hugging Face import / export       (models/)
-    1 method     losses, composer, compressor, splice, bank, envs, chat formats,  (lopd_jax/, except layer 3)
-                 tokenizers -- what LOPD is, independent of how it is trained
-    2 training   mesh, system, steps, sampler, rollout, checkpoints, the loop     (train/)
-    3 programs   the run-config schema and parser, named configs, and the         (configs/, PROGRAMS below)
-                 command-line programs
+    6 programs   the command lines (``lopd_jax/*.py``) and what they run              lopd_jax/*.py,
+                 (``lopd_jax/programs/``: train, evaluate, export, sweep, premise,    lopd_jax/programs/
+                 the compile checks, the evaluation suite)
+    5 train      the training machinery: mesh, system, steps, rollout engine,         train/
+                 checkpoints, the stages and the loop (``train/loop.py`` on top)
+    4 settings   the run config: schema, its section dataclasses, overrides, the      lopd_jax/settings/,
+                 saved config, arms, length model; the named configs                  configs/
+    3 envs       environments and task sources                                        lopd_jax/envs/
+    2 chat       chat formats, templates, tokenizers, tool-call limits                lopd_jax/chat/
+    1 method     what LOPD is: losses, composer, compressor, splice, bank,            lopd_jax/method/
+                 embedders, text context, evaluation statistics, types
+    0 models, io the backbone (decoder, LoRA, Hugging Face / GGUF import and          models/,
+                 export); files, paths and the process start-up                       lopd_jax/io/
 
-A module may import from its own layer and the layers below it, never from a layer above.
-A new command-line program or config module in lopd_jax/ goes into PROGRAMS.
+A module imports from its own floor and the floors below it, never from a floor above, and
+no set of project modules imports itself round a circle (function-level imports count:
+they hide a circle, they do not break it).
+
+``train/`` sits above the settings, not below: it reads its section dataclasses (mesh,
+steps, sampling, rollout caps, engine) from :mod:`lopd_jax.settings.sections`, and the
+config schema needs nothing from ``train/``. A program is a command line in
+``lopd_jax/*.py`` that picks JAX's platform and then imports its body from
+``lopd_jax/programs/``.
 """
 
 import ast
@@ -17,35 +31,35 @@ import os
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LAYERS = {"models": 0, "lopd_jax": 1, "train": 2, "configs": 3}
-NAMES = ("models", "method", "training", "programs")
-PROGRAMS = {
-    "lopd_jax.settings.config", "lopd_jax.settings.overrides", "lopd_jax.settings.run_config",  # run-config schema, parser, saved config
-    "lopd_jax.train", "lopd_jax.evaluate", "lopd_jax.export", "lopd_jax.compile_check",  # command-line programs
-    "lopd_jax.composer_eval",  # reopens a finished run for lopd_jax.evaluate
-    "lopd_jax.compile_sampler",  # AOT compile of the rollout sampler
-    "lopd_jax.compile_buckets",  # the compile check's length-bucket figures
-    "lopd_jax.sweep", "lopd_jax.sweep_report",  # arms x seeds x grid runs and their report
-    "lopd_jax.premise",  # the premise check: Base, Base + oracle text, Base + Composer
-    "lopd_jax.demo",  # make demo: LOPD from the shipped miniature starting point
-    "lopd_jax.acebench_user",  # the suite's ACEBench user simulator (a policy through train.rollout)
+PACKAGES = ("models", "lopd_jax", "train", "configs")
+NAMES = ("models, io", "method", "chat", "envs", "settings", "train", "programs")
+# the floor of each package (longest prefix wins); lopd_jax's own modules are the programs
+FLOORS = {
+    "models": 0, "lopd_jax.io": 0, "lopd_jax": 0,
+    "lopd_jax.method": 1,
+    "lopd_jax.chat": 2,
+    "lopd_jax.envs": 3,
+    "lopd_jax.settings": 4, "configs": 4,
+    "train": 5,
+    "lopd_jax.programs": 6,
 }
 
 
-def layer(module: str) -> int | None:
-    """The layer of a dotted module name (None: not part of the project)."""
-    top = module.split(".")[0]
-    if top not in LAYERS:
+def floor(module: str) -> int | None:
+    """The floor of a dotted module name (None: not part of the project)."""
+    if module.split(".")[0] not in PACKAGES:
         return None
-    if any(module == p or module.startswith(p + ".") for p in PROGRAMS):
-        return 3
-    return LAYERS[top]
+    if module.startswith("lopd_jax.") and module.count(".") == 1 and module not in {
+            f"lopd_jax.{p}" for p in ("io", "method", "chat", "envs", "settings", "programs")}:
+        return 6  # lopd_jax/NAME.py: a command line
+    best = max((p for p in FLOORS if module == p or module.startswith(p + ".")), key=len)
+    return FLOORS[best]
 
 
 def project_modules() -> dict[str, str]:
-    """Dotted module name -> file path of every module in the four packages."""
+    """Dotted module name -> file path of every module in the project's packages."""
     out = {}
-    for pkg in LAYERS:
+    for pkg in PACKAGES:
         for dirpath, _, files in os.walk(os.path.join(ROOT, pkg)):
             for f in files:
                 if f.endswith(".py"):
@@ -76,43 +90,158 @@ def imports(path: str, module: str) -> list[tuple[int, str]]:
     return out
 
 
-def violations(mods: dict[str, str] | None = None) -> list[str]:
-    """Every import that runs from a lower layer to a higher one in ``mods`` (default: the project)."""
-    mods = project_modules() if mods is None else mods
-    bad = []
+def edges(mods: dict[str, str]) -> list[tuple[str, int, str]]:
+    """``(module, line, imported project module)`` for every project import in ``mods``."""
+    out = []
     for module, path in sorted(mods.items()):
-        own = layer(module)
         for line, target in imports(path, module):
             while target not in mods and "." in target:  # ``from pkg import name``: the module is pkg
                 target = target.rpartition(".")[0]
-            other = layer(target)
-            if other is not None and other > own:
-                bad.append(f"{os.path.relpath(path, ROOT)}:{line}: {module} ({NAMES[own]}) imports "
-                           f"{target} ({NAMES[other]})")
+            if target in mods and target != module:
+                out.append((module, line, target))
+    return out
+
+
+def violations(mods: dict[str, str] | None = None) -> list[str]:
+    """Every import that runs from a lower floor to a higher one in ``mods`` (default: the project)."""
+    mods = project_modules() if mods is None else mods
+    bad = []
+    for module, line, target in edges(mods):
+        own, other = floor(module), floor(target)
+        if other > own:
+            bad.append(f"{os.path.relpath(mods[module], ROOT)}:{line}: {module} ({NAMES[own]}) imports "
+                       f"{target} ({NAMES[other]})")
     return bad
 
 
-def test_no_import_runs_up_the_layers():
+def cycles(mods: dict[str, str] | None = None) -> list[list[str]]:
+    """The import circles among ``mods`` (default: the project): every strongly connected set of
+    two or more modules, sorted, each as its sorted module names (Tarjan's algorithm)."""
+    mods = project_modules() if mods is None else mods
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for module, _, target in edges(mods):
+        graph[module].add(target)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    m = stack.pop()
+                    on_stack.discard(m)
+                    component.append(m)
+                    if m == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return sorted(found)
+
+
+def test_no_import_runs_up_the_floors():
     bad = violations()
-    assert not bad, "imports from a lower layer to a higher one:\n" + "\n".join(bad)
+    assert not bad, "imports from a lower floor to a higher one:\n" + "\n".join(bad)
 
 
-def test_programs_exist():
-    """PROGRAMS names real modules (a renamed program must not silently drop out of the rule)."""
+def test_no_import_circle():
+    """No module reaches itself through imports, inside a package (``train/``) or across them."""
+    found = cycles()
+    assert not found, "import circles (move the shared piece down to a module every user can import):\n" + \
+        "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_every_module_has_a_floor():
+    """Each project module is on a named floor, and each floor's package exists (a renamed
+    package must not silently drop out of the rule)."""
     mods = project_modules()
-    assert PROGRAMS <= set(mods), PROGRAMS - set(mods)
+    assert all(floor(m) is not None for m in mods)
+    assert set(FLOORS) <= set(mods), set(FLOORS) - set(mods)
+    assert {floor(m) for m in mods} == set(range(len(NAMES)))
+
+
+def test_nothing_in_train_imports_the_loop():
+    """``train/loop.py`` is the top of ``train/``: it orchestrates the stages; the pieces they
+    share live below it."""
+    users = sorted({m for m, _, t in edges(project_modules()) if t == "train.loop" and m.startswith("train.")})
+    assert not users, users
+
+
+@pytest.mark.parametrize("module,expected", [
+    ("models.decoder", 0), ("lopd_jax.io.files", 0), ("lopd_jax.method.losses", 1),
+    ("lopd_jax.chat.base", 2), ("lopd_jax.envs.base", 3), ("lopd_jax.settings.config", 4),
+    ("configs.tiny", 4), ("train.loop", 5), ("lopd_jax.train", 6), ("lopd_jax.programs.train", 6),
+    ("lopd_jax.programs", 6), ("numpy", None),
+])
+def test_floor_of(module, expected):
+    assert floor(module) == expected
 
 
 @pytest.mark.parametrize("source,line,target", [
     ("from train.steps import make_lopd_step\n", 1, "train.steps"),
     ("import numpy\n\n\ndef f():\n    import lopd_jax.train\n", 5, "lopd_jax.train"),
-    ("def f():\n    from lopd_jax import compile_check\n", 2, "lopd_jax.compile_check"),
+    ("def f():\n    from lopd_jax import export\n", 2, "lopd_jax.export"),
+    ("from lopd_jax.chat import base\n", 1, "lopd_jax.chat.base"),
 ])
 def test_checker_sees_module_and_function_level_imports(tmp_path, source, line, target):
     """The checker itself: an upward import at module level or inside a function is reported."""
     fake = tmp_path / "fake.py"
     fake.write_text(source)
-    found = violations({**project_modules(), "models.fake": str(fake)})
-    assert [v.split(": ", 1)[1] for v in found if "models.fake" in v] == [
-        f"models.fake (models) imports {target} ({NAMES[layer(target)]})"]
-    assert [v for v in found if "models.fake" in v][0].split(": ")[0].endswith(f"fake.py:{line}")
+    found = violations({**project_modules(), "lopd_jax.method.fake": str(fake)})
+    mine = [v for v in found if "lopd_jax.method.fake" in v]
+    assert [v.split(": ", 1)[1] for v in mine] == [
+        f"lopd_jax.method.fake (method) imports {target} ({NAMES[floor(target)]})"]
+    assert mine[0].split(": ")[0].endswith(f"fake.py:{line}")
+
+
+@pytest.mark.parametrize("sources,expected", [
+    # a module-level circle of two
+    ({"a": "import train.b\n", "b": "from train import a\n"}, [["train.a", "train.b"]]),
+    # three modules, the circle closed by a function-level import
+    ({"a": "from train.b import x\n", "b": "import train.c\n", "c": "def f():\n    from train.a import y\n"},
+     [["train.a", "train.b", "train.c"]]),
+    # one-way imports: no circle
+    ({"a": "import train.b\n", "b": "import train.c\n", "c": "import numpy\n"}, []),
+    # two separate circles
+    ({"a": "import train.b\n", "b": "import train.a\n", "c": "import train.d\n", "d": "import train.c\n"},
+     [["train.a", "train.b"], ["train.c", "train.d"]]),
+])
+def test_checker_finds_circles(tmp_path, sources, expected):
+    """The circle finder itself, on made-up modules (module- and function-level imports)."""
+    mods = {}
+    for name, src in sources.items():
+        (tmp_path / f"{name}.py").write_text(src)
+        mods[f"train.{name}"] = str(tmp_path / f"{name}.py")
+    assert cycles(mods) == expected
+
+
+def test_checker_finds_a_circle_through_a_project_module(tmp_path):
+    """The finder on the project itself: ``train/arms.py`` with one function-level import of
+    ``train/loop.py`` (which imports arms) closes a circle, and it is reported."""
+    looped = tmp_path / "arms.py"
+    with open(os.path.join(ROOT, "train", "arms.py")) as f:
+        looped.write_text(f.read() + "\n\ndef _back():\n    from train.loop import run\n")
+    found = cycles({**project_modules(), "train.arms": str(looped)})
+    assert any({"train.arms", "train.loop"} <= set(c) for c in found), found

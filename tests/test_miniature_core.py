@@ -20,7 +20,7 @@ def _module():
 @pytest.mark.parametrize("arm", ["lopd", "lopd_frozen_composer", "grpo", "m0"])
 def test_fork_saves_a_config_the_training_cli_resumes(tmp_path, arm):
     from lopd_jax.settings.run_config import check_resume, load_run_config, save_run_config
-    from lopd_jax.train import resolve_config
+    from lopd_jax.programs.train import resolve_config
 
     core = _module()
     prefix = str(tmp_path / "prefix")

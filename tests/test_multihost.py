@@ -431,7 +431,7 @@ def test_host_dependent_environment_rows_come_from_their_owner(tmp_path):
 
 
 def test_incomplete_launch_flags_are_refused(monkeypatch):
-    from lopd_jax.train import main
+    from lopd_jax.programs.train import main
     from train.distributed import initialize
     for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "TPU_WORKER_HOSTNAMES"):
         monkeypatch.delenv(name, raising=False)

@@ -229,7 +229,7 @@ AOT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
-    from lopd_jax.compile_check import topology_devices
+    from lopd_jax.programs.compile_check import topology_devices
     from models.paged_attention import ragged_kernel_attention
     devs, _, _ = topology_devices("v5p-8")
     mesh = Mesh(np.asarray(devs), ("data",))

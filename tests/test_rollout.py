@@ -196,7 +196,7 @@ def test_step_and_total_caps_score_with_finish(setup):
 
 def test_real_model_rollout_logprobs_align_with_training_forward(setup):
     fmt, source, tasks = setup
-    from lopd_jax.evaluate import load_policy
+    from lopd_jax.programs.evaluate import load_policy
     from lopd_jax.method.losses import chunked_token_logp
 
     model, tok, _ = load_policy("tiny", seed=1)
@@ -218,7 +218,7 @@ def test_real_model_rollout_logprobs_align_with_training_forward(setup):
 
 
 def test_evaluate_command(tmp_path):
-    from lopd_jax.evaluate import main, parse_args
+    from lopd_jax.programs.evaluate import main, parse_args
 
     for bad in (["--model=/no/such/dir"], ["--model=tiny", "--top_p=0"], ["--model=tiny", "--env=nope"],
                 ["--model=tiny", "--num_tasks=0"], ["--model=tiny", "--env_kwargs={bad"],

@@ -16,8 +16,8 @@ from lopd_jax.method.losses import chunked_token_logp
 from models import from_pretrained
 from lopd_jax.settings.sections import MeshConfig
 from train.mesh import make_mesh, put, rules_for, split_state, tree_shardings
-from train.sampler import (BucketConfig, Sampler, SamplingParams, bucket, processed_logprobs,
-                           sample_logits)
+from train.sampler import BucketConfig, Sampler, bucket, processed_logprobs, sample_logits
+from lopd_jax.settings.sections import SamplingParams
 
 V_HF = 96
 NEW = 40

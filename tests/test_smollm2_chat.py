@@ -20,7 +20,7 @@ from lopd_jax.chat.chatml import DEFAULT_SYSTEM  # noqa: E402
 from lopd_jax.settings.config import ConfigError  # noqa: E402
 from lopd_jax.io.paths import smollm2_path  # noqa: E402
 from lopd_jax.chat.tokenizers import hf_tokenizer  # noqa: E402
-from lopd_jax.train import resolve_config  # noqa: E402
+from lopd_jax.programs.train import resolve_config  # noqa: E402
 from test_chat import OBS1, OBS2, SYSTEM, TOOLS, USER  # noqa: E402
 
 PATH = smollm2_path()

@@ -65,7 +65,7 @@ def test_resolve_path(tmp_path, monkeypatch):
 def test_train_config_paths_made_absolute(tmp_path, monkeypatch):
     """``--workdir`` and path overrides of ``lopd_jax.train`` resolve against the current
     directory (Orbax refuses relative checkpoint paths); gs:// stays as written."""
-    from lopd_jax.train import resolve_config
+    from lopd_jax.programs.train import resolve_config
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "bank").mkdir()

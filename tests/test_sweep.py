@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from lopd_jax import sweep
+from lopd_jax.programs import sweep
 from lopd_jax.settings.config import ConfigError
 
 

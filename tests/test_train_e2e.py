@@ -153,7 +153,7 @@ def test_evaluate_of_the_export_replays_the_runs_own_episodes(full_run, tmp_path
     template render and decode exactly what training saw."""
     import jax
 
-    from lopd_jax.evaluate import main
+    from lopd_jax.programs.evaluate import main
     from lopd_jax.settings.run_config import load_run_config
     from train.rollout import rollout
     from train.run_reader import EXPORT_RUN_FILE, open_run

@@ -82,7 +82,7 @@ def share_cpu_compilation_cache() -> bool:
     cache then simply stays per-process).
     """
     try:
-        from jax._src import cache_key
+        from jax._src import cache_key  # private JAX module, absent in some versions
     except ImportError:
         return False
     original = getattr(cache_key, "_hash_accelerator_config", None)

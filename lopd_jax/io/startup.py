@@ -70,7 +70,7 @@ def configure_platform(environ: MutableMapping[str, str] | None = None, root: st
 
 def describe_devices() -> str:
     """One line: how many devices of which kind, this process's index and the process count."""
-    import jax
+    import jax  # not at the top: programs import this module to configure JAX first
 
     devs = jax.devices()
     kinds = sorted({d.device_kind for d in devs})

@@ -181,7 +181,7 @@ def step_estimate(cfg: LengthConfig, flops: Callable[[int, int], float], batch: 
     ``shard_tokens`` per shard and pass, ``shards`` batch shards).
 
     ``flops(rows, seq)`` gives the model FLOPs of ``rows`` trajectories of ``seq`` tokens
-    (e.g. :func:`lopd_jax.compile_check.model_flops`' total). Averages over ``draws``
+    (e.g. :func:`lopd_jax.programs.compile_check.model_flops`' total). Averages over ``draws``
     batches; also FLOPs per real (generated or prompt) token and the fraction of row
     tokens that are real.
     """

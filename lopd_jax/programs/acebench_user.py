@@ -19,10 +19,9 @@ import jax
 
 from lopd_jax.chat.formats import make_chat_format
 from lopd_jax.envs.base import Environment
-from lopd_jax.evaluate import TINY, load_policy
 from lopd_jax.method.types import AssistantTurn, Message, StepResult, Task, ToolSchema
-from lopd_jax.settings.sections import RolloutConfig
-from lopd_jax.settings.sections import SamplingParams
+from lopd_jax.programs.policy import TINY, load_policy
+from lopd_jax.settings.sections import RolloutConfig, SamplingParams
 from train.engine import Engine
 from train.rollout import rollout
 

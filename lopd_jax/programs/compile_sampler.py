@@ -1,0 +1,333 @@
+"""Ahead-of-time compile of the rollout engine's decode step for a TPU topology, on a CPU host.
+
+    python -m lopd_jax.compile_sampler --config=qwen3_8b --topology=v5p-32 [key=value ...]
+
+Goes through the run config the trainer uses (``configs/<name>.py`` plus dotted
+overrides): the model, its LoRA, the training mesh, the rollout caps, the length
+distribution (``lengths``) and the engine settings (``engine``: slots and pages per
+process). It then
+
+1. **sizes** the engine for the slice: slots = ``engine.slots`` x processes; episodes in
+   flight = ``engine.max_in_flight`` x processes (0: twice the slots); the page pool from
+   a schedule simulation of the engine on the config's length distribution
+   (:mod:`train.engine_schedule`): 1.25 x the 99th percentile of live tokens plus a page
+   per episode in flight, or ``engine.num_pages`` x processes when that is larger
+   (``--pool=config`` / ``rule`` picks one; a configured pool below the rule makes
+   episodes wait or be preempted more often);
+2. **compiles** the engine's decode step (one token for every slot: the paged decoder with
+   attention dispatched to JAX's ``ragged_paged_attention`` kernel on the TPU topology,
+   the LM head and per-row sampling) on the **inference layout**
+   (:mod:`train.inference_layout`: bf16 weights, ``data x tensor`` mesh, pages over data,
+   KV heads over tensor), and the once-per-RL-step **reshard** from the trainer's fp32 FSDP
+   params with the LoRA merged;
+3. **prints** memory per chip (the decode step's arguments, outputs and temporaries plus
+   the trainer's resident params the reshard reads), HBM bytes per decode step, the
+   reshard's bytes and roofline time, and the roofline microseconds per useful token of
+   the engine, of today's static dense sampler, and of the bound "read the weights once
+   per step plus the live KV", with the engine's ratio to the bound.
+
+Exits 1 when the engine does not fit in HBM.
+
+Roofline accounting (per chip; chips run the step in parallel; decode is memory bound):
+
+* engine step = bf16 weight shard (weights / tensor) + the KV pages the kernel reads for
+  the running rows (each row's context rounded up to the kernel's block of pages),
+  divided by HBM bandwidth; per useful token = step / (slots x simulated utilisation);
+* static step = the full bf16 weights (the FSDP all-gather puts every layer on every
+  chip) + the dense cache of every row at the power of two above the cap; per useful
+  token = step / (rows x its simulated utilisation);
+* bound = (weight shard + the running rows' exact live KV) / bandwidth / slots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from lopd_jax.programs.compile_buckets import memory_line
+from lopd_jax.programs.compile_check import run_config, topology_devices, verdict
+from models.decoder import Decoder
+from train import mesh as mesh_lib
+from train.decode_step import layer_weights
+from train.engine_schedule import draw_episodes, pool_pages, simulate_engine, simulate_static
+from train.inference_layout import (default_tensor, inference_mesh, inference_shardings, make_reshard, reshard_cost)
+from train.paged_step import paged_forward, paged_forward_scan
+from train.sampling import sample_logits
+
+HBM_BANDWIDTH = {"v5p": 2.76e12, "v5e": 0.819e12, "v6e": 1.64e12, "v4": 1.2e12}  # bytes/s per chip
+ICI_BANDWIDTH = {"v5p": 600e9, "v5e": 200e9, "v6e": 448e9, "v4": 300e9}  # bytes/s per chip (4,800 Gbps on v5p)
+KERNEL_PAGES_PER_BLOCK = 8  # models.paged_attention.kernel_blocks' default
+
+
+def _gib(x) -> float:
+    return x / 2**30
+
+
+def sizing(cfg, processes: int, episodes_per_slot: int, env_steps: int, pool: str = "auto") -> dict:
+    """Slots, episodes in flight and the page pool for the slice, from the config and a
+    schedule simulation of the engine and of the static sampler (:mod:`train.engine_schedule`).
+    ``pool``: ``rule``, ``config`` (``engine.num_pages`` x processes) or ``auto`` (the larger)."""
+    e, r = cfg.engine, cfg.rollout
+    slots = e.slots * processes
+    in_flight = getattr(e, "max_in_flight", 0) * processes or 2 * slots
+    eps = draw_episodes(cfg.lengths, episodes_per_slot * slots, r.max_env_steps, r.max_turn_tokens,
+                        r.max_total_tokens, seed=cfg.seed)
+    sim = simulate_engine(eps, slots, in_flight, e.decode_chunk, env_steps)
+    static = simulate_static(eps, slots, env_steps)
+    rule = pool_pages(sim["live_tokens_p99"], in_flight, e.page_size, r.max_total_tokens)
+    configured = e.num_pages * processes
+    if pool == "config" and not configured:
+        raise ValueError("--pool=config needs engine.num_pages > 0 in the config (or as an override)")
+    pages = {"rule": rule, "config": configured}.get(pool, max(configured, rule))
+    return {"slots": slots, "in_flight": in_flight, "episodes": len(eps), "page_size": e.page_size,
+            "decode_chunk": e.decode_chunk, "pages_rule": rule, "pages_configured": configured, "pages": pages,
+            "pages_from": "engine.num_pages" if pages == configured else "rule", "engine_sim": sim,
+            "static_sim": static,
+            "max_total_tokens": r.max_total_tokens}
+
+
+def estimate_gib(mcfg, pages: int, page_size: int, chips: int, tensor: int, hbm: float = 95.0) -> dict:
+    """Per-chip GiB the engine holds before any temporaries: the bf16 page pool (pages and
+    KV heads spread over every chip), the bf16 weight shard (``1 / tensor`` of them) and
+    the trainer's fp32 params (FSDP over every chip); ``max_pages``: the largest pool that
+    leaves 10% of ``hbm`` GiB per chip for temporaries."""
+    kv_page = page_size * 2 * mcfg.num_kv_heads * mcfg.head_dim * 2 * mcfg.num_layers  # bytes, every layer
+    n = mcfg.num_params()
+    est = {"pool": pages * kv_page / chips / 2**30, "weights": 2 * n / tensor / 2**30, "trainer": 4 * n / chips / 2**30}
+    est["total"] = sum(est.values())
+    free = 0.9 * hbm - est["weights"] - est["trainer"]
+    est["max_pages"] = max(0, int(free * 2**30 * chips // kv_page))
+    return est
+
+
+class DoesNotFit(Exception):
+    """The engine cannot fit in HBM (found before or while compiling)."""
+
+
+def build(args, cfg, devices, size: dict, hbm: float | None = None):
+    """Compile the decode step and the reshard; returns ``(step, reshard, info)``. Raises
+    :class:`DoesNotFit` when the pool and weights alone exceed ``hbm`` GiB per chip, or
+    XLA runs out of HBM compiling."""
+
+    mcfg = cfg.model_config()
+    if args.layers:
+        mcfg = mcfg.replace(num_layers=args.layers, layer_types=mcfg.layer_types[:args.layers])
+    tensor = args.tensor or default_tensor(mcfg, len(devices))
+    train_mesh = mesh_lib.make_mesh(cfg.mesh, devices)
+    mesh = inference_mesh(train_mesh.devices.flat, tensor)
+    data = len(devices) // tensor
+    slots = -(-size["slots"] // data) * data
+    pages = -(-size["pages"] // data) * data
+    width = 1 << max(0, math.ceil(math.log2(-(-size["max_total_tokens"] // size["page_size"]))))
+    est = estimate_gib(mcfg, pages, size["page_size"], len(devices), tensor, hbm or 95.0)
+    if hbm is not None and est["total"] > hbm:  # no compile needed to know
+        raise DoesNotFit(f"the engine's pool and weights alone need {est['total']:.1f} GiB per chip of {hbm:.0f} "
+                         f"(pool {est['pool']:.1f}, bf16 weights {est['weights']:.1f}, trainer's fp32 params "
+                         f"{est['trainer']:.1f}); fewer slots or a smaller pool: about {est['max_pages']:,} pages "
+                         f"of {size['page_size']} fit (engine.num_pages per process = that / processes)")
+
+    # the trainer's params (fp32, FSDP, LoRA) -> the engine's (bf16, tensor x data, merged)
+    rules = mesh_lib.rules_for(train_mesh, cfg.mesh)
+    _, (tabs,), (taxes,) = mesh_lib.split_state(nnx.eval_shape(lambda: Decoder(mcfg, rngs=nnx.Rngs(0), rules=rules)))
+    train_sh = mesh_lib.tree_shardings(tabs, taxes, rules)
+    reshard, gd, infer_sh = make_reshard(mcfg, train_sh, mesh)
+    abstract = lambda tree, sh: jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, sh)
+    t0 = time.time()
+    reshard_c = _compile_or_does_not_fit(reshard.lower(abstract(tabs, train_sh)))
+    reshard_s = time.time() - t0
+
+    params = abstract(inference_shardings(mcfg, mesh)[1], infer_sh)
+    pool_sh = NamedSharding(mesh, P("data", None, "tensor", None))
+    pool_shape = (pages, size["page_size"], 2 * mcfg.num_kv_heads, mcfg.head_dim)
+    if args.layers_impl == "scan":  # one stacked pool [L, P, ...]
+        pools = jax.ShapeDtypeStruct((mcfg.num_layers, *pool_shape), jnp.bfloat16,
+                                     sharding=NamedSharding(mesh, P(None, "data", None, "tensor", None)))
+    else:
+        pools = (jax.ShapeDtypeStruct(pool_shape, jnp.bfloat16, sharding=pool_sh),) * mcfg.num_layers
+    rows = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=NamedSharding(mesh, P("data")))
+    rep = jax.ShapeDtypeStruct((), jnp.float32, sharding=NamedSharding(mesh, P()))
+    top_k = cfg.rollout.top_k
+
+    def step(params, pools, prev, lengths, live, table, keys, temperature, top_p):
+        model = nnx.merge(gd, params)
+        feed = (prev[:, None], lengths[:, None], live[:, None], lengths + live, pools, table, width)
+        if args.layers_impl == "scan":
+            h, pools = paged_forward_scan(model, *feed, backend=args.backend, mesh=mesh)
+        else:
+            h, pools = paged_forward(model, layer_weights(model, False), *feed, backend=args.backend, mesh=mesh)
+        logits = jnp.dot(h[:, 0].astype(jnp.float32), model.lm_head_kernel().astype(jnp.float32))
+        one = lambda l, k: tuple(x[0] for x in sample_logits(l[None], k, temperature, top_p, top_k))
+        tok, lp, raw = jax.vmap(one)(logits, keys)
+        return tok, lp, raw, pools
+
+    t0 = time.time()
+    step_c = _compile_or_does_not_fit(jax.jit(step, donate_argnums=(1,)).lower(
+        params, pools, rows((slots,), jnp.int32), rows((slots,), jnp.int32),
+        rows((slots,), jnp.bool_), rows((slots, width), jnp.int32),
+        rows((slots,), jax.random.key(0).dtype), rep, rep))
+    step_s = time.time() - t0
+    kernels = step_c.as_text().count('custom_call_target="tpu_custom_call"')
+    info = {"layers_impl": args.layers_impl, "tensor": tensor, "data": data, "slots_compiled": slots,
+            "pages_compiled": pages, "table_width": width,
+            "train_mesh": dict(zip(("data", "fsdp", "tensor"), cfg.mesh.shape(len(devices)))),
+            "compile_s": {"decode_step": round(step_s, 1), "reshard": round(reshard_s, 1)},
+            "attention_kernels": kernels, "model_params": mcfg.num_params(), "num_layers": mcfg.num_layers,
+            "kv_bytes_per_token": 2 * mcfg.num_layers * mcfg.num_kv_heads * mcfg.head_dim * 2, "mcfg": mcfg}
+    return step_c, reshard_c, info
+
+
+def _compile_or_does_not_fit(lowered):
+    """``lowered.compile()``; XLA's out-of-HBM refusal becomes :class:`DoesNotFit`."""
+    try:
+        return lowered.compile()
+    except Exception as e:  # JaxRuntimeError; only its out-of-memory kind is a verdict
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        raise DoesNotFit(f"XLA: {str(e).splitlines()[0]}") from e
+
+
+def _mem(compiled) -> dict:
+    m = compiled.memory_analysis()
+    total = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
+    return {"arguments": _gib(m.argument_size_in_bytes), "outputs": _gib(m.output_size_in_bytes),
+            "aliased": _gib(m.alias_size_in_bytes), "temporaries": _gib(m.temp_size_in_bytes), "total": _gib(total)}
+
+
+def _bytes_accessed(compiled) -> float:
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    return float((cost or {}).get("bytes accessed", 0.0))
+
+
+def roofline(size: dict, info: dict, chips: int, bw: float) -> dict:
+    """Per-chip bytes per decode step and microseconds per useful token (module docstring)."""
+    sim, static = size["engine_sim"], size["static_sim"]
+    slots, ps, kvt = size["slots"], size["page_size"], info["kv_bytes_per_token"]
+    weights_shard = 2 * info["model_params"] / info["tensor"]
+    running = sim["running_tokens_mean"]  # live context of the decoding rows, summed
+    block = KERNEL_PAGES_PER_BLOCK * ps
+    read = running + slots * sim["utilisation"] * block / 2  # each running row rounds up half a block
+    engine_step = weights_shard + read * kvt / chips
+    bound_step = weights_shard + running * kvt / chips
+    dense_t = 1 << math.ceil(math.log2(size["max_total_tokens"]))
+    static_step = 2 * info["model_params"] + slots * dense_t * kvt / chips
+    us = lambda b, tokens: 1e6 * b / bw / tokens
+    return {"engine_step_bytes": engine_step, "bound_step_bytes": bound_step, "static_step_bytes": static_step,
+            "engine_us_per_token": us(engine_step, slots * sim["utilisation"]),
+            "bound_us_per_token": us(bound_step, slots),
+            "static_us_per_token": us(static_step, slots * static["utilisation"]),
+            "hbm_bytes_per_s": bw}
+
+
+def run(args) -> dict:
+    """Size, compile and return the report dict."""
+
+    cfg = run_config(args)
+    devices, gen, hbm = topology_devices(args.topology)
+    processes = len({d.process_index for d in devices}) if not args.processes else args.processes
+    size = sizing(cfg, processes, args.episodes_per_slot, args.env_steps, args.pool)
+    head = {"config": args.config, "topology": args.topology, "chips": len(devices), "processes": processes,
+            "gen": gen, "hbm_gib": hbm, "sizing": size}
+    try:
+        step, reshard, info = build(args, cfg, devices, size, hbm)
+    except DoesNotFit as e:
+        return head | {"fits": False, "reason": str(e)}
+    mcfg = info.pop("mcfg")
+    mem = _mem(step)
+    resident = _mem(reshard)["arguments"]  # the trainer's params stay in HBM while the engine runs
+    report = {**head, **info, "per_chip_gib": mem | {"trainer_params": resident},
+              "decode_step": {"xla_bytes_accessed_per_chip": _bytes_accessed(step)},
+              "reshard": {"xla_bytes_accessed_per_chip": _bytes_accessed(reshard), "memory_gib": _mem(reshard)}}
+    report["per_chip_gib"]["engine_total"] = mem["total"] + resident
+    bw, ici = HBM_BANDWIDTH.get(gen), ICI_BANDWIDTH.get(gen)
+    if bw:
+        report["decode_step"].update(roofline(size, info, len(devices), bw))
+        c = reshard_cost(mcfg, len(devices), info["tensor"], bw, ici)
+        report["reshard"].update(dataclasses.asdict(c))
+    report["fits"] = hbm is None or report["per_chip_gib"]["engine_total"] <= hbm
+    return report
+
+
+def parse_args(argv=None):
+    """Command-line arguments."""
+    p = argparse.ArgumentParser(prog="python -m lopd_jax.compile_sampler", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="qwen3_8b", help="a configs/NAME.py run config")
+    p.add_argument("--topology", default="v5p-32", help="v5p-32, v5e-64, ... or cpu:N")
+    p.add_argument("--tensor", type=int, default=0,
+                   help="inference tensor-parallel width (0: the largest divisor of the chips dividing the KV heads)")
+    p.add_argument("--backend", default="auto", help="paged attention backend: auto (kernel on TPU), kernel, xla")
+    p.add_argument("--pool", choices=("auto", "rule", "config"), default="auto",
+                   help="page pool: the sizing rule's, the config's (engine.num_pages x processes), or the larger")
+    p.add_argument("--processes", type=int, default=0, help="processes of the slice (0: the topology's hosts)")
+    p.add_argument("--episodes_per_slot", type=int, default=32, help="episodes per slot per round (simulation)")
+    p.add_argument("--env_steps", type=int, default=50,
+                   help="environment latency per turn in decode steps (simulation)")
+    p.add_argument("--layers", type=int, default=0, help="override the number of layers (0 = as configured)")
+    p.add_argument("--layers_impl", choices=("unroll", "scan"), default="unroll",
+                   help="decode step with unrolled layers and per-layer pools (the engine's) or a scan over "
+                        "layers on one stacked pool (train.paged_step.paged_forward_scan)")
+    p.add_argument("--rule", action="append", default=[], help="training-mesh logical-axis rule remap (repeatable)")
+    p.add_argument("--json", default=None, help="also write the report here")
+    p.add_argument("overrides", nargs="*", help="dotted config overrides key=value, as for lopd_jax.train")
+    return p.parse_args(argv)
+
+
+def print_report(r: dict) -> None:
+    """The human-readable report."""
+
+    s, es, ss = r["sizing"], r["sizing"]["engine_sim"], r["sizing"]["static_sim"]
+    if "reason" in r:
+        print(f"engine  config={r['config']}  topology={r['topology']} ({r['chips']} chips, {r['processes']} "
+              f"processes)  slots {s['slots']}  in flight {s['in_flight']}  pages {s['pages']:,} x {s['page_size']}"
+              f" (rule {s['pages_rule']:,}; engine.num_pages x processes {s['pages_configured']:,})\n  {r['reason']}")
+        return
+    print(f"engine  config={r['config']}  topology={r['topology']} ({r['chips']} chips, {r['processes']} processes)  "
+          f"inference mesh data={r['data']} x tensor={r['tensor']}  training mesh {r['train_mesh']}  "
+          f"compile {r['compile_s']} ({r['layers_impl']} layers)  attention kernels {r['attention_kernels']}")
+    print(f"  slots {s['slots']}  in flight {s['in_flight']}  pages {s['pages']:,} x {s['page_size']} tokens "
+          f"({s['pages_from']}; rule 1.25 x p99 live + 1 per episode: {s['pages_rule']:,}; engine.num_pages x "
+          f"processes: {s['pages_configured']:,})  live tokens mean "
+          f"{es['live_tokens_mean']:,.0f} p99 {es['live_tokens_p99']:,.0f}  utilisation engine "
+          f"{es['utilisation']:.3f} (steady {es['steady_utilisation']:.3f}) static {ss['utilisation']:.3f} "
+          f"({s['episodes']} episodes, {s['max_total_tokens']:,}-token cap)")
+    m = r["per_chip_gib"]
+    print(memory_line({k: v for k, v in m.items() if k not in ("trainer_params", "engine_total")}, None,
+                      "decode step per chip GiB"))
+    print(f"  + trainer's resident params {m['trainer_params']:.2f} = {m['engine_total']:.2f} GiB per chip"
+          + (f" of {r['hbm_gib']}" if r["hbm_gib"] else ""))
+    d, rs = r["decode_step"], r["reshard"]
+    if "engine_step_bytes" in d:
+        print(f"  HBM per decode step per chip: engine {_gib(d['engine_step_bytes']):.2f} GiB, bound "
+              f"{_gib(d['bound_step_bytes']):.2f} GiB, static dense {_gib(d['static_step_bytes']):.2f} GiB "
+              f"(XLA's estimate for the compiled step: {_gib(d['xla_bytes_accessed_per_chip']):.2f} GiB)")
+        print(f"  reshard per RL step per chip: read {_gib(rs['hbm_read']):.2f} GiB, write "
+              f"{_gib(rs['hbm_written']):.2f} GiB, ICI {_gib(rs['ici_received']):.2f} GiB -> roofline "
+              f"{1e3 * rs['seconds']:.2f} ms")
+        ratio = d["engine_us_per_token"] / d["bound_us_per_token"]
+        gain = d["static_us_per_token"] / d["engine_us_per_token"]
+        print(f"  roofline per useful token: engine {d['engine_us_per_token']:.2f} us, static dense sampler "
+              f"{d['static_us_per_token']:.2f} us, bound {d['bound_us_per_token']:.2f} us -> engine / bound = "
+              f"{ratio:.2f}x (target <= 1.5x), static / engine = {gain:.1f}x")
+
+
+def main(argv=None) -> int:
+    """Entry point: print the report; exit 1 when the engine does not fit."""
+
+    args = parse_args(argv)
+
+    try:
+        r = run(args)
+    except ValueError as e:  # ConfigError is a ValueError
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print_report(r)
+    return verdict(r, args.json)
+

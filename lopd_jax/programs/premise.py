@@ -1,0 +1,188 @@
+"""The premise check of self-distillation: does a privileged context help theta0 at all?
+
+Self-distillation can only help where the teacher -- theta0 with a privileged context --
+does better than theta0 alone. Before any LOPD training this measures, on the held-out
+tasks of a run (greedy decoding, the run's caps and chat format), three rows:
+
+* ``base``: theta0 (after the warm-up, when the run has one);
+* ``base + oracle text``: theta0 with each task's oracle hint
+  (:meth:`lopd_jax.envs.base.TaskSource.oracle_hint`) as text in the latent slot's place --
+  OPSD's teacher (:mod:`lopd_jax.envs.privileged`);
+* ``base + composer``: theta0 with the cold-start composer's latents of ``n_ret``
+  experiences retrieved from the run's bank (:mod:`lopd_jax.programs.composer_eval`).
+
+Each row: mean reward, success rate (reward 1.0), tool calls and errors per episode, the
+gap to ``base`` and, for the first two, theta0's teacher-forced log-prob per token of the
+oracle demonstration (:func:`oracle_logprob`); the no-tool baseline (answering at once without a tool call) is
+printed beside them::
+
+    python -m lopd_jax.premise --config=miniature --workdir=W [key=value ...]
+    python -m lopd_jax.premise --workdir=W        # a run that has finished its cold start
+
+Without a finished cold start in ``W``, the run's first stages (warm-up, bank, cold start)
+are run there first (``stages.lopd_steps=0``). The table is printed and written to
+``W/premise.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from typing import Any, Sequence
+
+import jax
+
+from lopd_jax.envs.privileged import HintedTaskSource
+from lopd_jax.io import files
+from lopd_jax.method.eval_stats import behaviour_stats, no_tool_baseline
+from lopd_jax.programs.composer_eval import latent_context, load_composer_run
+from lopd_jax.programs.train import resolve_config, run_training
+from lopd_jax.settings.sections import SamplingParams
+from train import warmup
+from train.ledger import StageLedger
+from train.rollout import rollout, training_arrays
+from train.stage_loop import EVAL_RNG_OFFSET
+
+ROWS = ("base", "base + oracle text", "base + composer")
+RESULT_FILE = "premise.json"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line options."""
+    p = argparse.ArgumentParser(prog="python -m lopd_jax.premise", description=__doc__.split("\n\n")[0])
+    p.add_argument("--workdir", required=True, help="the run directory (created by --config when missing)")
+    p.add_argument("--config", default=None, help="run the first stages of this config in --workdir first")
+    p.add_argument("--split", default="heldout", choices=("train", "heldout"))
+    p.add_argument("--num_tasks", type=int, default=None, help="first N tasks of the split (default: all)")
+    p.add_argument("overrides", nargs="*", help="dotted config overrides key=value (with --config)")
+    return p
+
+
+def _row(trajs, seconds: float) -> dict[str, Any]:
+    s = behaviour_stats(trajs)
+    return {"reward": s["mean_reward"], "success_rate": s["success_rate"], "tool_calls": s["mean_tool_calls"],
+            "errors": s["mean_errors"], "episodes": len(trajs), "seconds": round(seconds, 2),
+            "reward_by_family": s["reward_by_family"]}
+
+
+def measure(run, tasks: Sequence) -> dict[str, dict[str, Any]]:
+    """The three rows for ``tasks`` given a reopened run (:func:`lopd_jax.programs.composer_eval.load_composer_run`)."""
+
+    ctx = run.ctx
+    r = ctx.cfg.rollout
+    greedy = SamplingParams(temperature=0.0, top_p=r.top_p, top_k=r.top_k)
+    params, B = run.base_params(), ctx.cfg.env.tasks_per_step
+    key = jax.random.fold_in(jax.random.key(ctx.cfg.seed), EVAL_RNG_OFFSET)
+    hinted = HintedTaskSource(ctx.source)
+    out = {}
+    for name in ROWS:
+        t0, trajs = time.perf_counter(), []
+        for i in range(0, len(tasks), B):
+            batch = tasks[i:i + B]
+            make_env = hinted.make_env if name == "base + oracle text" else ctx.source.make_env
+            latents = latent_context(run, batch) if name == "base + composer" else None
+            trajs += rollout(ctx.engine, params, ctx.fmt, make_env, batch, jax.random.fold_in(key, i),
+                             r.rollout_config(), greedy, latents=latents)
+        out[name] = _row(trajs, time.perf_counter() - t0)
+    base = out["base"]
+    for row in out.values():
+        row["reward_gap"] = row["reward"] - base["reward"]
+        row["success_gap"] = row["success_rate"] - base["success_rate"]
+    return out
+
+
+def oracle_logprob(run, tasks: Sequence) -> dict[str, float]:
+    """Teacher-forced: theta0's mean log-prob per token of the oracle demonstrations'
+    assistant tokens, without and with the oracle hint in the prompt -- what distillation
+    from that teacher would pull the student towards, independent of greedy decoding.
+    Synthetic tasks only (the others have no oracle demonstrations): ``{}`` otherwise."""
+
+    ctx = run.ctx
+    _, lora0, _ = ctx.system.initial_params()
+    score = jax.jit(lambda p, b: warmup.sft_loss(ctx.system, p, lora0, b)[1])
+    B, out = ctx.cfg.env.tasks_per_step, {}
+    for name, source in (("base", None), ("base + oracle text", HintedTaskSource(ctx.source))):
+        try:
+            demos = warmup.demonstrations(ctx, tasks, source)
+        except ValueError:
+            return {}
+        longest = max(len(d) for d in demos)
+        total = count = 0.0
+        for i in range(0, len(demos), B):
+            arr = training_arrays(demos[i:i + B], length=-(-longest // 128) * 128)
+            m = score(run.frozen, {"tokens": arr["tokens"], "attention_mask": arr["attention_mask"],
+                                   "loss_mask": arr["mask"]})
+            total += float(m["nll"]) * float(m["tokens"])
+            count += float(m["tokens"])
+        out[name] = -total / count
+    return out
+
+
+def format_table(rows: dict[str, dict[str, Any]], no_tool: float) -> str:
+    """The rows as a Markdown table, the no-tool baseline in the header line."""
+    lines = [f"no-tool baseline (answer at once, no tool call): reward {no_tool:.4f}",
+             "oracle-token log-prob: teacher-forced mean log-prob per token of the oracle demonstrations",
+             "| row | reward | success | gap to base (reward / success) | tool calls | errors | oracle-token log-prob |",
+             "|---|---|---|---|---|---|---|"]
+    for name, r in rows.items():
+        lp = r.get("oracle_logprob")
+        lines.append(f"| {name} | {r['reward']:.4f} | {r['success_rate']:.1%} | {r['reward_gap']:+.4f} / "
+                     f"{r['success_gap']:+.1%} | {r['tool_calls']:.2f} | {r['errors']:.2f} | "
+                     f"{'-' if lp is None else f'{lp:.4f}'} |")
+    return "\n".join(lines)
+
+
+def _prepare(args) -> None:
+    """Run the first stages (warm-up, bank, cold start) of ``--config`` in ``--workdir``."""
+
+    cfg = resolve_config([f"--config={args.config}", f"--workdir={args.workdir}", *args.overrides])
+    cfg = dataclasses.replace(cfg, stages=dataclasses.replace(cfg.stages, lopd_steps=0))
+    if run_training(cfg) == "preempted":
+        raise SystemExit("preempted before the cold start finished; rerun the same command to resume")
+
+
+def _cold_start_done(workdir: str) -> bool:
+    """Whether the run in ``workdir`` has finished its cold start (local runs: the ledger
+    file is read without importing JAX, so a wrong path fails fast)."""
+    if "://" in workdir:
+        return StageLedger(workdir).done("cold_start")
+    path = os.path.join(workdir, "stages.json")
+    if not os.path.exists(path):
+        return False
+    with open(path) as f:
+        return bool(json.load(f).get("cold_start", {}).get("done"))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: prepare the run if needed, measure, print, write ``premise.json``."""
+
+    args = build_parser().parse_args(argv)
+    try:
+        if not _cold_start_done(args.workdir):
+            if args.config is None:
+                print(f"{args.workdir!r} has no finished cold start; pass --config=NAME to run it there first",
+                      file=sys.stderr)
+                return 2
+            _prepare(args)
+        elif args.config is not None or args.overrides:
+            print(f"note: {args.workdir!r} already has a cold start; --config and overrides are ignored",
+                  file=sys.stderr)
+        run = load_composer_run(args.workdir, "cold_start")
+        tasks = run.ctx.source.tasks(args.split)[: args.num_tasks]
+        rows = measure(run, tasks)
+        for name, lp in oracle_logprob(run, tasks).items():
+            rows[name]["oracle_logprob"] = lp
+        no_tool = no_tool_baseline(run.ctx.source.make_env, tasks)
+    except ValueError as e:  # ConfigError is a ValueError
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(format_table(rows, no_tool), flush=True)
+    files.write_text(files.join(args.workdir, RESULT_FILE),  # local or gs://
+                     json.dumps({"split": args.split, "tasks": len(tasks), "no_tool_baseline": no_tool, "rows": rows},
+                                indent=1))
+    return 0
+

@@ -1,0 +1,309 @@
+"""Run arms x seeds (x a grid) of one config side by side, resumably, and report them.
+
+    python -m lopd_jax.sweep --config=NAME --arms=lopd,grpo,lopd_frozen_composer,lopd@steps.margin=0 \\
+        --seeds=0,1,2 --workdir=W [--grid steps.margin=0,0.01,0.05] [dotted.key=value ...]
+
+An arm variant ``ARM@key=value`` is that arm with its own overrides (named
+``ARM__key=value``); ``--grid`` applies to every arm.
+
+Every combination (arm, grid point, seed) is one ordinary training run,
+``python -m lopd_jax.train --config=NAME --workdir=W/runs/<name>/seed<k> arm=... seed=k
+<grid> <overrides>``, run as a subprocess one after the other (log in ``train.log`` beside
+it). A run whose ``stages.json`` records the export is finished and skipped; an
+interrupted one resumes (the train command resumes itself), so rerunning the same sweep
+command continues where it stopped.
+
+Shared stages: before a run starts, the warm-up, the held-out evaluation before training
+and the experience bank are copied from an earlier run of the sweep whose config agrees
+on everything those stages read (:func:`stage_keys`: a hash of the config sections they
+depend on and the seed); the composer cold start likewise for the composer arms. The
+copied run then finds those stages done (``stages.json``), with their checkpoints, bank and
+metrics records, and goes straight on.
+
+Report (:mod:`lopd_jax.sweep_report`): ``W/results.json`` (one record per run),
+``W/results.md`` (table over seeds: held-out reward mean +- std, success rate, rollouts
+to a threshold, Table-3 statistics, the "Base + Composer" row beside each composer
+arm's student) and the figures ``W/fig3_arms.png``, ``W/fig3_margin.png`` (with a
+``steps.margin`` grid), ``W/fig4_curves.png``, ``W/fig5_<key>.png`` (with a
+``composer.num_latents`` / ``composer.n_ret`` grid). ``--report_only`` rebuilds them
+from the runs on disk.
+
+Exit status: 0 all runs finished; 1 some run failed (the others still ran; see its
+``train.log``); 2 bad arguments or config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any, Sequence
+
+from lopd_jax.io.paths import resolve_path
+from lopd_jax.programs.sweep_report import write_report
+from lopd_jax.settings.arm_config import ARMS
+from lopd_jax.settings.config import ConfigError
+from lopd_jax.settings.overrides import apply_overrides, load_config
+from lopd_jax.settings.run_config import flatten
+from train.arms import resolve_arm, uses_composer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED_FILE = "shared_stages.json"
+PRE_STAGES = ("warmup", "eval_before", "bank")
+COLD_STAGES = ("cold_start",)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """One run of the sweep: ``name`` (arm plus grid point), ``seed``, its overrides."""
+
+    arm: str
+    seed: int
+    grid: tuple[tuple[str, str], ...]
+    overrides: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        """``arm`` or ``arm__key=value__...`` (directory name of the run's seeds)."""
+        return "__".join([self.arm] + [f"{k}={v}" for k, v in self.grid])
+
+    def workdir(self, root: str) -> str:
+        """``<root>/runs/<name>/seed<k>``."""
+        return os.path.join(root, "runs", self.name, f"seed{self.seed}")
+
+    def train_args(self, config: str, root: str) -> list[str]:
+        """The ``python -m lopd_jax.train`` arguments of this run."""
+        return [f"--config={config}", f"--workdir={self.workdir(root)}", *self.overrides,
+                *[f"{k}={v}" for k, v in self.grid], f"arm={self.arm}", f"seed={self.seed}"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line options."""
+    p = argparse.ArgumentParser(prog="python -m lopd_jax.sweep", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="tiny", help="a configs/NAME.py config (default tiny)")
+    p.add_argument("--arms", default="lopd", help="comma-separated arms (lopd_jax.settings.arm_config.ARMS); an arm "
+                   "variant is ARM@key=value[@key=value], e.g. lopd@steps.margin=0")
+    p.add_argument("--seeds", default="0", help="comma-separated seeds")
+    p.add_argument("--workdir", required=True, help="sweep directory (runs, results, figures)")
+    p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
+                   help="sweep one config field over values (repeatable: the product of grids)")
+    p.add_argument("--threshold", type=float, default=None,
+                   help="held-out reward for 'rollouts to threshold' (default: halfway from the mean "
+                        "reward before training to the best arm's final mean)")
+    p.add_argument("--no_base_composer", action="store_true",
+                   help="skip the Base + Composer evaluation of composer arms")
+    p.add_argument("--report_only", action="store_true", help="only rebuild results/table/figures")
+    p.add_argument("overrides", nargs="*", help="dotted overrides key=value for every run")
+    return p
+
+
+def _split(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def plan(args) -> list[RunSpec]:
+    """Every run of the sweep, seeds outermost (so seed 0 of every arm finishes first),
+    validated by loading each run's config (ConfigError on a bad arm / key / value)."""
+    arms = []  # (arm, its own overrides): "lopd@steps.margin=0" is lopd with m = 0
+    for entry in _split(args.arms):
+        arm, *own = entry.split("@")
+        if any("=" not in o for o in own):
+            raise ConfigError(f"--arms entry {entry!r}: write an arm variant as ARM@key=value[@key=value]")
+        arms.append((arm, tuple(tuple(o.split("=", 1)) for o in own)))
+    bad = [a for a, _ in arms if a not in ARMS]
+    if not arms or bad:
+        raise ConfigError(f"--arms={args.arms!r}: unknown arm(s) {bad}; choose from {list(ARMS)}")
+    try:
+        seeds = [int(s) for s in _split(args.seeds)]
+    except ValueError:
+        raise ConfigError(f"--seeds={args.seeds!r}: expected comma-separated integers") from None
+    if not seeds:
+        raise ConfigError("--seeds is empty")
+    axes = []
+    for g in args.grid:
+        if "=" not in g or not _split(g.split("=", 1)[1]):
+            raise ConfigError(f"--grid {g!r} must look like KEY=V1,V2,...")
+        key, vals = g.split("=", 1)
+        axes.append([(key.strip(), v) for v in _split(vals)])
+    points = [tuple(p) for p in itertools.product(*axes)] if axes else [()]
+    specs = [RunSpec(a, s, own + p, tuple(args.overrides)) for s in seeds for a, own in arms for p in points]
+    for spec in specs:
+        run_config(args.config, spec, args.workdir)  # fail fast, before any run starts
+    return specs
+
+
+def run_config(config: str, spec: RunSpec, root: str):
+    """The resolved :class:`TrainConfig` of one run (arm implications applied)."""
+    cfg = load_config(config)
+    cfg = apply_overrides(cfg, [*spec.overrides, *[f"{k}={v}" for k, v in spec.grid], f"arm={spec.arm}",
+                                f"seed={spec.seed}", f"workdir={spec.workdir(root)}"])
+    return resolve_arm(cfg)
+
+
+# ----------------------------------------------------------------------------- shared stages
+
+# Config keys (dotted prefixes) each shared stage group reads; the seed is always included.
+PRE_KEYS = ("model.", "env.", "rollout.", "bank.", "mesh.", "composer.lora.", "stages.warmup_", "stages.eval_tasks")
+COLD_KEYS = PRE_KEYS + ("composer.", "steps.cold_start_", "stages.cold_start_")
+
+
+def stage_keys(cfg) -> dict[str, str]:
+    """``{"pre": hash, "cold": hash}``: content hashes of the config entries the warm-up /
+    evaluation-before / bank stages (``pre``) and the cold start (``cold``) depend on."""
+    flat = flatten(cfg)
+
+    def h(prefixes):
+        part = {k: v for k, v in flat.items() if k == "seed" or any(k.startswith(p) for p in prefixes)}
+        return hashlib.sha256(json.dumps(part, sort_keys=True).encode()).hexdigest()[:16]
+    return {"pre": h(PRE_KEYS), "cold": h(COLD_KEYS)}
+
+
+def _read(path: str, default: Any = None) -> Any:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return default
+
+
+def _write(path: str, obj: Any) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def _copy_metrics(src: str, dst: str, stages: Sequence[str]) -> None:
+    lines = []
+    if os.path.exists(os.path.join(src, "metrics.jsonl")):
+        with open(os.path.join(src, "metrics.jsonl")) as f:
+            lines = [ln for ln in f if ln.strip() and json.loads(ln).get("stage") in stages]
+    with open(os.path.join(dst, "metrics.jsonl"), "a") as f:
+        f.writelines(lines)
+
+
+def adopt_stages(src: str, dst: str, stages: Sequence[str]) -> list[str]:
+    """Copy the finished ``stages`` of run ``src`` into run ``dst`` (checkpoints, bank,
+    metrics records, ``stages.json`` entries); returns the stages copied. A stage already
+    done in ``dst`` is left alone."""
+    s_ledger = _read(os.path.join(src, "stages.json"), {})
+    d_ledger = _read(os.path.join(dst, "stages.json"), {})
+    todo = [s for s in stages if s_ledger.get(s, {}).get("done") and not d_ledger.get(s, {}).get("done")]
+    if not todo:
+        return []
+    os.makedirs(dst, exist_ok=True)
+    for stage in todo:
+        entry = dict(s_ledger[stage])
+        ck = os.path.join(src, "checkpoints", stage)
+        if os.path.isdir(ck):
+            shutil.copytree(ck, os.path.join(dst, "checkpoints", stage), dirs_exist_ok=True)
+        if stage == "bank":
+            shutil.copytree(entry["path"], os.path.join(dst, "bank"), dirs_exist_ok=True)
+            entry["path"] = os.path.join(dst, "bank")
+        entry["shared_from"] = src
+        d_ledger[stage] = entry
+    _copy_metrics(src, dst, todo)
+    _write(os.path.join(dst, "stages.json"), d_ledger)
+    return todo
+
+
+def share_into(root: str, cfg, workdir: str) -> list[str]:
+    """Copy shareable finished stages into ``workdir`` from the run registered for its
+    keys in ``<root>/shared_stages.json``; returns what was copied."""
+    reg = _read(os.path.join(root, SHARED_FILE), {})
+    keys = stage_keys(cfg)
+    copied = []
+    if keys["pre"] in reg and reg[keys["pre"]] != workdir:
+        copied += adopt_stages(reg[keys["pre"]], workdir, PRE_STAGES)
+    if uses_composer(cfg) and keys["cold"] in reg and reg[keys["cold"]] != workdir:
+        copied += adopt_stages(reg[keys["cold"]], workdir, COLD_STAGES)
+    return copied
+
+
+def register(root: str, cfg, workdir: str) -> None:
+    """Record ``workdir`` as the source of its stage keys (for the stages it finished)."""
+    path = os.path.join(root, SHARED_FILE)
+    reg = _read(path, {})
+    ledger = _read(os.path.join(workdir, "stages.json"), {})
+    keys = stage_keys(cfg)
+    if all(ledger.get(s, {}).get("done") for s in PRE_STAGES):
+        reg.setdefault(keys["pre"], workdir)
+    if uses_composer(cfg) and ledger.get("cold_start", {}).get("done"):
+        reg.setdefault(keys["cold"], workdir)
+    _write(path, reg)
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def finished(workdir: str) -> bool:
+    """Whether the run in ``workdir`` completed (its export is recorded)."""
+    return bool(_read(os.path.join(workdir, "stages.json"), {}).get("export", {}).get("done"))
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def run_one(config: str, spec: RunSpec, root: str, base_composer: bool) -> dict[str, Any]:
+    """Run (or resume, or skip) one run; returns ``{"status", "seconds", "shared"}``."""
+    cfg = run_config(config, spec, root)
+    wd = spec.workdir(root)
+    status: dict[str, Any] = {"status": "done", "seconds": 0.0, "shared": []}
+    if not finished(wd):
+        status["shared"] = share_into(root, cfg, wd)
+        os.makedirs(wd, exist_ok=True)
+        t0 = time.perf_counter()
+        with open(os.path.join(wd, "train.log"), "a") as log:
+            proc = subprocess.run([sys.executable, "-m", "lopd_jax.train", *spec.train_args(config, root)],
+                                  cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT)
+        status["seconds"] = time.perf_counter() - t0
+        if proc.returncode != 0 or not finished(wd):
+            status["status"] = f"failed (exit {proc.returncode}; see {os.path.join(wd, 'train.log')})"
+            return status
+        status["status"] = "ran"
+    register(root, cfg, wd)
+    if base_composer and uses_composer(cfg) and not os.path.exists(os.path.join(wd, "base_composer.json")):
+        with open(os.path.join(wd, "train.log"), "a") as log:
+            subprocess.run([sys.executable, "-m", "lopd_jax.sweep_report", "base-composer", wd], cwd=ROOT,
+                           env=_env(), stdout=log, stderr=subprocess.STDOUT)
+    return status
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point (exit codes in the module docstring)."""
+
+    args = build_parser().parse_args(argv)
+    args.workdir = resolve_path(args.workdir)  # checkpoints need absolute paths; runs start elsewhere
+    try:
+        specs = plan(args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    os.makedirs(args.workdir, exist_ok=True)
+    _write(os.path.join(args.workdir, "sweep.json"), {"config": args.config, "arms": _split(args.arms),
+                                                       "seeds": _split(args.seeds), "grid": args.grid,
+                                                       "overrides": args.overrides})
+    failures = 0
+    if not args.report_only:
+        t_all = time.perf_counter()
+        for i, spec in enumerate(specs):
+            print(f"[sweep] {i + 1}/{len(specs)} {spec.name} seed {spec.seed}", file=sys.stderr, flush=True)
+            st = run_one(args.config, spec, args.workdir, not args.no_base_composer)
+            failures += st["status"].startswith("failed")
+            print(f"[sweep]   {st['status']} in {st['seconds']:.0f}s"
+                  f"{'; shared ' + ','.join(st['shared']) if st['shared'] else ''}", file=sys.stderr, flush=True)
+        print(f"[sweep] all runs: {time.perf_counter() - t_all:.0f}s", file=sys.stderr, flush=True)
+    paths = write_report(args.workdir, specs, threshold=args.threshold)
+    print("\n".join(paths))
+    return 1 if failures else 0
+

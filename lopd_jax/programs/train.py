@@ -1,0 +1,216 @@
+"""Train with LOPD end to end: ``python -m lopd_jax.train --config=NAME --workdir=DIR [key=value ...]``.
+
+Runs the stages of :mod:`train.loop` (tiny warm-up, held-out evaluation, experience bank,
+composer cold start, LOPD steps, evaluation, Hugging Face export, plot); a rerun of the
+same command resumes. Overrides are dotted config keys (``stages.lopd_steps=8``,
+``bank.min_reward=0.5``, ``env.kwargs.n_train_per_family=4``); ``--workdir`` is the
+``workdir`` key. On a multi-host TPU slice run the same command on every host
+(``tpu_scripts/run.sh``); ``jax.distributed.initialize()`` is called when the slice has
+more than one host. Elsewhere N cooperating processes are started with
+``--coordinator_address=HOST:PORT --num_processes=N --process_id=I`` (or the environment
+variables ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``); see
+``docs/pods.md``.
+
+Exit status: 0 done (or preempted with a checkpoint saved: rerun to resume); 2 a bad
+config, unknown key, bad value or missing path (nothing compiled or written); 3 the run
+stopped with an explanation (e.g. the experience bank came out empty, or too many
+consecutive steps had non-finite gradients).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import os
+import pkgutil
+import shutil
+import sys
+from typing import Sequence
+
+import jax
+
+import configs
+from lopd_jax.io import files
+from lopd_jax.io.files import join
+from lopd_jax.io.paths import is_url, resolve_path
+from lopd_jax.io.startup import describe_devices
+from lopd_jax.method.bank import EmptyBankError
+from lopd_jax.settings.config import ConfigError
+from lopd_jax.settings.overrides import apply_overrides, load_config
+from lopd_jax.settings.run_config import CONFIG_FILE, flatten, save_run_config
+from lopd_jax.settings.task_data import check_task_data, resolve_data_paths
+from models.gguf import is_gguf_path
+from train import distributed, loop
+from train.arms import resolve_arm
+from train.launch import add_launch_flags, initialize_from_flags
+from train.nonfinite import NonFiniteError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line options."""
+    p = argparse.ArgumentParser(prog="python -m lopd_jax.train", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="tiny", help="a configs/NAME.py config (default tiny)")
+    p.add_argument("--workdir", default=None, help="run directory (local or gs://); default: the config's")
+    p.add_argument("--allow_config_change", default="", metavar="KEY[,KEY...]",
+                   help="rerun in a workdir whose saved config differs on these dotted keys: the finished stages "
+                        "are kept and the new values apply from the next unfinished stage on (e.g. "
+                        "bank.min_reward after an empty bank). Without it a differing key is refused.")
+    add_launch_flags(p)
+    p.add_argument("overrides", nargs="*", help="dotted overrides key=value")
+    p.epilog = _configs_epilog()
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    return p
+
+
+def _configs_epilog() -> str:
+    """The ``--help`` text that lists the named configs (``configs/NAME.py``) with their first docstring line."""
+
+    lines = ["named configs (--config=NAME):"]
+    for info in sorted(pkgutil.iter_modules(configs.__path__), key=lambda i: i.name):
+        if info.name.startswith("_"):
+            continue
+        doc = (importlib.import_module(f"configs.{info.name}").__doc__ or "").strip().splitlines()
+        lines.append(f"  {info.name:12s} {doc[0] if doc else ''}")
+    lines.append("overrides: any dotted key of the config, e.g. stages.lopd_steps=8 model.hf_path=/ckpt "
+                 "(sections and keys: README, \"Configs and overrides\"; task data: docs/data.md)")
+    return "\n".join(lines)
+
+
+def _exists(path: str) -> bool:
+    """Whether a local path or a ``gs://`` prefix exists (a file or any object under it)."""
+    return files.exists(path)
+
+
+def _join(base: str, name: str) -> str:
+    return join(base, name)
+
+
+def resolve_paths(cfg):
+    """``cfg`` with its local paths absolute (``workdir``, ``checkpoint.directory``,
+    ``model.hf_path``, ``bank.path``, ``bank.embedder_path``; see :mod:`lopd_jax.io.paths`),
+    so the run works from any directory and its config.json names where things are."""
+
+    r = resolve_path
+    return dataclasses.replace(
+        cfg, workdir=r(cfg.workdir),
+        checkpoint=dataclasses.replace(cfg.checkpoint, directory=r(cfg.checkpoint.directory)),
+        model=dataclasses.replace(cfg.model, hf_path=r(cfg.model.hf_path)),
+        bank=dataclasses.replace(cfg.bank, path=r(cfg.bank.path), embedder_path=r(cfg.bank.embedder_path)))
+
+
+def check_checkpoint_path(path: str) -> None:
+    """ConfigError unless ``model.hf_path`` = ``path`` is a Hugging Face checkpoint directory
+    (local or ``gs://``, with a config.json) or a local llama.cpp ``.gguf`` file (checked by
+    its magic bytes; the architecture and tensor types are checked when it is opened)."""
+
+    if is_gguf_path(path):
+        if not os.path.isfile(path):
+            raise ConfigError(f"model.hf_path={path!r}: no such GGUF file; point it at a local .gguf file "
+                              "(e.g. `make smollm2` prints SmolLM2's) or at a Hugging Face checkpoint directory.")
+        with open(path, "rb") as f:
+            magic = f.read(4)
+        if magic != b"GGUF":
+            raise ConfigError(f"model.hf_path={path!r} ends in .gguf but is not a GGUF file (it starts with "
+                              f"{magic!r}, not b'GGUF'); give a llama.cpp GGUF file or a checkpoint directory.")
+        return
+    if not _exists(path):
+        raise ConfigError(f"model.hf_path={path!r}: no such checkpoint directory; point it at a Hugging Face "
+                          "checkpoint (local dir or gs://), a local .gguf file, or set model.hf_path=none for a "
+                          "random-init model.name.")
+    if not _exists(_join(path, "config.json")):
+        raise ConfigError(f"model.hf_path={path!r} has no config.json; is it a Hugging Face checkpoint? "
+                          "(a llama.cpp file must end in .gguf)")
+
+
+def resolve_config(argv: Sequence[str] | None = None):
+    """The validated :class:`lopd_jax.settings.config.TrainConfig` for ``argv``; ConfigError on problems."""
+
+    args = build_parser().parse_args(argv)
+    cfg = load_config(args.config)
+    overrides = list(args.overrides) + ([f"workdir={args.workdir}"] if args.workdir else [])
+    cfg = resolve_data_paths(resolve_paths(apply_overrides(cfg, overrides)))
+    m, b = cfg.model, cfg.bank
+    if m.hf_path:
+        check_checkpoint_path(m.hf_path)
+    if b.embedder_path and not _exists(b.embedder_path):
+        raise ConfigError(f"bank.embedder_path={b.embedder_path!r}: no such embedder checkpoint.")
+    if b.path and not _exists(b.path):
+        raise ConfigError(f"bank.path={b.path!r}: no such experience bank directory; drop it to build one.")
+    if cfg.stages.warmup_steps and cfg.env.source != "synthetic":
+        raise ConfigError(f"stages.warmup_steps={cfg.stages.warmup_steps}: the warm-up trains on oracle "
+                          f"demonstrations, which only env.source=synthetic has; set stages.warmup_steps=0.")
+    keys = flatten(cfg)
+    unknown = [k for k in args.allow_config_change.split(",") if k and k not in keys]
+    if unknown:
+        raise ConfigError(f"--allow_config_change: {unknown} are not config keys; name dotted keys such as "
+                          f"bank.min_reward (the refused run's message lists the keys that differ).")
+    resolve_arm(cfg)  # the arm's own checks (ConfigError), before anything is written
+    check_task_data(cfg)
+    return cfg
+
+
+def run_training(cfg, allow_config_change: Sequence[str] = ()):
+    """Save (or check, on resume) ``<workdir>/config.json``, then run every stage of ``cfg``
+    with :func:`train.loop.run`; returns its result. Programs that train (this one, sweeps)
+    call this rather than ``train.loop.run`` so every run directory holds its config.
+
+    ``allow_config_change``: dotted keys that may differ from a saved config. A
+    :class:`lopd_jax.settings.config.ConfigError` raised while a *new* run starts removes what this
+    call wrote (its config.json, and the workdir if it created it), so the corrected
+    command starts clean."""
+
+    first = jax.process_index() == 0
+    existed = _exists(cfg.workdir)
+    # refuses a workdir that holds a run of another config; process 0 checks and writes
+    resumed = save_run_config(cfg, allow=allow_config_change) if first else True
+    distributed.sync("run_config")
+    try:
+        return loop.run(cfg, resumed=resumed)
+    except ConfigError:
+        if first and not resumed:
+            _undo_new_run(cfg.workdir, existed)
+        raise
+
+
+def _undo_new_run(workdir: str, existed: bool) -> None:
+    """Remove what a new run wrote before a config error: the workdir it created, else its config.json."""
+
+    if not existed and not is_url(workdir):
+        shutil.rmtree(workdir, ignore_errors=True)
+    else:
+        files.epath_of(_join(workdir, CONFIG_FILE)).unlink(missing_ok=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point (see the module docstring for exit codes)."""
+
+    try:
+        cfg = resolve_config(argv)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    error = initialize_from_flags(build_parser().parse_args(argv))
+    if error is not None:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"[lopd] {describe_devices()}", file=sys.stderr, flush=True)
+    try:
+        allow = [k for k in build_parser().parse_args(argv).allow_config_change.split(",") if k]
+        result = run_training(cfg, allow_config_change=allow)
+    except ConfigError as e:  # e.g. a resumed workdir holding another config
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (EmptyBankError, NonFiniteError) as e:
+        print(f"stopped: {e}\nTo rerun in this workdir with a changed setting (the finished stages are kept), "
+              f"add --allow_config_change=KEY for each key you change, e.g. --allow_config_change=bank.min_reward.",
+              file=sys.stderr)
+        return 3
+    if result == loop.PREEMPTED:
+        print("preempted: state saved; rerun the same command to resume.", file=sys.stderr)
+    else:
+        print(f"plot: {_join(cfg.workdir, loop.PLOT_FILE)}\n"
+              f"export (Hugging Face checkpoint of the student): {_join(cfg.workdir, loop.EXPORT_DIR)}",
+              flush=True)
+    return 0
+
