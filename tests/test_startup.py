@@ -93,3 +93,20 @@ def test_every_command_line_program_configures_the_platform_first():
         first_jax = re.search(r"^\s*(import jax|from jax)\b", main, re.M)
         if first_jax:
             assert main.index("configure_platform()") < first_jax.start(), f"{path.name}: JAX imported first"
+
+
+def test_command_lines_import_no_jax():
+    """Importing a ``lopd_jax/*.py`` command line loads no JAX (its body in
+    ``lopd_jax/programs/`` does, once ``main`` has configured the platform)."""
+    import pathlib
+    import subprocess
+    import sys
+
+    pkg = pathlib.Path(__file__).resolve().parent.parent / "lopd_jax"
+    names = [p.stem for p in sorted(pkg.glob("*.py")) if '__name__ == "__main__"' in p.read_text()]
+    code = ("import importlib, sys\n"
+            f"for n in {names!r}:\n"
+            "    importlib.import_module('lopd_jax.' + n)\n"
+            "    assert 'jax' not in sys.modules, n + ' imports JAX before configuring it'\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=pkg.parent)
+    assert proc.returncode == 0, proc.stderr[-2000:]
