@@ -41,9 +41,8 @@ from flax import nnx  # noqa: E402
 from models.config import qwen3  # noqa: E402
 from models.decoder import Decoder  # noqa: E402
 from train.engine import Engine, EpisodeSpec
-from lopd_jax.settings.sections import EngineConfig  # noqa: E402
+from lopd_jax.settings.sections import EngineConfig, SamplingParams  # noqa: E402
 from train.sampler import BucketConfig, Sampler
-from lopd_jax.settings.sections import SamplingParams  # noqa: E402
 
 VOCAB = 512
 

@@ -28,9 +28,8 @@ from lopd_jax.chat.formats import make_chat_format  # noqa: E402
 from lopd_jax.envs.synthetic import SyntheticTaskSource  # noqa: E402
 from lopd_jax.programs.evaluate import load_policy  # noqa: E402
 from train.engine import Engine
-from lopd_jax.settings.sections import EngineConfig, RolloutConfig  # noqa: E402
+from lopd_jax.settings.sections import EngineConfig, RolloutConfig, SamplingParams  # noqa: E402
 from train.rollout import rollout  # noqa: E402
-from lopd_jax.settings.sections import SamplingParams  # noqa: E402
 
 
 def main(argv=None):

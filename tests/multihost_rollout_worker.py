@@ -34,9 +34,8 @@ from lopd_jax.method.types import StepResult  # noqa: E402
 from test_rollout import ScriptedLM, oracle_script  # noqa: E402
 from train import distributed, mesh as mesh_lib  # noqa: E402
 from train.engine import Engine
-from lopd_jax.settings.sections import EngineConfig, MeshConfig, RolloutConfig  # noqa: E402
+from lopd_jax.settings.sections import EngineConfig, MeshConfig, RolloutConfig, SamplingParams  # noqa: E402
 from train.rollout import rollout, training_arrays  # noqa: E402
-from lopd_jax.settings.sections import SamplingParams  # noqa: E402
 
 ROWS = 8
 

@@ -22,9 +22,8 @@ from lopd_jax.envs.synthetic import SyntheticTaskSource
 from lopd_jax.method.splice import SpliceLayout
 from lopd_jax.chat.tokenizers import tiny_tokenizer
 from train.engine import Engine, EpisodeSpec
-from lopd_jax.settings.sections import EngineConfig
+from lopd_jax.settings.sections import EngineConfig, RolloutConfig, SamplingParams
 from train.rollout import LatentContext, rollout
-from lopd_jax.settings.sections import RolloutConfig, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
 

@@ -21,9 +21,8 @@ from lopd_jax.method.eval_stats import behaviour_stats
 from lopd_jax.chat.tokenizers import tiny_tokenizer
 from lopd_jax.method.types import AssistantTurn
 from train.engine import Engine
-from lopd_jax.settings.sections import EngineConfig, RolloutConfig
+from lopd_jax.settings.sections import EngineConfig, RolloutConfig, SamplingParams
 from train.rollout import rollout, training_arrays
-from lopd_jax.settings.sections import SamplingParams
 
 
 class _Shape(NamedTuple):
