@@ -16,7 +16,7 @@ Multi-host (:mod:`train.distributed`): every process runs the same program; the 
 pipelines give every process the same global task list, and each process owns a
 contiguous block of every batch's rows (where the batch sharding puts them). It rolls out
 only those rows (its own environments, on its own rollout engine: no step of a rollout
-involves another host), builds only those rows of the step batches, and :func:`put_batch`
+involves another host), builds only those rows of the step batches, and :func:`train.stage_loop.put_batch`
 assembles the global arrays with ``jax.make_array_from_process_local_data``. No host
 needs another host's environment to be deterministic. What must agree is gathered:
 the bank's admitted experiences (so every host builds and retrieves from the same bank),
@@ -24,8 +24,9 @@ the rollout statistics of the metrics, the held-out trajectories. Only process 0
 metrics, the ledger, the bank and the export; all processes take part in checkpoints.
 
 The training stage itself (LOPD, or the arm's) is :mod:`train.training_stage` and
-:mod:`train.arms`; this module holds the step loop they run on (:func:`run_steps`), the
-other stages and :func:`run`.
+:mod:`train.arms`; every stage with steps runs on :func:`train.stage_loop.run_steps`. This
+module holds the other stages and :func:`run`, which orders them: it is the top of ``train/``,
+and nothing in ``train/`` imports it.
 
 SIGTERM (preemption) sets a flag that the step loops poll; the current state is then
 saved and :func:`run` returns :data:`PREEMPTED` (exit status 0).
