@@ -110,3 +110,18 @@ def test_command_lines_import_no_jax():
             "    assert 'jax' not in sys.modules, n + ' imports JAX before configuring it'\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=pkg.parent)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_prepare_topology(monkeypatch):
+    """The compile checks' ``--topology`` before JAX starts: a TPU topology (or none: the
+    default is one) leaves the platform to the TPU plugin; ``cpu:N`` with JAX already
+    loaded (as here) leaves XLA_FLAGS alone, since the flag could no longer apply."""
+    from lopd_jax.io.startup import prepare_topology
+
+    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    prepare_topology(["--config=tiny", "--topology=cpu:4"])
+    assert "JAX_PLATFORMS" not in os.environ
+    assert os.environ["XLA_FLAGS"] == "--xla_force_host_platform_device_count=8"
+    prepare_topology(["--config=tiny"])
+    assert os.environ["JAX_PLATFORMS"] == ""

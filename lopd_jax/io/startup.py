@@ -27,8 +27,10 @@ the accelerator runtimes themselves open, so a TPU VM is never mistaken for a CP
 
 from __future__ import annotations
 
+import argparse
 import glob
 import os
+import sys
 from typing import MutableMapping
 
 GOOGLE_PCI_VENDOR = "0x1ae0"
@@ -68,6 +70,20 @@ def configure_platform(environ: MutableMapping[str, str] | None = None, root: st
     return "cpu"
 
 
+def prepare_topology(argv) -> None:
+    """Before JAX starts, for the compile checks' ``--topology``: ``cpu:N`` simulates N host
+    devices (the XLA flag must precede JAX's start); a TPU topology (the default) lets the TPU
+    plugin load, since it compiles for the topology."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--topology", default=None)
+    topology = p.parse_known_args(argv)[0].topology
+    if topology is None or not topology.startswith("cpu:"):
+        os.environ.setdefault("JAX_PLATFORMS", "")  # the TPU plugin compiles for the topology
+    elif "jax" not in sys.modules:  # cpu:N: simulate N host devices (the flag must precede JAX's start)
+        flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "force_host_platform_device_count" not in f]
+        os.environ["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={topology[4:]}"])
+
+
 def describe_devices() -> str:
     """One line: how many devices of which kind, this process's index and the process count."""
     import jax  # not at the top: programs import this module to configure JAX first
@@ -78,4 +94,4 @@ def describe_devices() -> str:
             f"local), process {jax.process_index()} of {jax.process_count()}")
 
 
-__all__ = ["tpu_visible", "gpu_visible", "configure_platform", "describe_devices"]
+__all__ = ["tpu_visible", "gpu_visible", "configure_platform", "prepare_topology", "describe_devices"]
