@@ -398,3 +398,18 @@ def test_dispatch_checks_oracle_and_hint(dispatch):
     result, obs, _ = run(dispatch, t, [calls_turn(ToolCall("ship_order", {"customer": p["customer"], "hub": "Lima"})),
                                        answer_turn("Done.")])
     assert result.reward == 0.0 and "no hub named" in obs[0]["content"]
+
+
+def test_calls_only_hint():
+    """hint="calls": the oracle hint is the calls alone (the turns hint without its answer
+    line), and still solves the task when replayed; an unknown style is refused by name."""
+    turns = SyntheticTaskSource(n_train_per_family=8, n_heldout_per_family=4, seed=0, families=["dispatch"])
+    calls = SyntheticTaskSource(n_train_per_family=8, n_heldout_per_family=4, seed=0, families=["dispatch"],
+                                hint="calls")
+    for t in calls.tasks("heldout"):
+        full, short = turns.oracle_hint(t), calls.oracle_hint(t)
+        p = t.payload["params"]
+        assert short == full.rpartition("\n")[0] and short.endswith("</tool_call>")
+        assert f'"hub": "{p["hub"]}"' in short and "Shipped via" not in short
+    with pytest.raises(ValueError, match="hint='answer'.*'turns'.*'calls'"):
+        SyntheticTaskSource(hint="answer")

@@ -37,6 +37,7 @@ from lopd_jax.envs.synthetic_domains import (ALL_DOMAINS, ALL_FAMILIES, DOMAINS,
 from lopd_jax.method.types import AssistantTurn, Message, Task, ToolCall, ToolSchema
 
 ENV_ID = "synthetic"
+HINT_STYLES = ("turns", "calls")  # what SyntheticTaskSource.oracle_hint shows
 
 
 def _resolve_families(families: Sequence[str] | None) -> list[str]:
@@ -71,6 +72,9 @@ class SyntheticTaskSource(TaskSource):
             from both splits) whose hidden-rule parameters (``HIDDEN_RULES``) are drawn at
             random per task, so a warm-up on them cannot learn the rule; 0: the warm-up uses
             the training tasks.
+        hint: what :meth:`oracle_hint` shows: ``"turns"`` (every tool call, then the final
+            answer) or ``"calls"`` (the tool calls alone: a model that copies the last lines
+            of a note then copies a call, not the answer that ends the episode unshipped).
 
     Families with a hidden rule (``dispatch.ship``: customer -> hub) take the rule's target
     from one seeded map per source, shared by ``train`` and ``heldout`` (:meth:`hidden_rule`).
@@ -81,8 +85,11 @@ class SyntheticTaskSource(TaskSource):
     def __init__(self, n_train_per_family: int = 48, n_heldout_per_family: int = 16,
                  seed: int = 0, families: Sequence[str] | None = None,
                  heldout_fraction: float = 0.25, tool_descriptions: bool = True,
-                 n_warmup_per_family: int = 0):
+                 n_warmup_per_family: int = 0, hint: str = "turns"):
         """See the class docstring."""
+        if hint not in HINT_STYLES:
+            raise ValueError(f"hint={hint!r}: choose one of {HINT_STYLES} (the oracle hint's text: "
+                             f"'turns' = the calls and the final answer, 'calls' = the calls alone)")
         if n_train_per_family < 0 or n_heldout_per_family < 0 or n_warmup_per_family < 0:
             raise ValueError("n_train_per_family, n_heldout_per_family and n_warmup_per_family must be >= 0")
         if not 0.0 < heldout_fraction < 1.0:
@@ -93,6 +100,7 @@ class SyntheticTaskSource(TaskSource):
         self.heldout_fraction = heldout_fraction
         self.tool_descriptions = tool_descriptions
         self.n_warmup = n_warmup_per_family
+        self.hint = hint
         self._cache: dict[str, list[Task]] | None = None
         self._warmup: list[Task] | None = None
 
@@ -187,8 +195,9 @@ class SyntheticTaskSource(TaskSource):
         return SyntheticEnvironment(tool_descriptions=self.tool_descriptions)
 
     def oracle_hint(self, task: Task) -> str:
-        """The oracle's turns as text (see :func:`oracle_hint`)."""
-        return oracle_hint(task)
+        """The oracle's turns as text (see :func:`oracle_hint`), or its calls alone with
+        ``hint="calls"``."""
+        return oracle_hint(task, calls_only=self.hint == "calls")
 
 
 def _without_descriptions(schema: Any) -> Any:
@@ -283,8 +292,9 @@ def oracle_turns(task: Task) -> list[AssistantTurn]:
     return turns + [AssistantTurn(raw=answer, content=answer)]
 
 
-def oracle_hint(task: Task) -> str:
+def oracle_hint(task: Task, calls_only: bool = False) -> str:
     """The exact correct assistant turns as one text: each tool call in the ``<tool_call>``
-    form the policy writes, one per line block, then the final answer."""
+    form the policy writes, one per line block, then the final answer (left out with
+    ``calls_only``)."""
     calls, answer = oracle_calls(task)
-    return "\n".join([render_tool_call(c) for c in calls] + [answer])
+    return "\n".join([render_tool_call(c) for c in calls] + ([] if calls_only else [answer]))
