@@ -78,7 +78,7 @@ def _env(python=None):
     return env
 
 
-@pytest.mark.skipif(__import__("lopd_jax.io.startup").startup.tpu_visible(), reason="checks a CPU-only host")
+@pytest.mark.skipif(__import__("lopd_jax.io.startup").io.startup.tpu_visible(), reason="checks a CPU-only host")
 @pytest.mark.timeout(1800)
 def test_readme_quickstart_runs_verbatim(tmp_path, runtime_python):
     commands = quickstart_commands()
