@@ -121,7 +121,7 @@ class StepConfig:
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
     """Episode caps (SPEC 2.2). Host-side parallelism is the engine's
-    (:attr:`lopd_jax.settings.sections.EngineConfig.env_workers`)."""
+    (:attr:`EngineConfig.env_workers`)."""
 
     max_env_steps: int = 30
     max_turn_tokens: int = 2048
