@@ -367,7 +367,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     metrics["trajectories_per_minute"] = round(60.0 * len(trajs) / elapsed, 2)
     per_task = [{"task_id": t.task.task_id, "family": t.task.family, "reward": t.reward,
                  "finish_reason": t.finish_reason, "num_turns": t.num_turns, "turn_lengths": t.turn_lengths,
-                 "env_stats": t.env_stats, "mean_raw_logprob": _mean_generated(t.raw_logprobs, t.mask)}
+                 "turn_ids": turn_ids(t), "env_stats": t.env_stats, "mean_raw_logprob": _mean_generated(t.raw_logprobs, t.mask)}
                 for t in trajs]
     if run is not None:
         from lopd_jax.composer_eval import eval_layout
@@ -448,6 +448,16 @@ def _note(line: str | None) -> None:
     import jax
     if line and jax.process_index() == 0:
         print(f"[lopd] evaluate: {line}", file=sys.stderr, flush=True)
+
+
+def turn_ids(traj) -> list[list[int]]:
+    """The generated ids of each assistant turn of a :class:`train.rollout.Trajectory` (its
+    tokens where ``mask`` is 1, split by ``turn_lengths``)."""
+    import numpy as np
+
+    gen = np.asarray(traj.tokens)[np.asarray(traj.mask) == 1].tolist()
+    cuts = np.cumsum([0, *traj.turn_lengths])
+    return [gen[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
 
 
 def _mean_generated(values, mask) -> float:
