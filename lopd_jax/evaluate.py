@@ -254,10 +254,12 @@ def rollout_batch(engine, params, fmt, make_env, tasks, rng, config, sampling, l
 
 def make_engine(model, fmt, tok, sampling, args, env_workers: int):
     """The rollout engine for ``--model``: ``--slots`` slots (default ``--batch_size``),
-    ``env_workers`` environment threads, :class:`train.engine.EngineConfig`'s other defaults."""
+    ``env_workers`` environment threads, sampling in ``--dtype`` on one device,
+    :class:`train.engine.EngineConfig`'s other defaults."""
     from train.engine import Engine, EngineConfig
 
-    config = EngineConfig(slots=getattr(args, "slots", None) or args.batch_size, env_workers=env_workers)
+    config = EngineConfig(slots=getattr(args, "slots", None) or args.batch_size, env_workers=env_workers,
+                          dtype=args.dtype)
     return Engine(model, stop_ids=fmt.stop_ids, config=config, sampling=sampling, pad_id=tok.pad_token_id or 0)
 
 

@@ -31,8 +31,11 @@ The device holds a fixed set of decode **slots** and one page pool per layer
 * **Input embeddings** (optional): an episode may replace the input embeddings of a run of
   its first chunk's positions (:attr:`EpisodeSpec.embeds`; composer latents); a recompute
   after preemption replaces them again.
-* **Multi-host.** An engine is process-local: each process runs its own episodes in its
-  own slots on its own devices (:meth:`Engine.local_params`), with no cross-host step.
+* **Devices.** An engine is process-local: each process runs its own episodes in its own
+  slots on a ``data x tensor`` mesh of its own devices (:mod:`train.inference_layout`):
+  weights in the sampling dtype with the LoRA folded in, split over ``tensor``; the page
+  pools' KV heads over ``tensor``. :meth:`Engine.local_params` brings the trainer's params
+  there (one collective when they span processes); no step of a run involves another host.
 
 :class:`Engine` works on token-level :class:`EpisodeSpec` s; :func:`train.rollout.rollout`
 runs chat-format episodes with environments on it and returns
@@ -52,12 +55,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from lopd_jax.errors import ConfigError
 from lopd_jax.shapes import bucket
-from train import engine_calls
+from models.decoder import Decoder
+from train import engine_calls, inference_layout
 from train.paged_step import empty_pools
 from train.sampling import SamplingParams, stop_string_cut
 
 __all__ = ["Engine", "EngineConfig", "EpisodeResult", "EpisodeSpec"]
+
+DTYPES = ("float32", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +80,13 @@ class EngineConfig:
     steps (0 = on the engine's own thread, between device calls).
     Compiled variants: one prefill and one decode per power-of-two count of pages read.
     None of these settings changes a sampled token (see the module docstring).
+
+    The device layout (:mod:`train.inference_layout`): ``devices``: this process's local
+    devices the engine runs on (0 = all of them); ``tensor``: tensor-parallel width over
+    them (0 = :func:`train.inference_layout.default_tensor`, the largest that divides both
+    the devices and the KV heads; the rest is ``data``); ``dtype``: the sampling dtype of
+    weights, compute and KV pages (``float32`` or ``bfloat16``). These may change rounding
+    (fp32: within 1e-5 of one device), not the schedule.
     """
 
     slots: int = 8
@@ -82,15 +96,21 @@ class EngineConfig:
     prefill_chunk: int = 256
     max_in_flight: int = 0
     env_workers: int = 4
+    devices: int = 1
+    tensor: int = 1
+    dtype: str = "float32"
 
     def __post_init__(self):
         for name in ("slots", "page_size", "decode_chunk", "prefill_chunk"):
             if getattr(self, name) < 1:
-                raise ValueError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}")
+                raise ConfigError(f"engine.{name}={getattr(self, name)} must be >= 1.")
         for name, what in (("num_pages", "0 = sized from the slots"), ("max_in_flight", "0 = no limit"),
-                           ("env_workers", "0 = on the engine's thread")):
+                           ("env_workers", "0 = on the engine's thread"), ("devices", "0 = every local device"),
+                ("tensor", "0 = the default width")):
             if getattr(self, name) < 0:
-                raise ValueError(f"EngineConfig.{name} must be >= 0 ({what}), got {getattr(self, name)}")
+                raise ConfigError(f"engine.{name}={getattr(self, name)} must be >= 0 ({what}).")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"engine.dtype={self.dtype!r} must be one of {DTYPES} (the sampling dtype).")
 
 
 @dataclasses.dataclass
@@ -163,9 +183,9 @@ def _submit(pool, fn, *args) -> concurrent.futures.Future:
 
 
 def _single_device_graphdef(model: nnx.Module):
-    """``model``'s graph without the training mesh's sharding rules.
+    """``model``'s graph without the training mesh's sharding rules (a test policy's).
 
-    The engine runs on one device per process, so sharding constraints written for the
+    A test policy runs on one device per process, so sharding constraints written for the
     trainer's mesh (a :class:`models.decoder.Decoder`'s ``rules``, applied e.g. to the input
     embeddings that composer latents replace) would ask for devices its arrays are not on.
     The clone shares the model's arrays; the model itself is unchanged.
@@ -182,29 +202,43 @@ class Engine:
     """Continuous-batching rollout engine over a paged KV cache (see the module docstring).
 
     Args:
-      model: a :class:`models.decoder.Decoder` (only its graph is kept; parameters are
-        passed to :meth:`run`), or a module with ``cfg``, ``embed_tokens``,
-        ``lm_head_kernel`` and its own ``paged_forward`` (a test policy).
+      model: a :class:`models.decoder.Decoder` (only its config is kept; parameters are
+        passed to :meth:`run`; the engine decodes on its own layout, ``config``'s
+        ``devices`` / ``tensor`` / ``dtype``), or a module with ``cfg``, ``embed_tokens``,
+        ``lm_head_kernel`` and its own ``paged_forward`` (a test policy: one device, its
+        parameters as given).
       stop_ids: end-of-turn ids.
       config: :class:`EngineConfig`.
       sampling: default :class:`SamplingParams`.
-      lora: run with the LoRA adapters on.
+      lora: run with the LoRA adapters on (folded into the weights).
       pad_id: id used for padding.
       stop_strings / decode: optional host-side stop strings and the ``ids -> text``
         function that finds them (e.g. a tokenizer's ``decode``).
+      devices: the process's devices (default ``jax.local_devices()``; an AOT compile
+        passes one host's devices of a TPU topology).
     """
 
     def __init__(self, model: nnx.Module, *, stop_ids: Sequence[int], config: EngineConfig = EngineConfig(),
                  sampling: SamplingParams = SamplingParams(), lora: bool = False, pad_id: int = 0,
-                 stop_strings: Sequence[str] = (), decode: Callable[[list[int]], str] | None = None):
+                 stop_strings: Sequence[str] = (), decode: Callable[[list[int]], str] | None = None,
+                 devices: Sequence | None = None):
         if stop_strings and decode is None:
             raise ValueError("stop_strings need a decode function (ids -> text), e.g. tokenizer.decode")
-        self.graphdef = _single_device_graphdef(model)
-        self.cfg = model.cfg
         self.stop_ids = tuple(int(i) for i in stop_ids)
         self.config = config
         self.sampling = sampling
-        self.lora = lora
+        if isinstance(model, Decoder):  # the inference layout: LoRA merged, no adapters at run time
+            devices, tensor = inference_layout.engine_devices(model.cfg, config.devices, config.tensor, devices)
+            self.mesh = inference_layout.inference_mesh(devices, tensor)
+            self.train_cfg = model.cfg if lora else model.cfg.replace(lora=None)
+            self.graphdef, _, self.shardings = inference_layout.inference_shardings(model.cfg, self.mesh, config.dtype)
+            self.cfg = inference_layout.inference_model_config(model.cfg, config.dtype)
+            self.lora = False
+        else:
+            self.mesh = self.shardings = self.train_cfg = None
+            self.graphdef = _single_device_graphdef(model)
+            self.cfg = model.cfg
+            self.lora = lora
         self.pad_id = int(pad_id)
         self.stop_strings = tuple(stop_strings)
         self.decode = decode
@@ -215,21 +249,34 @@ class Engine:
         """The model's parameter state as a pure dict (what :meth:`run` takes as ``params``)."""
         return nnx.to_pure_dict(nnx.split(model)[1])
 
-    @staticmethod
-    def local_params(tree):
-        """``tree`` (parameters, keys) on this process's first device, where the engine runs.
-
-        Arrays spread over several processes (e.g. FSDP-sharded training weights) are first
-        replicated by one collective, which every process must call together.
+    def local_params(self, params) -> dict:
+        """The policy's parameters (:meth:`params_of`'s dict, e.g. FSDP-sharded training
+        weights with their LoRA factors) as the engine runs them, on this process's devices:
+        merged, cast and laid out on :attr:`mesh`
+        (:func:`train.inference_layout.local_params`; a test policy's as given, on the first
+        device). Parameters spanning processes take one collective, which every process must
+        call together. Params already in the engine's layout are returned as they are.
         """
-        device = jax.local_devices()[0]
-        leaves = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array) and not x.is_fully_addressable]
-        if leaves:
-            mesh = leaves[0].sharding.mesh
-            tree = jax.jit(lambda t: t, out_shardings=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))(
-                tree)
-            tree = jax.tree.map(lambda x: x.addressable_data(0) if isinstance(x, jax.Array) else x, tree)
-        return jax.device_put(tree, device)
+        if self.mesh is None:
+            return jax.device_put(inference_layout.replicated_locally(params), jax.local_devices()[0])
+        if inference_layout.laid_out(params, self.shardings, self.cfg.jnp_dtype):
+            return params
+        return inference_layout.local_params(params, self.train_cfg, self.mesh, self.shardings, self.config.dtype)
+
+    def local_key(self, rng: jax.Array) -> jax.Array:
+        """A PRNG key (the same on every process) on this process's engine devices."""
+        rng = inference_layout.replicated_locally(rng)
+        if self.mesh is None:
+            return jax.device_put(rng, jax.local_devices()[0])
+        return jax.device_put(rng, jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec()))
+
+    def _empty_pools(self, num_pages: int):
+        """Zero page pools for ``num_pages`` pages, made in place on the engine's layout."""
+        if self.mesh is None:
+            return empty_pools(self.cfg, num_pages, self.config.page_size)
+        sh = inference_layout.pool_sharding(self.mesh)
+        return jax.jit(lambda: empty_pools(self.cfg, num_pages, self.config.page_size),
+                       out_shardings=(sh,) * self.cfg.num_layers)()
 
     # ----- page pool -----
     def _pages_for(self, tokens: int) -> int:
@@ -298,7 +345,8 @@ class Engine:
                 start[r], n[r], eids[r] = pos[r], len(piece), ep.eid
             vectors, use = self._vectors(batch, pos, C)
             (tok, lp, raw), pools = engine_calls.prefill(self.graphdef, top_k, greedy, self.lora, params, pools, ids,
-                                                         start, n, table, eids, rng, temperature, top_p, vectors, use)
+                                                         start, n, table, eids, rng, temperature, top_p, vectors, use,
+                                                         mesh=self.mesh)
             tok, lp, raw = np.asarray(tok), np.asarray(lp), np.asarray(raw)
             for r, ep in enumerate(batch):
                 if n[r] and pos[r] + n[r] == len(ep.ctx):  # this episode's last piece: its first token
@@ -327,7 +375,8 @@ class Engine:
         sp = sampling or self.sampling
         cfg, n = self.config, 0
         row_pages = self._pages_for(max_total)
-        pools = empty_pools(self.cfg, cfg.num_pages or cfg.slots * row_pages, cfg.page_size)
+        params = self.local_params(params)
+        pools = self._empty_pools(cfg.num_pages or cfg.slots * row_pages)
         S, C = cfg.slots, cfg.prefill_chunk
         args = (jnp.float32(sp.temperature), jnp.float32(sp.top_p))
         z = np.zeros(S, np.int32)
@@ -336,10 +385,10 @@ class Engine:
             table = np.zeros((S, w), np.int32)
             _, pools = engine_calls.prefill(self.graphdef, sp.top_k, sp.temperature == 0, self.lora, params, pools,
                                             np.zeros((S, C), np.int32), z, z, table, z, jax.random.key(0), *args,
-                                            None, None)  # as run passes them (no embedding overrides): one key
+                                            None, None, mesh=self.mesh)  # as run passes them (no overrides): one key
             _, pools = engine_calls.decode(self.graphdef, cfg.decode_chunk, sp.top_k, sp.temperature == 0, self.lora,
                                            self.stop_ids, params, pools, z, z, np.zeros(S, bool), z, table, z,
-                                           jax.random.key(0), *args)
+                                           jax.random.key(0), *args, mesh=self.mesh)
             n += 2
             if w >= row_pages:
                 return n
@@ -351,7 +400,7 @@ class Engine:
         """Run every episode to its end; results in input order. Metrics of the run are in
         :attr:`metrics`.
 
-        ``params`` and ``rng`` must be on this process's devices (:meth:`local_params`).
+        ``params``: :meth:`local_params`' result (or parameters it converts on each call).
         Episode ``i`` is identity ``first_id + i``: its tokens are sampled with
         ``fold_in(rng, first_id + i)`` (then the position), so a batch split differently
         (over calls or processes) samples the same tokens. ``on_finish(n)`` is called (on
@@ -374,7 +423,8 @@ class Engine:
                                  f"{e.embeds[0] + len(e.embeds[1]) - 1}, outside its first chunk of {len(e.first)}")
         greedy, top_k = sp.temperature == 0, sp.top_k
         temperature, top_p = jnp.float32(sp.temperature), jnp.float32(sp.top_p)
-        pools = empty_pools(self.cfg, self._num_pages, ps)
+        params, rng = self.local_params(params), self.local_key(rng)
+        pools = self._empty_pools(self._num_pages)
         self._free = list(range(self._num_pages - 1, -1, -1))
         self._peak = 0
         eps = [_Ep(spec, first_id + i, [int(x) for x in spec.first]) for i, spec in enumerate(episodes)]
@@ -487,7 +537,7 @@ class Engine:
                     eids = np.asarray([0 if ep is None else ep.eid for ep in slots], np.int32)
                     (toks, lps, raws, n_gen), pools = engine_calls.decode(
                         self.graphdef, K, top_k, greedy, self.lora, self.stop_ids, params, pools, prev, lengths,
-                        live, remaining, self._table(slots, width), eids, rng, temperature, top_p)
+                        live, remaining, self._table(slots, width), eids, rng, temperature, top_p, mesh=self.mesh)
                     toks, lps, raws, n_gen = (np.asarray(x) for x in (toks, lps, raws, n_gen))
                     m["decode_calls"] += 1
                     m["slot_steps"] += cfg.slots * K
