@@ -180,18 +180,28 @@ def _spanning(tree) -> list[jax.Array]:
     return [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array) and not x.is_fully_addressable]
 
 
-def _local_grid(order: list, tensor: int):
-    """This process's devices as a ``(data, tensor)`` grid in which each device keeps the
-    tensor column it has in ``order`` reshaped to ``(-1, tensor)``, or None when some
-    process does not hold the same number of devices in every column."""
-    counts: dict[int, list[int]] = {}
-    for k, d in enumerate(order):
-        counts.setdefault(d.process_index, [0] * tensor)[k % tensor] += 1
-    if any(len(set(c)) != 1 for c in counts.values()):
-        return None
-    mine = jax.process_index()
-    cols = [[d for k, d in enumerate(order) if k % tensor == j and d.process_index == mine] for j in range(tensor)]
-    return np.asarray(cols, dtype=object).T
+def _global_layout(order: list, tensor: int):
+    """``(global mesh, this process's (data, tensor) grid)`` for :func:`global_merge`: the
+    devices ``order`` as a ``(-1, tensor)`` grid (tensor the minor axis) or, failing that, a
+    ``(tensor, -1)`` grid (tensor the major axis; e.g. a trainer's order that interleaves
+    the processes), the first in which every process holds the same number of devices in
+    each tensor column; its grid keeps each device's column. ``(the first mesh, None)``
+    when neither does."""
+    n, found = len(order), []
+    for minor in (True, False):
+        column = (lambda k: k % tensor) if minor else (lambda k: k // (n // tensor))  # noqa: E731
+        counts: dict[int, list[int]] = {}
+        for k, d in enumerate(order):
+            counts.setdefault(d.process_index, [0] * tensor)[column(k)] += 1
+        grid = np.asarray(order, dtype=object).reshape((-1, tensor) if minor else (tensor, -1))
+        mesh = Mesh(grid, ("data", "tensor") if minor else ("tensor", "data"), axis_types=(AxisType.Auto,) * 2)
+        found.append(mesh)
+        if all(len(set(c)) == 1 for c in counts.values()):
+            mine = jax.process_index()
+            cols = [[d for k, d in enumerate(order) if column(k) == j and d.process_index == mine]
+                    for j in range(tensor)]
+            return mesh, np.asarray(cols, dtype=object).T
+    return found[0], None
 
 
 @functools.lru_cache(maxsize=8)
@@ -208,15 +218,14 @@ def global_merge(cfg: ModelConfig, order: Sequence, tensor: int, shardings, dtyp
     processes (over the devices ``order``, the trainer's) to every process's engine, and
     this process's ``(data, tensor)`` device grid for its shards (None: the fallback).
 
-    ``merge``'s output lies over ``order`` reshaped to ``(-1, tensor)``, in the engine's
-    ``shardings``' specs, so each chip receives only its merged tensor shard; a device keeps
-    the tensor column it has there. When some process holds an unequal number of devices in
-    the columns, ``merge`` replicates its output instead (each chip receives everything)."""
-    order = list(order)
-    gmesh = Mesh(np.asarray(order, dtype=object).reshape(-1, tensor), ("data", "tensor"),
-                 axis_types=(AxisType.Auto,) * 2)
+    A jitted call has one device order for its input and output, so ``merge``'s output lies
+    over ``order`` itself, arranged as a ``(data, tensor)`` grid in which every process
+    holds whole tensor columns' worth of devices (:func:`_global_layout`), in the engine's
+    ``shardings``' specs: each chip receives only its merged tensor shard and keeps its
+    column. When no such grid exists, ``merge`` replicates its output instead (each chip
+    receives everything)."""
+    gmesh, grid = _global_layout(list(order), tensor)
     leaves, treedef = jax.tree.flatten(shardings)
-    grid = _local_grid(order, tensor)
     specs = tuple(s.spec for s in leaves) if grid is not None else (P(),) * len(leaves)
     return _merge_to(cfg, dtype, gmesh, treedef, specs), grid
 
