@@ -64,6 +64,8 @@ from train.sampling import SamplingParams, stop_string_cut
 
 __all__ = ["Engine", "EngineConfig", "EpisodeResult", "EpisodeSpec"]
 
+ROW_SPLITS = 4  # device calls run slots, slots / 2, slots / 4 or slots / 8 rows (the fewest that hold the work)
+
 DTYPES = ("float32", "bfloat16")
 
 
@@ -298,6 +300,17 @@ class Engine:
         ep.pages = []
         ep.cached = 0
 
+    def _rows(self, n: int) -> int:
+        """Rows of a device call that carries ``n`` occupied slots: the smallest of
+        ``slots``, ``slots / 2``, ... (``ROW_SPLITS`` sizes, rounded up) that holds them, so
+        a call computes no more than about twice the rows in use."""
+        S = self.config.slots
+        return min(r for r in {-(-S // 2 ** k) for k in range(ROW_SPLITS)} if r >= n)
+
+    def _row_sizes(self) -> list[int]:
+        """Every row count :meth:`_rows` can return."""
+        return sorted({self._rows(n) for n in range(1, self.config.slots + 1)})
+
     def _table(self, eps: Sequence[_Ep | None], width: int) -> np.ndarray:
         t = np.zeros((len(eps), width), np.int32)
         for r, ep in enumerate(eps):
@@ -305,9 +318,9 @@ class Engine:
                 t[r, :min(width, len(ep.pages))] = ep.pages[:width]
         return t
 
-    def _vectors(self, batch: Sequence[_Ep], pos: Sequence[int], C: int):
-        """The input-embedding overrides of one prefill piece: ``(vectors [slots, C, D],
-        use [slots, C])``, or ``(None, None)`` when no row's piece has any."""
+    def _vectors(self, batch: Sequence[_Ep], pos: Sequence[int], C: int, rows: int):
+        """The input-embedding overrides of one prefill piece: ``(vectors [rows, C, D],
+        use [rows, C])``, or ``(None, None)`` when no row's piece has any."""
         hits = []
         for r, ep in enumerate(batch):
             if ep.spec.embeds is None:
@@ -319,8 +332,8 @@ class Engine:
         if not hits:
             return None, None
         dim, dtype = hits[0][2].shape[-1], hits[0][2].dtype
-        vectors = np.zeros((self.config.slots, C, dim), dtype)
-        use = np.zeros((self.config.slots, C), bool)
+        vectors = np.zeros((rows, C, dim), dtype)
+        use = np.zeros((rows, C), bool)
         for r, at, vec in hits:
             vectors[r, at:at + len(vec)] = vec
             use[r, at:at + len(vec)] = True
@@ -328,10 +341,10 @@ class Engine:
 
     def _prefill_batch(self, batch: Sequence[_Ep], params, pools, rng, top_k, greedy, temperature, top_p, m):
         """Feed every admitted episode's un-cached ids in pieces of ``prefill_chunk`` tokens
-        (one call per piece for all of them, ``slots`` rows); return each one's first
+        (one call per piece for all of them, :meth:`_rows` rows); return each one's first
         sampled token, both log-probs, and the pools."""
         cfg = self.config
-        C, rows = cfg.prefill_chunk, cfg.slots
+        C, rows = cfg.prefill_chunk, self._rows(len(batch))
         width = bucket(max(len(ep.pages) for ep in batch), (), 1)
         table = self._table(list(batch) + [None] * (rows - len(batch)), width)
         pos = [ep.cached for ep in batch]
@@ -343,7 +356,7 @@ class Engine:
                 piece = ep.ctx[pos[r]:pos[r] + C]
                 ids[r, :len(piece)] = piece
                 start[r], n[r], eids[r] = pos[r], len(piece), ep.eid
-            vectors, use = self._vectors(batch, pos, C)
+            vectors, use = self._vectors(batch, pos, C, rows)
             (tok, lp, raw), pools = engine_calls.prefill(self.graphdef, top_k, greedy, self.lora, params, pools, ids,
                                                          start, n, table, eids, rng, temperature, top_p, vectors, use,
                                                          mesh=self.mesh)
@@ -371,25 +384,26 @@ class Engine:
     def precompile(self, params, max_total: int, sampling: SamplingParams | None = None) -> int:
         """Compile (by running once on a scratch pool) every prefill and decode variant a run
         with episodes of up to ``max_total`` tokens can meet: one per power-of-two count of
-        pages read. Returns the number of variants."""
+        pages read and row count (:meth:`_rows`). Returns the number of variants."""
         sp = sampling or self.sampling
         cfg, n = self.config, 0
         row_pages = self._pages_for(max_total)
         params = self.local_params(params)
         pools = self._empty_pools(cfg.num_pages or cfg.slots * row_pages)
-        S, C = cfg.slots, cfg.prefill_chunk
+        C = cfg.prefill_chunk
         args = (jnp.float32(sp.temperature), jnp.float32(sp.top_p))
-        z = np.zeros(S, np.int32)
+        key = self.local_key(jax.random.key(0))  # placed as run places its key (same compiled variant)
         w = 1
         while True:
-            table = np.zeros((S, w), np.int32)
-            _, pools = engine_calls.prefill(self.graphdef, sp.top_k, sp.temperature == 0, self.lora, params, pools,
-                                            np.zeros((S, C), np.int32), z, z, table, z, jax.random.key(0), *args,
-                                            None, None, mesh=self.mesh)  # as run passes them (no overrides): one key
-            _, pools = engine_calls.decode(self.graphdef, cfg.decode_chunk, sp.top_k, sp.temperature == 0, self.lora,
-                                           self.stop_ids, params, pools, z, z, np.zeros(S, bool), z, table, z,
-                                           jax.random.key(0), *args, mesh=self.mesh)
-            n += 2
+            for S in self._row_sizes():
+                z, table = np.zeros(S, np.int32), np.zeros((S, w), np.int32)
+                _, pools = engine_calls.prefill(self.graphdef, sp.top_k, sp.temperature == 0, self.lora, params,
+                                                pools, np.zeros((S, C), np.int32), z, z, table, z, key,
+                                                *args, None, None, mesh=self.mesh)  # as run passes them: one key
+                _, pools = engine_calls.decode(self.graphdef, cfg.decode_chunk, sp.top_k, sp.temperature == 0,
+                                               self.lora, self.stop_ids, params, pools, z, z, np.zeros(S, bool), z,
+                                               table, z, key, *args, mesh=self.mesh)
+                n += 2
             if w >= row_pages:
                 return n
             w *= 2
@@ -528,31 +542,35 @@ class Engine:
                     while ep.slot is not None and not self._grow(ep, ep.cached + min(K, ep.cap - len(ep.turn))):
                         newest = max((e for e in slots if e is not None), key=lambda e: e.admitted)
                         preempt(newest)
-                live_eps = [ep for ep in slots if ep is not None]
-                if live_eps:
-                    width = bucket(max(len(ep.pages) for ep in live_eps), (), 1)
-                    live = np.asarray([ep is not None for ep in slots])
-                    lengths = np.asarray([0 if ep is None else ep.cached for ep in slots], np.int32)
-                    remaining = np.asarray([0 if ep is None else ep.cap - len(ep.turn) for ep in slots], np.int32)
-                    eids = np.asarray([0 if ep is None else ep.eid for ep in slots], np.int32)
+                occupied = [s for s, ep in enumerate(slots) if ep is not None]
+                if occupied:  # the call carries the occupied slots only, in _rows(n) rows
+                    R = self._rows(len(occupied))
+                    rows = [slots[s] for s in occupied] + [None] * (R - len(occupied))
+                    width = bucket(max(len(slots[s].pages) for s in occupied), (), 1)
+                    live = np.asarray([ep is not None for ep in rows])
+                    lengths = np.asarray([0 if ep is None else ep.cached for ep in rows], np.int32)
+                    remaining = np.asarray([0 if ep is None else ep.cap - len(ep.turn) for ep in rows], np.int32)
+                    eids = np.asarray([0 if ep is None else ep.eid for ep in rows], np.int32)
+                    prev_rows = np.zeros(R, np.int32)
+                    prev_rows[:len(occupied)] = prev[occupied]
                     (toks, lps, raws, n_gen), pools = engine_calls.decode(
-                        self.graphdef, K, top_k, greedy, self.lora, self.stop_ids, params, pools, prev, lengths,
-                        live, remaining, self._table(slots, width), eids, rng, temperature, top_p, mesh=self.mesh)
+                        self.graphdef, K, top_k, greedy, self.lora, self.stop_ids, params, pools, prev_rows, lengths,
+                        live, remaining, self._table(rows, width), eids, rng, temperature, top_p, mesh=self.mesh)
                     toks, lps, raws, n_gen = (np.asarray(x) for x in (toks, lps, raws, n_gen))
                     m["decode_calls"] += 1
                     m["slot_steps"] += cfg.slots * K
-                    for s, ep in enumerate(list(slots)):
-                        if ep is None:
-                            continue
-                        g = int(n_gen[s])
-                        ep.turn += toks[s, :g].tolist()
-                        ep.lps += lps[s, :g].tolist()
-                        ep.raws += raws[s, :g].tolist()
+                    m["row_steps"] += R * K
+                    for r, s in enumerate(occupied):
+                        ep = rows[r]
+                        g = int(n_gen[r])
+                        ep.turn += toks[r, :g].tolist()
+                        ep.lps += lps[r, :g].tolist()
+                        ep.raws += raws[r, :g].tolist()
                         ep.cached += g
                         m["useful_tokens"] += g
                         m["useful_slot_steps"] += g
                         if g:
-                            prev[s] = toks[s, g - 1]
+                            prev[s] = toks[r, g - 1]
                         if turn_over(ep):
                             end_turn(ep)
                 elif not batch:
