@@ -108,7 +108,7 @@ class EngineConfig:
                 raise ConfigError(f"engine.{name}={getattr(self, name)} must be >= 1.")
         for name, what in (("num_pages", "0 = sized from the slots"), ("max_in_flight", "0 = no limit"),
                            ("env_workers", "0 = on the engine's thread"), ("devices", "0 = every local device"),
-                ("tensor", "0 = the default width")):
+                           ("tensor", "0 = the default width")):
             if getattr(self, name) < 0:
                 raise ConfigError(f"engine.{name}={getattr(self, name)} must be >= 0 ({what}).")
         if self.dtype not in DTYPES:
