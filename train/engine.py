@@ -504,6 +504,8 @@ class Engine:
             ep.result = EpisodeResult([], [], [], [])
         try:
             while ready or futures or any(s is not None for s in slots):
+                if futures and None in slots:
+                    time.sleep(0)  # yield the GIL: steps just submitted (fast environments) can land before admission
                 done = [f for f in futures if f.done()]
                 ended = sum(finish_env(fut, futures.pop(fut)) for fut in done)
                 in_flight -= ended
