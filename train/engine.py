@@ -245,6 +245,7 @@ class Engine:
         self.stop_strings = tuple(stop_strings)
         self.decode = decode
         self.metrics: dict[str, float] = {}
+        self._pool_makers: dict[int, Callable] = {}
 
     @staticmethod
     def params_of(model: nnx.Module) -> dict:
@@ -276,9 +277,13 @@ class Engine:
         """Zero page pools for ``num_pages`` pages, made in place on the engine's layout."""
         if self.mesh is None:
             return empty_pools(self.cfg, num_pages, self.config.page_size)
-        sh = inference_layout.pool_sharding(self.mesh)
-        return jax.jit(lambda: empty_pools(self.cfg, num_pages, self.config.page_size),
-                       out_shardings=(sh,) * self.cfg.num_layers)()
+        make = self._pool_makers.get(num_pages)
+        if make is None:  # one jitted maker per pool size: a fresh lambda would compile on every run
+            sh = inference_layout.pool_sharding(self.mesh)
+            make = self._pool_makers[num_pages] = jax.jit(
+                lambda: empty_pools(self.cfg, num_pages, self.config.page_size),
+                out_shardings=(sh,) * self.cfg.num_layers)
+        return make()
 
     # ----- page pool -----
     def _pages_for(self, tokens: int) -> int:
