@@ -13,13 +13,15 @@ turns (or when the next observation would reach the episode cap, as rollout does
   call that decodes until every live row reaches its cap; finished episodes drop out and
   the cache compacts to a smaller batch bucket (the former static rollout's schedule).
 * **engine**: ``slots`` decode rows, ``--chunk`` steps per device call, refilled as turns
-  end; environments on a thread pool; paged cache.
+  end (each call computes only the occupied slots, padded to slots / 2^k rows); environments
+  on a thread pool; paged cache.
 
 Both use the same random tiny Qwen3 model and sampling settings. Nothing compiles inside
 a timing: the static schedule is deterministic, so a warm-up round on the same workload
 compiles every shape its timed round meets; the engine's batching depends on environment
 timing, so it first compiles every variant it can meet with ``Engine.precompile``. Useful tokens = generated
-tokens; utilisation = useful decode slot-steps / decode slot-steps.
+tokens; utilisation = useful decode slot-steps / decode slot-steps (``slots`` per step for
+both schedules; the engine line also prints the rows its calls computed per slot-step).
 
     python benchmarks/bench_engine.py --slots 8 32 --episodes_per_slot 2
 """
@@ -159,8 +161,10 @@ def main(argv=None):
                     useful, steps = engine.metrics["useful_slot_steps"], engine.metrics["slot_steps"]
                 dt = time.perf_counter() - t0
             res[name] = (gen / dt, useful / max(steps, 1))
+            rows = (f", rows computed / slot-steps {engine.metrics['row_steps'] / max(steps, 1):.3f}"
+                    if name == "engine" else "")
             print(f"slots {slots:3d} {name:6s}: {n} episodes, {gen} generated tokens in {dt:6.2f} s = "
-                  f"{gen / dt:8.1f} useful tok/s, slot utilisation {useful / max(steps, 1):.3f}", flush=True)
+                  f"{gen / dt:8.1f} useful tok/s, slot utilisation {useful / max(steps, 1):.3f}{rows}", flush=True)
         ratio = res["engine"][0] / res["static"][0]
         print(f"slots {slots:3d}: continuous/static useful tokens/s = {ratio:.2f}x")
         last = (ratio, res["static"][1], res["engine"][1])

@@ -18,8 +18,12 @@ from models.config import LoraConfig
 
 
 def paper_config(name: str, *, source: str = "envscaler", workdir: str,
-                 mesh: MeshConfig = MeshConfig(data=1, fsdp=-1, tensor=1)) -> TrainConfig:
+                 mesh: MeshConfig = MeshConfig(data=1, fsdp=-1, tensor=1), num_pages: int = 10_240) -> TrainConfig:
     """LOPD at paper settings on backbone ``name``.
+
+    ``num_pages``: the engine's page pool per host (the default: the sizing rule's for
+    v5p-32, ``python -m lopd_jax.compile_sampler --config=qwen3_8b --pool=rule``; a model
+    whose pool would not fit in HBM passes the largest that does).
 
     Set ``model.hf_path`` to the Hugging Face checkpoint (local or gs://) for a real run;
     without it the architecture is built with random weights (compile checks). Task files
@@ -49,10 +53,13 @@ def paper_config(name: str, *, source: str = "envscaler", workdir: str,
         rollout=RolloutSection(temperature=0.7, top_p=0.95, top_k=20, max_env_steps=30,
                                max_turn_tokens=10_000, max_total_tokens=40_960, enable_thinking=True),
         # the rollout engine per host of v5p-32 (4 hosts x 4 chips): 64 slots each (256 in all),
-        # 128-token pages, a pool of 4,096 pages (524,288 live tokens per host: 8,192 per slot on
-        # average; a longer tail waits or is preempted and recomputed), 16 decode steps per call
-        engine=EngineConfig(slots=64, page_size=128, num_pages=4096, decode_chunk=16, prefill_chunk=512,
-                            max_in_flight=0, env_workers=16),
+        # 128-token pages, 16 decode steps per call, on all 4 of the host's chips in bf16, tensor
+        # parallel as wide as they and the KV heads allow (4); the pool from the sizing rule
+        # (1.25 x the simulated p99 of live tokens + a page per episode in flight: 40,953 pages
+        # over the slice, 10,240 per host: 45.0 GiB per chip for Qwen3-8B, 50.7 with the weights
+        # and the trainer's params, of 95)
+        engine=EngineConfig(slots=64, page_size=128, num_pages=num_pages, decode_chunk=16, prefill_chunk=512,
+                            max_in_flight=0, env_workers=16, devices=0, tensor=0, dtype="bfloat16"),
         # 1,600 rollouts at B = 32 is the paper's horizon (SPEC 8)
         stages=StagesSection(warmup_steps=0, cold_start_steps=1000, cold_start_batch=8, lopd_steps=50,
                              eval_tasks=None, eval_every=10),

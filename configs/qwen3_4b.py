@@ -12,5 +12,8 @@ from models.partitioning import DEFAULT_RULES
 
 RULES = tuple((name, "tensor" if name == "act_embed" else axes) for name, axes in DEFAULT_RULES)
 
+# the engine's pool per host of 4 v5e chips (16 GiB each): 2,560 pages (13.4 GiB per chip
+# with the weights and the trainer's params on v5e-64, compile_sampler's estimate; the
+# sizing rule's 9,774 would need 45); on v5p-32 the rule's 10,240 fit (engine.num_pages=10240)
 CONFIG = paper_config("qwen3_4b", workdir="workdirs/qwen3_4b",
-                      mesh=MeshConfig(data=1, fsdp=32, tensor=-1, rules=RULES))
+                      mesh=MeshConfig(data=1, fsdp=32, tensor=-1, rules=RULES), num_pages=2_560)

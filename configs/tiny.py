@@ -33,9 +33,10 @@ CONFIG = TrainConfig(
                    tasks_per_step=8, group_size=1),
     rollout=RolloutSection(max_env_steps=4, max_turn_tokens=96, max_total_tokens=512),
     # 8 slots = one step's rollouts; 16-token pages keep the compiled page widths few (1..32 pages);
-    # the synthetic environments answer in microseconds, so they run on the engine's thread
+    # the synthetic environments answer in microseconds, so they run on the engine's thread; one
+    # device in fp32: no sharded compiles on CPU, and samples exactly as the trainer's logits
     engine=EngineConfig(slots=8, page_size=16, num_pages=0, decode_chunk=8, prefill_chunk=128, max_in_flight=0,
-                        env_workers=0),
+                        env_workers=0, devices=1, tensor=1, dtype="float32"),
     # all 36 held-out tasks (4 per family) at every evaluation
     stages=StagesSection(warmup_steps=160, warmup_batch=8, warmup_lr=5e-3, cold_start_steps=30,
                          cold_start_batch=4, lopd_steps=24, eval_tasks=None, eval_every=8),

@@ -291,8 +291,9 @@ def test_evaluate_samples_the_same_trajectories_at_any_batch_size(tmp_path):
                      "--max_total_tokens=2048", "--temperature=1", "--seed=3", f"--batch_size={bs}",
                      f"--out={out}"]) == 0
         outs.append(json.loads(out.read_text())["trajectories"])
-    keys = ("task_id", "turn_lengths", "finish_reason", "reward", "num_turns")
+    keys = ("task_id", "turn_ids", "turn_lengths", "finish_reason", "reward", "num_turns")
     assert [[t[k] for k in keys] for t in outs[0]] == [[t[k] for k in keys] for t in outs[1]]
     np.testing.assert_allclose([t["mean_raw_logprob"] for t in outs[0]], [t["mean_raw_logprob"] for t in outs[1]],
                                atol=1e-5)
     assert len({t["mean_raw_logprob"] for t in outs[0]}) == 6  # sampled, distinct episodes
+    assert [[len(ids) for ids in t["turn_ids"]] for t in outs[0]] == [t["turn_lengths"] for t in outs[0]]

@@ -2,6 +2,11 @@
 trained LoRA, resharded in one jitted call to bf16 merged weights on a data x tensor mesh
 of 8 CPU devices, give the training layout's logits within bf16 tolerance."""
 
+import json
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -68,3 +73,35 @@ def test_tensor_width_and_reshard_cost():
     assert c.hbm_read == pytest.approx(4 * n / 16) and c.hbm_written == pytest.approx(2 * n / 8)
     assert c.ici_received == pytest.approx(c.hbm_written * 15 / 16)
     assert c.seconds == pytest.approx(max((c.hbm_read + c.hbm_written) / 2.76e12, c.ici_received / 600e9))
+
+
+_LAYOUT_PROBE = """
+from lopd_jax.io.startup import configure_platform
+configure_platform()
+import json
+from lopd_jax.programs.compile_check import topology_devices
+from lopd_jax.settings.overrides import load_config
+from train import mesh as mesh_lib
+from train.inference_layout import _global_layout
+devices, _, _ = topology_devices("v5p-32")
+order = list(mesh_lib.make_mesh(load_config("qwen3_8b").mesh, devices).devices.flat)
+gmesh, grid = _global_layout(order, 4)
+col = {d: j for j in range(4) for d in gmesh.devices.take(j, axis=list(gmesh.axis_names).index("tensor")).flat}
+print(json.dumps({"procs": [d.process_index for d in order], "axes": list(gmesh.axis_names),
+                  "grid": [[d.process_index, col[d]] for d in grid.flat], "same_order": list(gmesh.devices.flat) == order}))
+"""
+
+
+def test_the_reshard_to_each_host_sends_each_chip_its_tensor_shard_on_v5p_32():
+    """The trainer's v5p-32 device order interleaves the 4 hosts (position k on host k mod 4),
+    so the merged params' global layout puts tensor on the major axis: every host then holds
+    one chip per tensor column and receives only tensor shards (not a replicated copy)."""
+    pytest.importorskip("libtpu")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="", PYTHONPATH=root)
+    proc = subprocess.run([sys.executable, "-c", _LAYOUT_PROBE], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["procs"] == [k % 4 for k in range(16)] and r["axes"] == ["tensor", "data"] and r["same_order"]
+    assert r["grid"] == [[0, j] for j in range(4)]  # host 0's chips, one per tensor column, in column order

@@ -31,8 +31,11 @@ The device holds a fixed set of decode **slots** and one page pool per layer
 * **Input embeddings** (optional): an episode may replace the input embeddings of a run of
   its first chunk's positions (:attr:`EpisodeSpec.embeds`; composer latents); a recompute
   after preemption replaces them again.
-* **Multi-host.** An engine is process-local: each process runs its own episodes in its
-  own slots on its own devices (:meth:`Engine.local_params`), with no cross-host step.
+* **Devices.** An engine is process-local: each process runs its own episodes in its own
+  slots on a ``data x tensor`` mesh of its own devices (:mod:`train.inference_layout`):
+  weights in the sampling dtype with the LoRA folded in, split over ``tensor``; the page
+  pools' KV heads over ``tensor``. :meth:`Engine.local_params` brings the trainer's params
+  there (one collective when they span processes); no step of a run involves another host.
 
 :class:`Engine` works on token-level :class:`EpisodeSpec` s; :func:`train.rollout.rollout`
 runs chat-format episodes with environments on it and returns
@@ -54,11 +57,14 @@ from flax import nnx
 
 from lopd_jax.method.shapes import bucket
 from lopd_jax.settings.sections import EngineConfig, SamplingParams
-from train import engine_calls
+from models.decoder import Decoder
+from train import engine_calls, inference_layout
 from train.paged_step import empty_pools
 from train.sampling import stop_string_cut
 
 __all__ = ["Engine", "EpisodeResult", "EpisodeSpec"]
+
+ROW_SPLITS = 4  # device calls run slots, slots / 2, slots / 4 or slots / 8 rows (the fewest that hold the work)
 
 
 @dataclasses.dataclass
@@ -131,9 +137,9 @@ def _submit(pool, fn, *args) -> concurrent.futures.Future:
 
 
 def _single_device_graphdef(model: nnx.Module):
-    """``model``'s graph without the training mesh's sharding rules.
+    """``model``'s graph without the training mesh's sharding rules (a test policy's).
 
-    The engine runs on one device per process, so sharding constraints written for the
+    A test policy runs on one device per process, so sharding constraints written for the
     trainer's mesh (a :class:`models.decoder.Decoder`'s ``rules``, applied e.g. to the input
     embeddings that composer latents replace) would ask for devices its arrays are not on.
     The clone shares the model's arrays; the model itself is unchanged.
@@ -150,54 +156,86 @@ class Engine:
     """Continuous-batching rollout engine over a paged KV cache (see the module docstring).
 
     Args:
-      model: a :class:`models.decoder.Decoder` (only its graph is kept; parameters are
-        passed to :meth:`run`), or a module with ``cfg``, ``embed_tokens``,
-        ``lm_head_kernel`` and its own ``paged_forward`` (a test policy).
+      model: a :class:`models.decoder.Decoder` (only its config is kept; parameters are
+        passed to :meth:`run`; the engine decodes on its own layout, ``config``'s
+        ``devices`` / ``tensor`` / ``dtype``), or a module with ``cfg``, ``embed_tokens``,
+        ``lm_head_kernel`` and its own ``paged_forward`` (a test policy: one device, its
+        parameters as given).
       stop_ids: end-of-turn ids.
       config: :class:`EngineConfig`.
       sampling: default :class:`SamplingParams`.
-      lora: run with the LoRA adapters on.
+      lora: run with the LoRA adapters on (folded into the weights).
       pad_id: id used for padding.
       stop_strings / decode: optional host-side stop strings and the ``ids -> text``
         function that finds them (e.g. a tokenizer's ``decode``).
+      devices: the process's devices (default ``jax.local_devices()``; an AOT compile
+        passes one host's devices of a TPU topology).
     """
 
     def __init__(self, model: nnx.Module, *, stop_ids: Sequence[int], config: EngineConfig = EngineConfig(),
                  sampling: SamplingParams = SamplingParams(), lora: bool = False, pad_id: int = 0,
-                 stop_strings: Sequence[str] = (), decode: Callable[[list[int]], str] | None = None):
+                 stop_strings: Sequence[str] = (), decode: Callable[[list[int]], str] | None = None,
+                 devices: Sequence | None = None):
         if stop_strings and decode is None:
             raise ValueError("stop_strings need a decode function (ids -> text), e.g. tokenizer.decode")
-        self.graphdef = _single_device_graphdef(model)
-        self.cfg = model.cfg
         self.stop_ids = tuple(int(i) for i in stop_ids)
         self.config = config
         self.sampling = sampling
-        self.lora = lora
+        if isinstance(model, Decoder):  # the inference layout: LoRA merged, no adapters at run time
+            devices, tensor = inference_layout.engine_devices(model.cfg, config.devices, config.tensor, devices)
+            self.mesh = inference_layout.inference_mesh(devices, tensor)
+            self.train_cfg = model.cfg if lora else model.cfg.replace(lora=None)
+            self.graphdef, _, self.shardings = inference_layout.inference_shardings(model.cfg, self.mesh, config.dtype)
+            self.cfg = inference_layout.inference_model_config(model.cfg, config.dtype)
+            self.lora = False
+        else:
+            self.mesh = self.shardings = self.train_cfg = None
+            self.graphdef = _single_device_graphdef(model)
+            self.cfg = model.cfg
+            self.lora = lora
         self.pad_id = int(pad_id)
         self.stop_strings = tuple(stop_strings)
         self.decode = decode
         self.metrics: dict[str, float] = {}
+        self._pool_makers: dict[int, Callable] = {}
 
     @staticmethod
     def params_of(model: nnx.Module) -> dict:
         """The model's parameter state as a pure dict (what :meth:`run` takes as ``params``)."""
         return nnx.to_pure_dict(nnx.split(model)[1])
 
-    @staticmethod
-    def local_params(tree):
-        """``tree`` (parameters, keys) on this process's first device, where the engine runs.
-
-        Arrays spread over several processes (e.g. FSDP-sharded training weights) are first
-        replicated by one collective, which every process must call together.
+    def local_params(self, params) -> dict:
+        """The policy's parameters (:meth:`params_of`'s dict, e.g. FSDP-sharded training
+        weights with their LoRA factors) as the engine runs them, on this process's devices:
+        merged, cast and laid out on :attr:`mesh`
+        (:func:`train.inference_layout.local_params`; a test policy's as given, on the first
+        device). Parameters spanning processes take one collective, which every process must
+        call together. Params already in the engine's layout are returned as they are.
         """
-        device = jax.local_devices()[0]
-        leaves = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array) and not x.is_fully_addressable]
-        if leaves:
-            mesh = leaves[0].sharding.mesh
-            tree = jax.jit(lambda t: t, out_shardings=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))(
-                tree)
-            tree = jax.tree.map(lambda x: x.addressable_data(0) if isinstance(x, jax.Array) else x, tree)
-        return jax.device_put(tree, device)
+        if self.mesh is None:
+            return jax.device_put(inference_layout.replicated_locally(params), jax.local_devices()[0])
+        if inference_layout.laid_out(params, self.shardings, self.cfg.jnp_dtype):
+            return params
+        return inference_layout.local_params(params, self.train_cfg, self.mesh, self.shardings, self.config.dtype)
+
+    def local_key(self, rng: jax.Array) -> jax.Array:
+        """A PRNG key (the same on every process) on this process's engine devices."""
+        rng = inference_layout.replicated_locally(rng)
+        if self.mesh is None:
+            return jax.device_put(rng, jax.local_devices()[0])
+        return jax.device_put(rng, jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec()))
+
+    def _empty_pools(self, num_pages: int):
+        """Zero page pools for ``num_pages`` pages, made in place on the engine's layout."""
+        if self.mesh is None:
+            return empty_pools(self.cfg, num_pages, self.config.page_size)
+        make = self._pool_makers.get(num_pages)
+        if make is None:  # one jitted maker per pool size: a fresh lambda would compile on every run
+            sh = inference_layout.pool_sharding(self.mesh)
+            make = self._pool_makers[num_pages] = jax.jit(
+                lambda: empty_pools(self.cfg, num_pages, self.config.page_size),
+                out_shardings=(sh,) * self.cfg.num_layers)
+        return make()
 
     # ----- page pool -----
     def _pages_for(self, tokens: int) -> int:
@@ -219,6 +257,17 @@ class Engine:
         ep.pages = []
         ep.cached = 0
 
+    def _rows(self, n: int) -> int:
+        """Rows of a device call that carries ``n`` occupied slots: the smallest of
+        ``slots``, ``slots / 2``, ... (``ROW_SPLITS`` sizes, rounded up) that holds them, so
+        a call computes no more than about twice the rows in use."""
+        S = self.config.slots
+        return min(r for r in {-(-S // 2 ** k) for k in range(ROW_SPLITS)} if r >= n)
+
+    def _row_sizes(self) -> list[int]:
+        """Every row count :meth:`_rows` can return."""
+        return sorted({self._rows(n) for n in range(1, self.config.slots + 1)})
+
     def _table(self, eps: Sequence[_Ep | None], width: int) -> np.ndarray:
         t = np.zeros((len(eps), width), np.int32)
         for r, ep in enumerate(eps):
@@ -226,9 +275,9 @@ class Engine:
                 t[r, :min(width, len(ep.pages))] = ep.pages[:width]
         return t
 
-    def _vectors(self, batch: Sequence[_Ep], pos: Sequence[int], C: int):
-        """The input-embedding overrides of one prefill piece: ``(vectors [slots, C, D],
-        use [slots, C])``, or ``(None, None)`` when no row's piece has any."""
+    def _vectors(self, batch: Sequence[_Ep], pos: Sequence[int], C: int, rows: int):
+        """The input-embedding overrides of one prefill piece: ``(vectors [rows, C, D],
+        use [rows, C])``, or ``(None, None)`` when no row's piece has any."""
         hits = []
         for r, ep in enumerate(batch):
             if ep.spec.embeds is None:
@@ -240,8 +289,8 @@ class Engine:
         if not hits:
             return None, None
         dim, dtype = hits[0][2].shape[-1], hits[0][2].dtype
-        vectors = np.zeros((self.config.slots, C, dim), dtype)
-        use = np.zeros((self.config.slots, C), bool)
+        vectors = np.zeros((rows, C, dim), dtype)
+        use = np.zeros((rows, C), bool)
         for r, at, vec in hits:
             vectors[r, at:at + len(vec)] = vec
             use[r, at:at + len(vec)] = True
@@ -249,10 +298,10 @@ class Engine:
 
     def _prefill_batch(self, batch: Sequence[_Ep], params, pools, rng, top_k, greedy, temperature, top_p, m):
         """Feed every admitted episode's un-cached ids in pieces of ``prefill_chunk`` tokens
-        (one call per piece for all of them, ``slots`` rows); return each one's first
+        (one call per piece for all of them, :meth:`_rows` rows); return each one's first
         sampled token, both log-probs, and the pools."""
         cfg = self.config
-        C, rows = cfg.prefill_chunk, cfg.slots
+        C, rows = cfg.prefill_chunk, self._rows(len(batch))
         width = bucket(max(len(ep.pages) for ep in batch), (), 1)
         table = self._table(list(batch) + [None] * (rows - len(batch)), width)
         pos = [ep.cached for ep in batch]
@@ -264,9 +313,10 @@ class Engine:
                 piece = ep.ctx[pos[r]:pos[r] + C]
                 ids[r, :len(piece)] = piece
                 start[r], n[r], eids[r] = pos[r], len(piece), ep.eid
-            vectors, use = self._vectors(batch, pos, C)
+            vectors, use = self._vectors(batch, pos, C, rows)
             (tok, lp, raw), pools = engine_calls.prefill(self.graphdef, top_k, greedy, self.lora, params, pools, ids,
-                                                         start, n, table, eids, rng, temperature, top_p, vectors, use)
+                                                         start, n, table, eids, rng, temperature, top_p, vectors, use,
+                                                         mesh=self.mesh)
             tok, lp, raw = np.asarray(tok), np.asarray(lp), np.asarray(raw)
             for r, ep in enumerate(batch):
                 if n[r] and pos[r] + n[r] == len(ep.ctx):  # this episode's last piece: its first token
@@ -291,24 +341,26 @@ class Engine:
     def precompile(self, params, max_total: int, sampling: SamplingParams | None = None) -> int:
         """Compile (by running once on a scratch pool) every prefill and decode variant a run
         with episodes of up to ``max_total`` tokens can meet: one per power-of-two count of
-        pages read. Returns the number of variants."""
+        pages read and row count (:meth:`_rows`). Returns the number of variants."""
         sp = sampling or self.sampling
         cfg, n = self.config, 0
         row_pages = self._pages_for(max_total)
-        pools = empty_pools(self.cfg, cfg.num_pages or cfg.slots * row_pages, cfg.page_size)
-        S, C = cfg.slots, cfg.prefill_chunk
+        params = self.local_params(params)
+        pools = self._empty_pools(cfg.num_pages or cfg.slots * row_pages)
+        C = cfg.prefill_chunk
         args = (jnp.float32(sp.temperature), jnp.float32(sp.top_p))
-        z = np.zeros(S, np.int32)
+        key = self.local_key(jax.random.key(0))  # placed as run places its key (same compiled variant)
         w = 1
         while True:
-            table = np.zeros((S, w), np.int32)
-            _, pools = engine_calls.prefill(self.graphdef, sp.top_k, sp.temperature == 0, self.lora, params, pools,
-                                            np.zeros((S, C), np.int32), z, z, table, z, jax.random.key(0), *args,
-                                            None, None)  # as run passes them (no embedding overrides): one key
-            _, pools = engine_calls.decode(self.graphdef, cfg.decode_chunk, sp.top_k, sp.temperature == 0, self.lora,
-                                           self.stop_ids, params, pools, z, z, np.zeros(S, bool), z, table, z,
-                                           jax.random.key(0), *args)
-            n += 2
+            for S in self._row_sizes():
+                z, table = np.zeros(S, np.int32), np.zeros((S, w), np.int32)
+                _, pools = engine_calls.prefill(self.graphdef, sp.top_k, sp.temperature == 0, self.lora, params,
+                                                pools, np.zeros((S, C), np.int32), z, z, table, z, key,
+                                                *args, None, None, mesh=self.mesh)  # as run passes them: one key
+                _, pools = engine_calls.decode(self.graphdef, cfg.decode_chunk, sp.top_k, sp.temperature == 0,
+                                               self.lora, self.stop_ids, params, pools, z, z, np.zeros(S, bool), z,
+                                               table, z, key, *args, mesh=self.mesh)
+                n += 2
             if w >= row_pages:
                 return n
             w *= 2
@@ -319,7 +371,7 @@ class Engine:
         """Run every episode to its end; results in input order. Metrics of the run are in
         :attr:`metrics`.
 
-        ``params`` and ``rng`` must be on this process's devices (:meth:`local_params`).
+        ``params``: :meth:`local_params`' result (or parameters it converts on each call).
         Episode ``i`` is identity ``first_id + i``: its tokens are sampled with
         ``fold_in(rng, first_id + i)`` (then the position), so a batch split differently
         (over calls or processes) samples the same tokens. ``on_finish(n)`` is called (on
@@ -342,7 +394,8 @@ class Engine:
                                  f"{e.embeds[0] + len(e.embeds[1]) - 1}, outside its first chunk of {len(e.first)}")
         greedy, top_k = sp.temperature == 0, sp.top_k
         temperature, top_p = jnp.float32(sp.temperature), jnp.float32(sp.top_p)
-        pools = empty_pools(self.cfg, self._num_pages, ps)
+        params, rng = self.local_params(params), self.local_key(rng)
+        pools = self._empty_pools(self._num_pages)
         self._free = list(range(self._num_pages - 1, -1, -1))
         self._peak = 0
         eps = [_Ep(spec, first_id + i, [int(x) for x in spec.first]) for i, spec in enumerate(episodes)]
@@ -408,6 +461,8 @@ class Engine:
             ep.result = EpisodeResult([], [], [], [])
         try:
             while ready or futures or any(s is not None for s in slots):
+                if futures and None in slots:
+                    time.sleep(0)  # yield the GIL: steps just submitted (fast environments) can land before admission
                 done = [f for f in futures if f.done()]
                 ended = sum(finish_env(fut, futures.pop(fut)) for fut in done)
                 in_flight -= ended
@@ -446,31 +501,35 @@ class Engine:
                     while ep.slot is not None and not self._grow(ep, ep.cached + min(K, ep.cap - len(ep.turn))):
                         newest = max((e for e in slots if e is not None), key=lambda e: e.admitted)
                         preempt(newest)
-                live_eps = [ep for ep in slots if ep is not None]
-                if live_eps:
-                    width = bucket(max(len(ep.pages) for ep in live_eps), (), 1)
-                    live = np.asarray([ep is not None for ep in slots])
-                    lengths = np.asarray([0 if ep is None else ep.cached for ep in slots], np.int32)
-                    remaining = np.asarray([0 if ep is None else ep.cap - len(ep.turn) for ep in slots], np.int32)
-                    eids = np.asarray([0 if ep is None else ep.eid for ep in slots], np.int32)
+                occupied = [s for s, ep in enumerate(slots) if ep is not None]
+                if occupied:  # the call carries the occupied slots only, in _rows(n) rows
+                    R = self._rows(len(occupied))
+                    rows = [slots[s] for s in occupied] + [None] * (R - len(occupied))
+                    width = bucket(max(len(slots[s].pages) for s in occupied), (), 1)
+                    live = np.asarray([ep is not None for ep in rows])
+                    lengths = np.asarray([0 if ep is None else ep.cached for ep in rows], np.int32)
+                    remaining = np.asarray([0 if ep is None else ep.cap - len(ep.turn) for ep in rows], np.int32)
+                    eids = np.asarray([0 if ep is None else ep.eid for ep in rows], np.int32)
+                    prev_rows = np.zeros(R, np.int32)
+                    prev_rows[:len(occupied)] = prev[occupied]
                     (toks, lps, raws, n_gen), pools = engine_calls.decode(
-                        self.graphdef, K, top_k, greedy, self.lora, self.stop_ids, params, pools, prev, lengths,
-                        live, remaining, self._table(slots, width), eids, rng, temperature, top_p)
+                        self.graphdef, K, top_k, greedy, self.lora, self.stop_ids, params, pools, prev_rows, lengths,
+                        live, remaining, self._table(rows, width), eids, rng, temperature, top_p, mesh=self.mesh)
                     toks, lps, raws, n_gen = (np.asarray(x) for x in (toks, lps, raws, n_gen))
                     m["decode_calls"] += 1
                     m["slot_steps"] += cfg.slots * K
-                    for s, ep in enumerate(list(slots)):
-                        if ep is None:
-                            continue
-                        g = int(n_gen[s])
-                        ep.turn += toks[s, :g].tolist()
-                        ep.lps += lps[s, :g].tolist()
-                        ep.raws += raws[s, :g].tolist()
+                    m["row_steps"] += R * K
+                    for r, s in enumerate(occupied):
+                        ep = rows[r]
+                        g = int(n_gen[r])
+                        ep.turn += toks[r, :g].tolist()
+                        ep.lps += lps[r, :g].tolist()
+                        ep.raws += raws[r, :g].tolist()
                         ep.cached += g
                         m["useful_tokens"] += g
                         m["useful_slot_steps"] += g
                         if g:
-                            prev[s] = toks[s, g - 1]
+                            prev[s] = toks[r, g - 1]
                         if turn_over(ep):
                             end_turn(ep)
                 elif not batch:

@@ -5,6 +5,10 @@ per page-table width, run the decoder over the paged pools
 (:func:`train.paged_step.paged_forward`, or a test policy's own ``paged_forward``) and
 sample each row with its own key: the token at context position ``p`` of episode ``e``
 uses ``fold_in(fold_in(rng, e), p)``, so a row's draws never depend on the other rows.
+
+``mesh`` (static): the engine's inference mesh (:mod:`train.inference_layout`); the
+attention backend then runs per shard (:func:`train.inference_layout.attention_mesh`) and
+the pools keep their layout (:func:`train.inference_layout.pool_sharding`) from call to call.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from train.decode_step import layer_weights
+from train.inference_layout import attention_mesh, pool_sharding
 from train.paged_step import paged_forward
 from train.sampling import sample_logits
 
@@ -34,21 +39,28 @@ def _keys(rng, eids, pos):
     return jax.vmap(lambda e, p: jax.random.fold_in(jax.random.fold_in(rng, e), p))(eids, pos)
 
 
-def _forward(model, lora: bool):
+def _forward(model, lora: bool, mesh=None):
     """``f(ids, positions, valid, kv_lens, pools, page_table, num_pages, inputs_embeds)``
     -> (hidden, pools): the model's own ``paged_forward`` if it defines one (a test
-    policy), else the decoder's (:func:`train.paged_step.paged_forward`)."""
+    policy), else the decoder's (:func:`train.paged_step.paged_forward`) on ``mesh``."""
     own = getattr(model, "paged_forward", None)
     if own is not None:
         return own
     layers = layer_weights(model, lora)
-    return lambda ids, pos, valid, kv_lens, pools, table, n, emb=None: paged_forward(
-        model, layers, ids, pos, valid, kv_lens, pools, table, n, lora, emb)
+    attn = None if mesh is None else attention_mesh(mesh)
+    pinned = (lambda pools: pools) if mesh is None else (
+        lambda pools: tuple(jax.lax.with_sharding_constraint(p, pool_sharding(mesh)) for p in pools))
+
+    def forward(ids, pos, valid, kv_lens, pools, table, n, emb=None):
+        h, pools = paged_forward(model, layers, ids, pos, valid, kv_lens, pinned(pools), table, n, lora, emb,
+                                 mesh=attn)
+        return h, pinned(pools)
+    return forward
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3), donate_argnums=(5,))
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3), static_argnames=("mesh",), donate_argnums=(5,))
 def prefill(graphdef, top_k: int, greedy: bool, lora: bool, params, pools, ids, start, n, page_table, eids, rng,
-             temperature, top_p, vectors=None, use_vec=None):
+             temperature, top_p, vectors=None, use_vec=None, *, mesh=None):
     """Feed ``ids[b, :n[b]]`` at positions ``start[b]..``; sample each row's next token.
     Attention reads the ``page_table.shape[1]`` leading pages of each row. With
     ``vectors`` [B, C, D], positions where ``use_vec`` [B, C] is set take those input
@@ -62,21 +74,21 @@ def prefill(graphdef, top_k: int, greedy: bool, lora: bool, params, pools, ids, 
     if vectors is not None:
         base = model.embed_tokens(ids)
         emb = jnp.where(use_vec[..., None], vectors.astype(base.dtype), base)
-    h, pools = _forward(model, lora)(ids, pos, valid, start + n, pools, page_table, num_pages, emb)
+    h, pools = _forward(model, lora, mesh)(ids, pos, valid, start + n, pools, page_table, num_pages, emb)
     last = jnp.take_along_axis(h, jnp.maximum(n - 1, 0)[:, None, None], axis=1)[:, 0].astype(jnp.float32)
     logits = jnp.dot(last, model.lm_head_kernel().astype(jnp.float32))
     tok, lp, raw = _sample_rows(logits, _keys(rng, eids, start + n), temperature, top_p, top_k, greedy)
     return (tok, lp, raw), pools
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4, 5), donate_argnums=(7,))
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4, 5), static_argnames=("mesh",), donate_argnums=(7,))
 def decode(graphdef, steps: int, top_k: int, greedy: bool, lora: bool, stop_ids: tuple, params, pools, prev,
-            lengths, live, remaining, page_table, eids, rng, temperature, top_p):
+            lengths, live, remaining, page_table, eids, rng, temperature, top_p, *, mesh=None):
     """``steps`` decode steps for every slot; a row stops at a stop id or after ``remaining``.
     Attention reads the ``page_table.shape[1]`` leading pages of each row."""
     model = nnx.merge(graphdef, params)
     num_pages = page_table.shape[1]
-    forward = _forward(model, lora)
+    forward = _forward(model, lora, mesh)
     head = model.lm_head_kernel().astype(jnp.float32)
     stops = jnp.asarray(stop_ids, jnp.int32)
 

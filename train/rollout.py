@@ -38,9 +38,10 @@ anything the model wrote, so this is a broken environment, not a model error).
 
 Multi-host: each process rolls out its own tasks on its own engine (no per-turn
 cross-host step); ``first_episode`` is the global index of its first task. The policy's
-parameters are brought to the process's devices first (:meth:`Engine.local_params`: one
-collective when they span processes, so every process calls :func:`rollout`, even one
-without tasks).
+parameters are brought to the engine's layout on the process's devices first
+(:meth:`Engine.local_params`: LoRA merged, sampling dtype, split over the engine's
+``tensor`` axis; one collective when they span processes, so every process calls
+:func:`rollout`, even one without tasks).
 """
 
 from __future__ import annotations
@@ -211,7 +212,8 @@ def rollout(engine: Engine, params, fmt: ChatFormat, make_env: Callable[[], Envi
 
     Args:
       engine: the rollout engine (its stop ids must include ``fmt.stop_ids``).
-      params: the policy's pure parameter dict (e.g. the student's current parameters).
+      params: the policy's pure parameter dict (e.g. the student's current parameters, in
+        the trainer's layout), or :meth:`Engine.local_params` of it.
       fmt: the chat format of the model's tokenizer.
       make_env: environment factory (e.g. ``TaskSource.make_env``); one env per task.
       tasks: the tasks, in output order (multi-host: this process's; may be empty).
@@ -228,7 +230,7 @@ def rollout(engine: Engine, params, fmt: ChatFormat, make_env: Callable[[], Envi
       One :class:`Trajectory` per task, in order. The engine's run metrics are left in
       ``engine.metrics``.
     """
-    params, rng = Engine.local_params((params, rng))  # a collective when params span processes
+    params, rng = engine.local_params(params), engine.local_key(rng)  # a collective when they span processes
     if not tasks:
         return []
     missing = set(fmt.stop_ids) - set(engine.stop_ids)

@@ -13,13 +13,15 @@ process). It then
    (:mod:`train.engine_schedule`): 1.25 x the 99th percentile of live tokens plus a page
    per episode in flight, or ``engine.num_pages`` x processes when that is larger
    (``--pool=config`` / ``rule`` picks one; a configured pool below the rule makes
-   episodes wait or be preempted more often);
-2. **compiles** the engine's decode step (one token for every slot: the paged decoder with
-   attention dispatched to JAX's ``ragged_paged_attention`` kernel on the TPU topology,
-   the LM head and per-row sampling) on the **inference layout**
-   (:mod:`train.inference_layout`: bf16 weights, ``data x tensor`` mesh, pages over data,
-   KV heads over tensor), and the once-per-RL-step **reshard** from the trainer's fp32 FSDP
-   params with the LoRA merged;
+   episodes wait or be preempted more often); each process's engine gets its share;
+2. **compiles** one process's engine as :class:`train.engine.Engine` builds it from the
+   ``engine`` section on the first host's chips (``devices``, ``tensor``, ``dtype``: its
+   **inference layout**, :mod:`train.inference_layout`): its decode call
+   (:func:`train.engine_calls.decode`: ``decode_chunk`` steps for every slot, the paged
+   decoder with attention dispatched to JAX's ``ragged_paged_attention`` kernel on the TPU
+   topology, the LM head and per-row sampling; pools donated), and the once-per-RL-step
+   **reshard** its ``local_params`` runs from the trainer's fp32 FSDP params with the LoRA
+   merged (:func:`train.inference_layout.global_merge`);
 3. **prints** memory per chip (the decode step's arguments, outputs and temporaries plus
    the trainer's resident params the reshard reads), HBM bytes per decode step, the
    reshard's bytes and roofline time, and the roofline microseconds per useful token of
@@ -31,8 +33,9 @@ Exits 1 when the engine does not fit in HBM.
 Roofline accounting (per chip; chips run the step in parallel; decode is memory bound):
 
 * engine step = bf16 weight shard (weights / tensor) + the KV pages the kernel reads for
-  the running rows (each row's context rounded up to the kernel's block of pages),
-  divided by HBM bandwidth; per useful token = step / (slots x simulated utilisation);
+  the process's running rows over its ``tensor`` chips (each row's context rounded up to
+  the kernel's block of pages), divided by HBM bandwidth; per useful token = step /
+  (slots x simulated utilisation): every process runs its step at once;
 * static step = the full bf16 weights (the FSDP all-gather puts every layer on every
   chip) + the dense cache of every row at the power of two above the cap; per useful
   token = step / (rows x its simulated utilisation);
@@ -55,11 +58,12 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from lopd_jax.programs.compile_buckets import memory_line
 from lopd_jax.programs.compile_check import run_config, topology_devices, verdict
 from models.decoder import Decoder
-from train import mesh as mesh_lib
-from train.decode_step import layer_weights
+from train import engine_calls, mesh as mesh_lib
+from train.engine import Engine
 from train.engine_schedule import draw_episodes, pool_pages, simulate_engine, simulate_static
-from train.inference_layout import (default_tensor, inference_mesh, inference_shardings, make_reshard, reshard_cost)
-from train.paged_step import paged_forward, paged_forward_scan
+from train.inference_layout import (attention_mesh, global_merge, inference_shardings, pool_sharding,
+                                    reshard_cost)
+from train.paged_step import paged_forward_scan
 from train.sampling import sample_logits
 
 HBM_BANDWIDTH = {"v5p": 2.76e12, "v5e": 0.819e12, "v6e": 1.64e12, "v4": 1.2e12}  # bytes/s per chip
@@ -87,24 +91,27 @@ def sizing(cfg, processes: int, episodes_per_slot: int, env_steps: int, pool: st
     if pool == "config" and not configured:
         raise ValueError("--pool=config needs engine.num_pages > 0 in the config (or as an override)")
     pages = {"rule": rule, "config": configured}.get(pool, max(configured, rule))
-    return {"slots": slots, "in_flight": in_flight, "episodes": len(eps), "page_size": e.page_size,
+    return {"processes": processes, "slots": slots, "in_flight": in_flight, "episodes": len(eps), "page_size": e.page_size,
             "decode_chunk": e.decode_chunk, "pages_rule": rule, "pages_configured": configured, "pages": pages,
             "pages_from": "engine.num_pages" if pages == configured else "rule", "engine_sim": sim,
             "static_sim": static,
             "max_total_tokens": r.max_total_tokens}
 
 
-def estimate_gib(mcfg, pages: int, page_size: int, chips: int, tensor: int, hbm: float = 95.0) -> dict:
-    """Per-chip GiB the engine holds before any temporaries: the bf16 page pool (pages and
-    KV heads spread over every chip), the bf16 weight shard (``1 / tensor`` of them) and
-    the trainer's fp32 params (FSDP over every chip); ``max_pages``: the largest pool that
-    leaves 10% of ``hbm`` GiB per chip for temporaries."""
-    kv_page = page_size * 2 * mcfg.num_kv_heads * mcfg.head_dim * 2 * mcfg.num_layers  # bytes, every layer
+def estimate_gib(mcfg, pages: int, page_size: int, tensor: int, chips: int, hbm: float = 95.0,
+                 kv_bytes: int = 2) -> dict:
+    """Per-chip GiB one process's engine holds before any temporaries: its page pool of
+    ``pages`` (KV heads split over ``tensor``, whole on every ``data`` replica), its weight
+    shard (``1 / tensor`` of the bf16 weights) and the trainer's fp32 params (FSDP over all
+    ``chips``); ``max_pages``: the largest pool per process that leaves 10% of ``hbm`` GiB
+    per chip for temporaries. ``kv_bytes``: bytes per pool element (the engine's dtype)."""
+    kv_page = page_size * 2 * mcfg.num_kv_heads * mcfg.head_dim * kv_bytes * mcfg.num_layers  # bytes, every layer
     n = mcfg.num_params()
-    est = {"pool": pages * kv_page / chips / 2**30, "weights": 2 * n / tensor / 2**30, "trainer": 4 * n / chips / 2**30}
+    est = {"pool": pages * kv_page / tensor / 2**30, "weights": kv_bytes * n / tensor / 2**30,
+           "trainer": 4 * n / chips / 2**30}
     est["total"] = sum(est.values())
     free = 0.9 * hbm - est["weights"] - est["trainer"]
-    est["max_pages"] = max(0, int(free * 2**30 * chips // kv_page))
+    est["max_pages"] = max(0, int(free * 2**30 * tensor // kv_page))
     return est
 
 
@@ -113,74 +120,86 @@ class DoesNotFit(Exception):
 
 
 def build(args, cfg, devices, size: dict, hbm: float | None = None):
-    """Compile the decode step and the reshard; returns ``(step, reshard, info)``. Raises
-    :class:`DoesNotFit` when the pool and weights alone exceed ``hbm`` GiB per chip, or
-    XLA runs out of HBM compiling."""
+    """Compile one process's engine decode call and the reshard; returns ``(step, reshard,
+    info)``. Raises :class:`DoesNotFit` when the pool and weights alone exceed ``hbm`` GiB
+    per chip, or XLA runs out of HBM compiling.
 
+    The engine is the one :class:`train.engine.Engine` builds from the config's ``engine``
+    section on the first process's devices (its mesh, weight and pool layouts, dtype); the
+    step is its decode call (:func:`train.engine_calls.decode`, ``decode_chunk`` steps) and
+    the reshard the collective its :meth:`~train.engine.Engine.local_params` runs on FSDP
+    params spanning processes (:func:`train.inference_layout.global_merge`)."""
     mcfg = cfg.model_config()
     if args.layers:
         mcfg = mcfg.replace(num_layers=args.layers, layer_types=mcfg.layer_types[:args.layers])
-    tensor = args.tensor or default_tensor(mcfg, len(devices))
-    train_mesh = mesh_lib.make_mesh(cfg.mesh, devices)
-    mesh = inference_mesh(train_mesh.devices.flat, tensor)
-    data = len(devices) // tensor
-    slots = -(-size["slots"] // data) * data
-    pages = -(-size["pages"] // data) * data
+    ecfg = dataclasses.replace(cfg.engine, tensor=args.tensor) if args.tensor else cfg.engine
+    host = [d for d in devices if d.process_index == devices[0].process_index]
+    abstract_model = nnx.eval_shape(lambda: Decoder(mcfg, rngs=nnx.Rngs(0)))
+    engine = Engine(abstract_model, stop_ids=(0,), config=ecfg, lora=mcfg.lora is not None, devices=host)
+    mesh, tensor, dtype = engine.mesh, engine.mesh.shape["tensor"], jnp.dtype(ecfg.dtype)
+    data = mesh.shape["data"]
+    processes = size["processes"]
+    slots = ecfg.slots
+    pages = -(-size["pages"] // processes)
     width = 1 << max(0, math.ceil(math.log2(-(-size["max_total_tokens"] // size["page_size"]))))
-    est = estimate_gib(mcfg, pages, size["page_size"], len(devices), tensor, hbm or 95.0)
+    est = estimate_gib(mcfg, pages, size["page_size"], tensor, len(devices), hbm or 95.0, dtype.itemsize)
     if hbm is not None and est["total"] > hbm:  # no compile needed to know
         raise DoesNotFit(f"the engine's pool and weights alone need {est['total']:.1f} GiB per chip of {hbm:.0f} "
-                         f"(pool {est['pool']:.1f}, bf16 weights {est['weights']:.1f}, trainer's fp32 params "
+                         f"(pool {est['pool']:.1f}, {ecfg.dtype} weights {est['weights']:.1f}, trainer's fp32 params "
                          f"{est['trainer']:.1f}); fewer slots or a smaller pool: about {est['max_pages']:,} pages "
-                         f"of {size['page_size']} fit (engine.num_pages per process = that / processes)")
+                         f"of {size['page_size']} per process fit (engine.num_pages)")
 
-    # the trainer's params (fp32, FSDP, LoRA) -> the engine's (bf16, tensor x data, merged)
+    # the trainer's params (fp32, FSDP over the slice, LoRA) -> each process's engine
+    train_mesh = mesh_lib.make_mesh(cfg.mesh, devices)
     rules = mesh_lib.rules_for(train_mesh, cfg.mesh)
     _, (tabs,), (taxes,) = mesh_lib.split_state(nnx.eval_shape(lambda: Decoder(mcfg, rngs=nnx.Rngs(0), rules=rules)))
     train_sh = mesh_lib.tree_shardings(tabs, taxes, rules)
-    reshard, gd, infer_sh = make_reshard(mcfg, train_sh, mesh)
+    reshard, grid = global_merge(engine.train_cfg, train_mesh.devices.flat, tensor, engine.shardings, ecfg.dtype)
     abstract = lambda tree, sh: jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, sh)
     t0 = time.time()
     reshard_c = _compile_or_does_not_fit(reshard.lower(abstract(tabs, train_sh)))
     reshard_s = time.time() - t0
 
-    params = abstract(inference_shardings(mcfg, mesh)[1], infer_sh)
-    pool_sh = NamedSharding(mesh, P("data", None, "tensor", None))
+    params = abstract(inference_shardings(mcfg, mesh, ecfg.dtype)[1], engine.shardings)
     pool_shape = (pages, size["page_size"], 2 * mcfg.num_kv_heads, mcfg.head_dim)
-    if args.layers_impl == "scan":  # one stacked pool [L, P, ...]
-        pools = jax.ShapeDtypeStruct((mcfg.num_layers, *pool_shape), jnp.bfloat16,
-                                     sharding=NamedSharding(mesh, P(None, "data", None, "tensor", None)))
-    else:
-        pools = (jax.ShapeDtypeStruct(pool_shape, jnp.bfloat16, sharding=pool_sh),) * mcfg.num_layers
-    rows = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=NamedSharding(mesh, P("data")))
-    rep = jax.ShapeDtypeStruct((), jnp.float32, sharding=NamedSharding(mesh, P()))
-    top_k = cfg.rollout.top_k
-
-    def step(params, pools, prev, lengths, live, table, keys, temperature, top_p):
-        model = nnx.merge(gd, params)
-        feed = (prev[:, None], lengths[:, None], live[:, None], lengths + live, pools, table, width)
-        if args.layers_impl == "scan":
-            h, pools = paged_forward_scan(model, *feed, backend=args.backend, mesh=mesh)
-        else:
-            h, pools = paged_forward(model, layer_weights(model, False), *feed, backend=args.backend, mesh=mesh)
-        logits = jnp.dot(h[:, 0].astype(jnp.float32), model.lm_head_kernel().astype(jnp.float32))
-        one = lambda l, k: tuple(x[0] for x in sample_logits(l[None], k, temperature, top_p, top_k))
-        tok, lp, raw = jax.vmap(one)(logits, keys)
-        return tok, lp, raw, pools
-
+    rep = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=NamedSharding(mesh, P()))  # noqa: E731
+    rows = [rep((slots,), t) for t in (jnp.int32, jnp.int32, jnp.bool_, jnp.int32)]
+    key, scalar = rep((), jax.random.key(0).dtype), rep((), jnp.float32)
+    top_k, greedy = cfg.rollout.top_k, cfg.rollout.temperature == 0
     t0 = time.time()
-    step_c = _compile_or_does_not_fit(jax.jit(step, donate_argnums=(1,)).lower(
-        params, pools, rows((slots,), jnp.int32), rows((slots,), jnp.int32),
-        rows((slots,), jnp.bool_), rows((slots, width), jnp.int32),
-        rows((slots,), jax.random.key(0).dtype), rep, rep))
+    if args.layers_impl == "scan":  # one stacked pool [L, P, ...] (not the engine's call)
+        pools = jax.ShapeDtypeStruct((mcfg.num_layers, *pool_shape), dtype,
+                                     sharding=NamedSharding(mesh, P(None, None, None, "tensor", None)))
+
+        def step(params, pools, prev, lengths, live, table, keys, temperature, top_p):
+            model = nnx.merge(engine.graphdef, params)
+            h, pools = paged_forward_scan(model, prev[:, None], lengths[:, None], live[:, None], lengths + live,
+                                          pools, table, width, backend=args.backend, mesh=attention_mesh(mesh))
+            logits = jnp.dot(h[:, 0].astype(jnp.float32), model.lm_head_kernel().astype(jnp.float32))
+            one = lambda l, k: tuple(x[0] for x in sample_logits(l[None], k, temperature, top_p, top_k))  # noqa
+            return (*jax.vmap(one)(logits, keys), pools)
+        lowered = jax.jit(step, donate_argnums=(1,)).lower(params, pools, *rows[:3], rep((slots, width), jnp.int32),
+                                                            rep((slots,), key.dtype), scalar, scalar)
+    else:  # the engine's decode call, as Engine.run makes it
+        if args.backend != "auto":
+            raise ValueError("--backend applies to --layers_impl=scan; the engine's call picks its backend itself")
+        pools = (jax.ShapeDtypeStruct(pool_shape, dtype, sharding=pool_sharding(mesh)),) * mcfg.num_layers
+        lowered = engine_calls.decode.lower(
+            engine.graphdef, ecfg.decode_chunk, top_k, greedy, engine.lora, engine.stop_ids, params, pools,
+            rows[0], rows[1], rows[2], rows[3], rep((slots, width), jnp.int32), rep((slots,), jnp.int32), key,
+            scalar, scalar, mesh=mesh)
+    step_c = _compile_or_does_not_fit(lowered)
     step_s = time.time() - t0
     kernels = step_c.as_text().count('custom_call_target="tpu_custom_call"')
-    info = {"layers_impl": args.layers_impl, "tensor": tensor, "data": data, "slots_compiled": slots,
-            "pages_compiled": pages, "table_width": width,
+    info = {"layers_impl": args.layers_impl, "tensor": tensor, "data": data, "engine_devices": len(host),
+            "slots_compiled": slots, "pages_compiled": pages, "table_width": width,
+            "decode_steps_per_call": 1 if args.layers_impl == "scan" else ecfg.decode_chunk, "dtype": ecfg.dtype,
+            "reshard_layout": "tensor shards" if grid is not None else "replicated",
             "train_mesh": dict(zip(("data", "fsdp", "tensor"), cfg.mesh.shape(len(devices)))),
             "compile_s": {"decode_step": round(step_s, 1), "reshard": round(reshard_s, 1)},
             "attention_kernels": kernels, "model_params": mcfg.num_params(), "num_layers": mcfg.num_layers,
-            "kv_bytes_per_token": 2 * mcfg.num_layers * mcfg.num_kv_heads * mcfg.head_dim * 2, "mcfg": mcfg}
+            "kv_bytes_per_token": 2 * mcfg.num_layers * mcfg.num_kv_heads * mcfg.head_dim * dtype.itemsize,
+            "mcfg": mcfg}
     return step_c, reshard_c, info
 
 
@@ -215,7 +234,8 @@ def roofline(size: dict, info: dict, chips: int, bw: float) -> dict:
     running = sim["running_tokens_mean"]  # live context of the decoding rows, summed
     block = KERNEL_PAGES_PER_BLOCK * ps
     read = running + slots * sim["utilisation"] * block / 2  # each running row rounds up half a block
-    engine_step = weights_shard + read * kvt / chips
+    # a process's rows' pages over its tensor chips (each data replica reads them all)
+    engine_step = weights_shard + read / size["processes"] * kvt / info["tensor"]
     bound_step = weights_shard + running * kvt / chips
     dense_t = 1 << math.ceil(math.log2(size["max_total_tokens"]))
     static_step = 2 * info["model_params"] + slots * dense_t * kvt / chips
@@ -262,8 +282,9 @@ def parse_args(argv=None):
     p.add_argument("--config", default="qwen3_8b", help="a configs/NAME.py run config")
     p.add_argument("--topology", default="v5p-32", help="v5p-32, v5e-64, ... or cpu:N")
     p.add_argument("--tensor", type=int, default=0,
-                   help="inference tensor-parallel width (0: the largest divisor of the chips dividing the KV heads)")
-    p.add_argument("--backend", default="auto", help="paged attention backend: auto (kernel on TPU), kernel, xla")
+                   help="the engine's tensor-parallel width over a host's chips (0: engine.tensor from the config)")
+    p.add_argument("--backend", default="auto",
+                   help="paged attention backend of --layers_impl=scan: auto (kernel on TPU), kernel, xla")
     p.add_argument("--pool", choices=("auto", "rule", "config"), default="auto",
                    help="page pool: the sizing rule's, the config's (engine.num_pages x processes), or the larger")
     p.add_argument("--processes", type=int, default=0, help="processes of the slice (0: the topology's hosts)")
@@ -290,8 +311,11 @@ def print_report(r: dict) -> None:
               f" (rule {s['pages_rule']:,}; engine.num_pages x processes {s['pages_configured']:,})\n  {r['reason']}")
         return
     print(f"engine  config={r['config']}  topology={r['topology']} ({r['chips']} chips, {r['processes']} processes)  "
-          f"inference mesh data={r['data']} x tensor={r['tensor']}  training mesh {r['train_mesh']}  "
-          f"compile {r['compile_s']} ({r['layers_impl']} layers)  attention kernels {r['attention_kernels']}")
+          f"training mesh {r['train_mesh']}  compile {r['compile_s']} ({r['layers_impl']} layers)  attention "
+          f"kernels {r['attention_kernels']}")
+    print(f"  engine per process: {r['engine_devices']} devices, mesh data={r['data']} x tensor={r['tensor']}, "
+          f"{r['dtype']}, {r['slots_compiled']} slots, {r['pages_compiled']:,} pages, {r['decode_steps_per_call']} "
+          f"decode steps per call; reshard output: {r['reshard_layout']}")
     print(f"  slots {s['slots']}  in flight {s['in_flight']}  pages {s['pages']:,} x {s['page_size']} tokens "
           f"({s['pages_from']}; rule 1.25 x p99 live + 1 per episode: {s['pages_rule']:,}; engine.num_pages x "
           f"processes: {s['pages_configured']:,})  live tokens mean "
@@ -300,14 +324,14 @@ def print_report(r: dict) -> None:
           f"({s['episodes']} episodes, {s['max_total_tokens']:,}-token cap)")
     m = r["per_chip_gib"]
     print(memory_line({k: v for k, v in m.items() if k not in ("trainer_params", "engine_total")}, None,
-                      "decode step per chip GiB"))
+                      "decode call per chip GiB"))
     print(f"  + trainer's resident params {m['trainer_params']:.2f} = {m['engine_total']:.2f} GiB per chip"
           + (f" of {r['hbm_gib']}" if r["hbm_gib"] else ""))
     d, rs = r["decode_step"], r["reshard"]
     if "engine_step_bytes" in d:
         print(f"  HBM per decode step per chip: engine {_gib(d['engine_step_bytes']):.2f} GiB, bound "
               f"{_gib(d['bound_step_bytes']):.2f} GiB, static dense {_gib(d['static_step_bytes']):.2f} GiB "
-              f"(XLA's estimate for the compiled step: {_gib(d['xla_bytes_accessed_per_chip']):.2f} GiB)")
+              f"(XLA's estimate for the compiled call: {_gib(d['xla_bytes_accessed_per_chip']):.2f} GiB)")
         print(f"  reshard per RL step per chip: read {_gib(rs['hbm_read']):.2f} GiB, write "
               f"{_gib(rs['hbm_written']):.2f} GiB, ICI {_gib(rs['ici_received']):.2f} GiB -> roofline "
               f"{1e3 * rs['seconds']:.2f} ms")

@@ -215,9 +215,10 @@ def rollout_batch(engine, params, fmt, make_env, tasks, rng, config, sampling, l
 
 def make_engine(model, fmt, tok, sampling, args, env_workers: int):
     """The rollout engine for ``--model``: ``--slots`` slots (default ``--batch_size``),
-    ``env_workers`` environment threads, :class:`lopd_jax.settings.sections.EngineConfig`'s other defaults."""
-
-    config = EngineConfig(slots=getattr(args, "slots", None) or args.batch_size, env_workers=env_workers)
+    ``env_workers`` environment threads, sampling in ``--dtype`` on one device,
+    :class:`lopd_jax.settings.sections.EngineConfig`'s other defaults."""
+    config = EngineConfig(slots=getattr(args, "slots", None) or args.batch_size, env_workers=env_workers,
+                          dtype=args.dtype)
     return Engine(model, stop_ids=fmt.stop_ids, config=config, sampling=sampling, pad_id=tok.pad_token_id or 0)
 
 
@@ -313,7 +314,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     metrics["trajectories_per_minute"] = round(60.0 * len(trajs) / elapsed, 2)
     per_task = [{"task_id": t.task.task_id, "family": t.task.family, "reward": t.reward,
                  "finish_reason": t.finish_reason, "num_turns": t.num_turns, "turn_lengths": t.turn_lengths,
-                 "env_stats": t.env_stats, "mean_raw_logprob": _mean_generated(t.raw_logprobs, t.mask)}
+                 "turn_ids": turn_ids(t), "env_stats": t.env_stats, "mean_raw_logprob": _mean_generated(t.raw_logprobs, t.mask)}
                 for t in trajs]
     if run is not None:
         metrics["composer"] = {"workdir": args.composer_from, "stage": run.stage, "step": run.step,
@@ -381,6 +382,14 @@ def _note(line: str | None) -> None:
     """Print ``line`` (if any) to stderr on process 0."""
     if line and jax.process_index() == 0:
         print(f"[lopd] evaluate: {line}", file=sys.stderr, flush=True)
+
+
+def turn_ids(traj) -> list[list[int]]:
+    """The generated ids of each assistant turn of a :class:`train.rollout.Trajectory` (its
+    tokens where ``mask`` is 1, split by ``turn_lengths``)."""
+    gen = np.asarray(traj.tokens)[np.asarray(traj.mask) == 1].tolist()
+    cuts = np.cumsum([0, *traj.turn_lengths])
+    return [gen[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
 
 
 def _mean_generated(values, mask) -> float:

@@ -14,6 +14,7 @@ import math
 import jax.numpy as jnp
 
 from lopd_jax.method.defaults import MARGIN, TOP_M
+from lopd_jax.settings.errors import ConfigError
 from models.partitioning import DEFAULT_RULES
 
 
@@ -151,6 +152,9 @@ class SamplingParams:
             raise ValueError(f"top_k must be an int >= 0 (0 = off), got {self.top_k}")
 
 
+ENGINE_DTYPES = ("float32", "bfloat16")  # the engine's sampling dtypes (EngineConfig.dtype)
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     """Engine settings (the run config's ``engine`` section).
@@ -164,6 +168,13 @@ class EngineConfig:
     steps (0 = on the engine's own thread, between device calls).
     Compiled variants: one prefill and one decode per power-of-two count of pages read.
     None of these settings changes a sampled token (see the module docstring).
+
+    The device layout (:mod:`train.inference_layout`): ``devices``: this process's local
+    devices the engine runs on (0 = all of them); ``tensor``: tensor-parallel width over
+    them (0 = :func:`train.inference_layout.default_tensor`, the largest that divides both
+    the devices and the KV heads; the rest is ``data``); ``dtype``: the sampling dtype of
+    weights, compute and KV pages (``float32`` or ``bfloat16``). These may change rounding
+    (fp32: within 1e-5 of one device), not the schedule.
     """
 
     slots: int = 8
@@ -173,16 +184,22 @@ class EngineConfig:
     prefill_chunk: int = 256
     max_in_flight: int = 0
     env_workers: int = 4
+    devices: int = 1
+    tensor: int = 1
+    dtype: str = "float32"
 
     def __post_init__(self):
         for name in ("slots", "page_size", "decode_chunk", "prefill_chunk"):
             if getattr(self, name) < 1:
-                raise ValueError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}")
+                raise ConfigError(f"engine.{name}={getattr(self, name)} must be >= 1.")
         for name, what in (("num_pages", "0 = sized from the slots"), ("max_in_flight", "0 = no limit"),
-                           ("env_workers", "0 = on the engine's thread")):
+                           ("env_workers", "0 = on the engine's thread"), ("devices", "0 = every local device"),
+                           ("tensor", "0 = the default width")):
             if getattr(self, name) < 0:
-                raise ValueError(f"EngineConfig.{name} must be >= 0 ({what}), got {getattr(self, name)}")
+                raise ConfigError(f"engine.{name}={getattr(self, name)} must be >= 0 ({what}).")
+        if self.dtype not in ENGINE_DTYPES:
+            raise ConfigError(f"engine.dtype={self.dtype!r} must be one of {ENGINE_DTYPES} (the sampling dtype).")
 
 
-__all__ = ["EngineConfig", "LOGITS_DTYPES", "MESH_AXES", "MeshConfig", "RolloutConfig", "STUDENT_MODES",
-           "SamplingParams", "StepConfig"]
+__all__ = ["ENGINE_DTYPES", "EngineConfig", "LOGITS_DTYPES", "MESH_AXES", "MeshConfig", "RolloutConfig",
+           "STUDENT_MODES", "SamplingParams", "StepConfig"]
