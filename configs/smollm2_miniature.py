@@ -18,6 +18,10 @@ Differences from the CPU miniature (configs/miniature.py), and why:
   the hidden map and never "read the hint": reading a privileged note is left to what the
   pretrained model brings. Zero-shot SmolLM2 does not write the format from its system
   prompt (issue 25);
+* the oracle hint is the tool call alone (``env.kwargs.hint="calls"``), without the final
+  answer line: given the whole solved task, SmolLM2 copies its last line (the answer) and
+  never ships, so the text teacher scored 0; given the call, it copies the call
+  (docs/smollm2.md, premise);
 * LoRA student (rank 8, ``steps.student_mode=lora``) and composer LoRA rank 8 on the frozen
   135M backbone, K = 4 latents from n_ret = 1 experience of at most 128 tokens;
 * small budgets for two shared cores: 32 training / 16 held-out tasks, short episodes
@@ -47,7 +51,7 @@ CONFIG = dataclasses.replace(
                               cold_start_lr=1e-3, logits_chunk=128),
     env=dataclasses.replace(TINY.env, kwargs={"n_train_per_family": 32, "n_heldout_per_family": 16, "seed": 0,
                                               "tool_descriptions": False, "families": ["dispatch"],
-                                              "n_warmup_per_family": 96},
+                                              "n_warmup_per_family": 96, "hint": "calls"},
                             tasks_per_step=4, group_size=1),
     arms=dataclasses.replace(TINY.arms, group_size=2),
     rollout=dataclasses.replace(TINY.rollout, max_env_steps=2, max_turn_tokens=48, max_total_tokens=320),
