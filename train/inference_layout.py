@@ -20,10 +20,12 @@ Each process's engine (:class:`train.engine.Engine`) runs on such a mesh of its 
 devices; :func:`local_params` brings the trainer's params there (merged, cast) with one
 collective when they span processes, each chip receiving only its tensor shard.
 
-Once per RL step :func:`make_reshard` builds one jitted call from the trainer's params
-(in its shardings) to the engine's: the student LoRA folded into its base kernels
-(:func:`models.lora.merged_weight`, in fp32), a cast to bf16, and the reshard (XLA's
-collectives). :func:`reshard_cost` gives its bytes and roofline time.
+Once per RL step the engine's :func:`local_params` (with :func:`global_merge` when the
+params span processes) runs one jitted call from the trainer's params to the engine's: the
+student LoRA folded into its base kernels (:func:`models.lora.merged_weight`, in fp32), a
+cast to the sampling dtype, and the reshard (XLA's collectives). :func:`make_reshard` is
+the same call within one process's mesh. :func:`reshard_cost` gives its bytes and roofline
+time.
 """
 
 from __future__ import annotations
@@ -46,9 +48,9 @@ from models.lora import merged_weight
 from models.partitioning import Rules
 from train.mesh import split_state, tree_shardings
 
-__all__ = ["INFERENCE_RULES", "ReshardCost", "attention_mesh", "inference_mesh", "inference_model_config",
-           "inference_shardings", "default_tensor", "engine_devices", "global_merge", "laid_out", "local_params", "make_reshard", "merge_lora_cast",
-           "pool_sharding", "replicated_locally", "reshard_cost"]
+__all__ = ["INFERENCE_RULES", "ReshardCost", "attention_mesh", "default_tensor", "engine_devices", "global_merge",
+           "inference_mesh", "inference_model_config", "inference_shardings", "laid_out", "local_params",
+           "make_reshard", "merge_lora_cast", "pool_sharding", "replicated_locally", "reshard_cost"]
 
 INFERENCE_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("vocab", "tensor"),
@@ -270,8 +272,8 @@ class ReshardCost:
 
 def reshard_cost(cfg: ModelConfig, chips: int, tensor: int, hbm_bw: float, ici_bw: float,
                  train_bytes_per_param: int = 4, infer_bytes_per_param: int = 2) -> ReshardCost:
-    """Analytic cost of :func:`make_reshard` on ``chips`` chips (FSDP over all of them in
-    training; ``tensor``-way tensor parallel in inference), parameters from ``cfg``."""
+    """Analytic cost of the reshard (:func:`global_merge`, :func:`make_reshard`) on ``chips``
+    chips (FSDP over all of them in training; ``tensor``-way tensor parallel in inference), parameters from ``cfg``."""
     n = cfg.num_params()
     lora = 0
     if cfg.lora is not None:
