@@ -16,8 +16,9 @@ from models.config import LoraConfig, named_config
 from models.decoder import Decoder
 from lopd_jax.settings.sections import MeshConfig
 from train import mesh as mesh_lib
-from train.inference_layout import (default_tensor, inference_mesh, make_reshard, merge_lora_cast,
-                                    reshard_cost)
+from train import inference_layout
+from train.inference_layout import (default_tensor, inference_mesh, inference_shardings, local_params,
+                                    merge_lora_cast, reshard_cost)
 
 
 def _trained_student():
@@ -42,9 +43,11 @@ def test_reshard_gives_the_training_logits_in_bf16():
     ref = nnx.jit(lambda m, x: m(x, lora=True))(model, ids).astype(jnp.float32)
 
     mesh = inference_mesh(train_mesh.devices.flat, tensor=2)
-    reshard, gd, out_sh = make_reshard(cfg, train_sh, mesh)
-    infer = reshard(params)
-    assert reshard(params) is not None and reshard._cache_size() == 1  # one compiled call, reused
+    gd, _, out_sh = inference_shardings(cfg, mesh)
+    infer = local_params(params, cfg, mesh, out_sh)
+    assert local_params(params, cfg, mesh, out_sh) is not None
+    merge = inference_layout._merge_to(cfg, "bfloat16", None, jax.tree.structure(out_sh), ())
+    assert merge._cache_size() == 1  # one compiled call, reused by the second RL step
     assert not any(k.startswith("lora_") for k in infer)
     for k, x in infer.items():
         assert x.dtype == jnp.bfloat16 and x.sharding == out_sh[k], k

@@ -23,9 +23,8 @@ collective when they span processes, each chip receiving only its tensor shard.
 Once per RL step the engine's :func:`local_params` (with :func:`global_merge` when the
 params span processes) runs one jitted call from the trainer's params to the engine's: the
 student LoRA folded into its base kernels (:func:`models.lora.merged_weight`, in fp32), a
-cast to the sampling dtype, and the reshard (XLA's collectives). :func:`make_reshard` is
-the same call within one process's mesh. :func:`reshard_cost` gives its bytes and roofline
-time.
+cast to the sampling dtype, and the reshard (XLA's collectives). :func:`reshard_cost` gives
+its bytes and roofline time.
 """
 
 from __future__ import annotations
@@ -50,7 +49,7 @@ from train.mesh import split_state, tree_shardings
 
 __all__ = ["INFERENCE_RULES", "ReshardCost", "attention_mesh", "default_tensor", "engine_devices", "global_merge",
            "inference_mesh", "inference_model_config", "inference_shardings", "laid_out", "local_params",
-           "make_reshard", "merge_lora_cast", "pool_sharding", "replicated_locally", "reshard_cost"]
+           "merge_lora_cast", "pool_sharding", "replicated_locally", "reshard_cost"]
 
 INFERENCE_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("vocab", "tensor"),
@@ -116,16 +115,6 @@ def merge_lora_cast(params: dict, cfg: ModelConfig, dtype=jnp.bfloat16) -> dict:
             out[name] = merged_weight(params[name].astype(jnp.float32), params[f"lora_{name}_a"],
                                       params[f"lora_{name}_b"], cfg.lora.scale)
     return jax.tree.map(lambda x: x.astype(dtype), out)
-
-
-def make_reshard(cfg: ModelConfig, train_shardings, mesh: Mesh, dtype: str = "bfloat16"):
-    """``(reshard, graphdef, shardings)``: ``reshard(params)`` is one jitted call from the
-    trainer's params (in ``train_shardings``) to the engine's bf16 merged params on the
-    inference ``mesh``; ``graphdef`` rebuilds the engine's model with ``nnx.merge``."""
-    gd, _, out_sh = inference_shardings(cfg, mesh, dtype)
-    fn = jax.jit(lambda p: merge_lora_cast(p, cfg, jnp.dtype(dtype)), in_shardings=(train_shardings,),
-                 out_shardings=out_sh)
-    return fn, gd, out_sh
 
 
 def pool_sharding(mesh: Mesh) -> NamedSharding:
@@ -272,7 +261,7 @@ class ReshardCost:
 
 def reshard_cost(cfg: ModelConfig, chips: int, tensor: int, hbm_bw: float, ici_bw: float,
                  train_bytes_per_param: int = 4, infer_bytes_per_param: int = 2) -> ReshardCost:
-    """Analytic cost of the reshard (:func:`global_merge`, :func:`make_reshard`) on ``chips``
+    """Analytic cost of the reshard (:func:`global_merge`, :func:`local_params`) on ``chips``
     chips (FSDP over all of them in training; ``tensor``-way tensor parallel in inference), parameters from ``cfg``."""
     n = cfg.num_params()
     lora = 0
