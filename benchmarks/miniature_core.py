@@ -103,9 +103,11 @@ def record(run_dir: str, arm: str, seed: int, overrides: list[str], wall: float 
 
 
 def table(records: list[dict]) -> str:
-    """Markdown table: mean +- std over seeds per arm."""
+    """Markdown table: mean +- std over seeds per arm; seconds are means (``s / step``: the
+    training stage's seconds over its steps, rollouts included; ``run wall s``: the whole
+    training process of the run, evaluation after and export included)."""
     lines = ["| arm | seeds | rollouts | held-out reward before | after | success before | after | "
-             "train stage s | rollouts/min |", "|---|---|---|---|---|---|---|---|---|"]
+             "train stage s | s / step | run wall s | rollouts/min |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     arms = list(dict.fromkeys(r["arm"] for r in records))
     for arm in arms:
         rs = [r for r in records if r["arm"] == arm]
@@ -113,8 +115,15 @@ def table(records: list[dict]) -> str:
         lines.append(f"| {arm} | {len(rs)} | {rs[0]['rollouts']} | {ms('reward_before')} | {ms('reward_after')} | "
                      f"{ms('success_before')} | {ms('success_after')} | "
                      f"{np.mean([r['train_stage_seconds'] for r in rs]):.0f} | "
+                     f"{np.mean([r['train_stage_seconds'] / max(len(r['train_reward_curve']), 1) for r in rs]):.0f} | "
+                     f"{_mean_or_dash([r['wall_seconds'] for r in rs])} | "
                      f"{np.mean([r['rollouts_per_minute'] for r in rs]):.1f} |")
     return "\n".join(lines)
+
+
+def _mean_or_dash(values) -> str:
+    known = [v for v in values if v is not None]
+    return f"{np.mean(known):.0f}" if known else "-"
 
 
 def sweep_report(W: str, arms: list[str], seeds: list[int]) -> list[str]:
