@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 from lopd_jax.method.composer import ComposerConfig
-from lopd_jax.settings.config import ConfigError
+from lopd_jax.settings.errors import ConfigError
 from lopd_jax.settings.overrides import apply_overrides, load_config
 from lopd_jax.method.splice import SpliceLayout
 from lopd_jax.method.text_context import (FRAMING, align_teacher_hidden, context_block_ids, pack_blocks,

@@ -2,9 +2,12 @@
 
 import pytest
 
-from lopd_jax.chat.formats import (LatentFraming, Olmo3ChatFormat, Qwen3ChatFormat, TokenTrajectory,
-                           make_chat_format, split_thinking)
+from lopd_jax.chat.base import TokenTrajectory, split_thinking
+from lopd_jax.chat.formats import make_chat_format
+from lopd_jax.chat.olmo3 import Olmo3ChatFormat
+from lopd_jax.chat.qwen3 import Qwen3ChatFormat
 from lopd_jax.chat.tokenizers import qwen3_tokenizer, tiny_tokenizer
+from lopd_jax.method.composer import LatentFraming
 from lopd_jax.method.types import ToolCall
 
 TOOLS = [

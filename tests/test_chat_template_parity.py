@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lopd_jax.chat.formats import Qwen3ChatFormat
+from lopd_jax.chat.qwen3 import Qwen3ChatFormat
 from lopd_jax.chat.templates import QWEN3_CHAT_TEMPLATE
 from lopd_jax.chat.tokenizers import qwen3_tokenizer
 from test_chat import OBS1, OBS2, QWEN_GEN, SYSTEM, TOOLS, USER

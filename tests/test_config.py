@@ -5,7 +5,8 @@ import os
 
 import pytest
 
-from lopd_jax.settings.config import ConfigError, TrainConfig
+from lopd_jax.settings.config import TrainConfig
+from lopd_jax.settings.errors import ConfigError
 from lopd_jax.settings.overrides import apply_overrides, from_dict, known_configs, load_config, to_dict
 from lopd_jax.settings.run_config import check_resume, config_diff, load_run_config, save_run_config
 
@@ -159,7 +160,7 @@ def test_warmup_lr_schedule():
     steps, peaks at ``warmup_lr`` and decays to 10% of it; a typo names the choices."""
     import pytest
 
-    from lopd_jax.settings.config import ConfigError
+    from lopd_jax.settings.errors import ConfigError
     from lopd_jax.programs.train import resolve_config
     from train.warmup import learning_rate
 

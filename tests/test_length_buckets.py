@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lopd_jax.settings.config import ConfigError
+from lopd_jax.settings.errors import ConfigError
 from lopd_jax.settings.length_model import LengthConfig, pass_tokens, plan_passes, sample_lengths
 from lopd_jax.settings.overrides import apply_overrides, load_config
 from lopd_jax.method.splice import SpliceLayout

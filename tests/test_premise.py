@@ -124,7 +124,8 @@ def test_premise_cli_prints_three_rows(tmp_path):
 
 
 def test_miniature_config_and_hint_fraction_validation():
-    from lopd_jax.settings.config import ConfigError, StagesSection
+    from lopd_jax.settings.config import StagesSection
+    from lopd_jax.settings.errors import ConfigError
     from lopd_jax.settings.overrides import from_dict, load_config, to_dict
 
     cfg = load_config("miniature")

@@ -14,11 +14,11 @@ import pytest
 
 pytest.importorskip("gguf", reason="GGUF import needs the gguf package (pip install gguf)")
 
-from lopd_jax.chat.formats import ChatMLChatFormat, make_chat_format  # noqa: E402
 from lopd_jax.chat.base import TokenTrajectory  # noqa: E402
 from lopd_jax.chat.chatml import DEFAULT_SYSTEM  # noqa: E402
-from lopd_jax.settings.config import ConfigError  # noqa: E402
+from lopd_jax.chat.formats import make_chat_format  # noqa: E402
 from lopd_jax.io.paths import smollm2_path  # noqa: E402
+from lopd_jax.settings.errors import ConfigError  # noqa: E402
 from lopd_jax.chat.tokenizers import hf_tokenizer  # noqa: E402
 from lopd_jax.programs.train import resolve_config  # noqa: E402
 from test_chat import OBS1, OBS2, SYSTEM, TOOLS, USER  # noqa: E402

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from lopd_jax.programs import sweep
-from lopd_jax.settings.config import ConfigError
+from lopd_jax.settings.errors import ConfigError
 
 
 def _args(tmp, *extra):

@@ -5,7 +5,7 @@ import base64
 import pytest
 from transformers import AutoTokenizer
 
-from lopd_jax.chat.formats import Qwen3ChatFormat
+from lopd_jax.chat.qwen3 import Qwen3ChatFormat
 from lopd_jax.chat.templates import OLMO3_CHAT_TEMPLATE, QWEN3_CHAT_TEMPLATE
 from lopd_jax.chat.tokenizers import (LATENT_TOKEN, QWEN3_ADDED_TOKENS, qwen3_tokenizer,
                                  qwen_tiktoken_path, tiny_tokenizer, validate_tokenizer)

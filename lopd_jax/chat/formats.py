@@ -22,11 +22,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from lopd_jax.chat.base import ChatFormat, LatentBlock, TokenTrajectory, split_thinking
+from lopd_jax.chat.base import ChatFormat
 from lopd_jax.chat.chatml import ChatMLChatFormat
 from lopd_jax.chat.olmo3 import Olmo3ChatFormat
 from lopd_jax.chat.qwen3 import Qwen3ChatFormat
-from lopd_jax.method.composer import LatentFraming
 
 CHAT_FORMATS: dict[str, type[ChatFormat]] = {
     Qwen3ChatFormat.family: Qwen3ChatFormat,
@@ -49,5 +48,4 @@ def make_chat_format(family: str, tokenizer: Any, **options: Any) -> ChatFormat:
     return cls(tokenizer, **options)
 
 
-__all__ = ["CHAT_FORMATS", "ChatFormat", "ChatMLChatFormat", "LatentBlock", "LatentFraming", "Olmo3ChatFormat",
-           "Qwen3ChatFormat", "TokenTrajectory", "make_chat_format", "split_thinking"]
+__all__ = ["CHAT_FORMATS", "make_chat_format"]

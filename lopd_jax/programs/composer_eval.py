@@ -29,7 +29,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from lopd_jax.method.splice import SpliceLayout
-from lopd_jax.settings.config import ConfigError
+from lopd_jax.settings.errors import ConfigError
 from lopd_jax.settings.run_config import load_run_config
 from train import mesh as mesh_lib
 from train.batches import experience_arrays

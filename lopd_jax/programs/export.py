@@ -22,7 +22,7 @@ from typing import Sequence
 import jax
 
 from lopd_jax.io.paths import resolve_path
-from lopd_jax.settings.config import ConfigError
+from lopd_jax.settings.errors import ConfigError
 from lopd_jax.settings.run_config import load_run_config
 from train.checkpoint import CheckpointError
 from train.distributed import sync

@@ -49,7 +49,7 @@ from typing import Any, Sequence
 from lopd_jax.io.paths import resolve_path
 from lopd_jax.programs.sweep_report import write_report
 from lopd_jax.settings.arm_config import ARMS
-from lopd_jax.settings.config import ConfigError
+from lopd_jax.settings.errors import ConfigError
 from lopd_jax.settings.overrides import apply_overrides, load_config
 from lopd_jax.settings.run_config import flatten
 from train.arms import resolve_arm, uses_composer

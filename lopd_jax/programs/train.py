@@ -36,7 +36,7 @@ from lopd_jax.io.files import join
 from lopd_jax.io.paths import is_url, resolve_path
 from lopd_jax.io.startup import describe_devices
 from lopd_jax.method.bank import EmptyBankError
-from lopd_jax.settings.config import ConfigError
+from lopd_jax.settings.errors import ConfigError
 from lopd_jax.settings.overrides import apply_overrides, load_config
 from lopd_jax.settings.run_config import CONFIG_FILE, flatten, save_run_config
 from lopd_jax.settings.task_data import check_task_data, resolve_data_paths
@@ -156,7 +156,7 @@ def run_training(cfg, allow_config_change: Sequence[str] = ()):
     call this rather than ``train.loop.run`` so every run directory holds its config.
 
     ``allow_config_change``: dotted keys that may differ from a saved config. A
-    :class:`lopd_jax.settings.config.ConfigError` raised while a *new* run starts removes what this
+    :class:`lopd_jax.settings.errors.ConfigError` raised while a *new* run starts removes what this
     call wrote (its config.json, and the workdir if it created it), so the corrected
     command starts clean."""
 

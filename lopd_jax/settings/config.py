@@ -39,7 +39,7 @@ from models.config import ATTENTION_IMPLS, REMAT_POLICIES, named_config
 
 DTYPES = ("float32", "bfloat16", "float16")
 
-from lopd_jax.settings.errors import ConfigError  # noqa: E402  (re-exported: lopd_jax.settings.config.ConfigError)
+from lopd_jax.settings.errors import ConfigError  # noqa: E402
 from models.hf_import import load_config as load_hf_config
 
 

@@ -7,7 +7,7 @@
 dataclass tree and its checks); this module finds named configs in the :mod:`configs`
 package, parses ``dotted.key=value`` overrides to each field's type, and converts configs
 to and from JSON dicts (``<workdir>/config.json``, :mod:`lopd_jax.settings.run_config`). Every
-problem raises :class:`~lopd_jax.settings.config.ConfigError` naming the key and the fix.
+problem raises :class:`~lopd_jax.settings.errors.ConfigError` naming the key and the fix.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ import typing
 from typing import Any, Literal, Sequence
 
 import configs
-from lopd_jax.settings.config import _DEFER_CROSS_CHECKS, ConfigError, TrainConfig, _matches, _type_name
+from lopd_jax.settings.config import _DEFER_CROSS_CHECKS, TrainConfig, _matches, _type_name
+from lopd_jax.settings.errors import ConfigError
 
 
 # ----------------------------------------------------------------------------- loading

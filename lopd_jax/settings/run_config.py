@@ -14,7 +14,8 @@ import os
 from typing import Any, Sequence
 
 from lopd_jax.io.files import read_json, write_json
-from lopd_jax.settings.config import ConfigError, TrainConfig
+from lopd_jax.settings.config import TrainConfig
+from lopd_jax.settings.errors import ConfigError
 from lopd_jax.settings.overrides import from_dict, to_dict
 
 CONFIG_FILE = "config.json"
