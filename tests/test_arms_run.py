@@ -66,3 +66,23 @@ def test_arm_training_stage_runs(shared, arm):
         assert any(not np.array_equal(a, b) for a, b in zip(_leaves(state["ema"]), theta0))
     if arm == "grpo" and rec["student_grad_norm"] == 0:
         assert rec["loss"] == 0  # every group had one reward: zero advantages
+
+
+def test_bank_passes_offer_each_task_again_and_keep_the_first_pass(shared, tmp_path):
+    """``bank.passes=2``: every training task is rolled out twice; the first pass is the
+    one-pass bank exactly (same keys), the second samples with new keys."""
+    import copy
+
+    from train.bank_stage import build_bank
+    root, cfg, ctx, bank, _, composer0 = shared
+    two = copy.copy(ctx)
+    two.cfg = dataclasses.replace(cfg, bank=dataclasses.replace(cfg.bank, passes=2))
+    frozen, lora0, _ = ctx.system.initial_params()
+    bank2, info = build_bank(two, {**frozen, **lora0}, str(tmp_path))
+    n = len(ctx.train_tasks)
+    assert info["rollouts"] == 2 * n and info["passes"] == 2 and len(bank) == n  # min_reward 0: all admitted
+    assert len(bank2) == 2 * n
+    ids = [e.token_ids for e in bank2.entries]
+    assert ids[:n] == [e.token_ids for e in bank.entries]
+    assert [e.task_id for e in bank2.entries[n:]] == [e.task_id for e in bank.entries]
+    assert ids[n:] != ids[:n]

@@ -1,8 +1,9 @@
 """The bank stage: experience bank construction (the step batches that read from it are
 :mod:`train.batches`).
 
-* :func:`build_bank` rolls the student out once over the training split, admits the
-  rollouts with reward >= ``bank.min_reward`` (SPEC 5), builds the FAISS index and saves
+* :func:`build_bank` rolls the student out over the training split (``bank.passes``
+  times; once in the paper), admits the rollouts with reward >= ``bank.min_reward``
+  (SPEC 5), builds the FAISS index and saves
   the bank under ``<workdir>/bank``; or loads the bank named by ``bank.path``.
   Admitted experiences keep their exact token ids, supervision spans and insertion point,
   so the cold start trains on the very ids the student produced.
@@ -29,7 +30,7 @@ from train.backbone_embedder import BackboneEmbedder
 from train.rollout import Trajectory
 
 BANK_DIR = "bank"
-BANK_RNG_OFFSET = 1 << 20  # bank rollouts use fold_in(seed key, offset + batch): never an LOPD step's key
+BANK_RNG_OFFSET = 1 << 20  # bank rollouts use fold_in(seed key, offset + pass * tasks + batch): never an LOPD step's key
 
 
 def make_embedder(cfg):
@@ -84,16 +85,18 @@ def build_bank(ctx, params, workdir: str) -> tuple[ExperienceBank, dict]:
     bank = ExperienceBank(embedder, cfg.bank_config())
     key = jax.random.key(cfg.seed)
     B = cfg.env.tasks_per_step
-    rewards = []
-    for i in range(0, len(ctx.train_tasks), B):
-        trajs, _ = ctx.rollout_split(params, ctx.train_tasks[i:i + B], jax.random.fold_in(key, BANK_RNG_OFFSET + i))
+    rewards, n = [], len(ctx.train_tasks)
+    batches = [(p, j) for p in range(cfg.bank.passes) for j in range(0, n, B)]
+    for p, j in batches:  # pass 0 keeps the one-pass bank's keys
+        trajs, _ = ctx.rollout_split(params, ctx.train_tasks[j:j + B],
+                                     jax.random.fold_in(key, BANK_RNG_OFFSET + p * n + j))
         admitted = [to_experience(t) for t in trajs if float(t.reward) >= cfg.bank.min_reward]
         # every host's rewards and admitted experiences, in row order: the same bank everywhere
         rewards += distributed.allgather_list([t.reward for t in trajs])
         bank.add_many(distributed.allgather_list(admitted))
     bank.num_offered = len(rewards)
     info = {"rollouts": len(rewards), "reward_mean": float(np.mean(rewards)), "entries": len(bank),
-            "min_reward": cfg.bank.min_reward}
+            "min_reward": cfg.bank.min_reward, "passes": cfg.bank.passes}
     if not len(bank):
         best = max(rewards)
         raise EmptyBankError(

@@ -166,9 +166,13 @@ class BankSection(BankSettings):
     training"). ``embedder_pool_token``: the token the backbone embedder appends and pools
     (Qwen3-Embedding's ``<|endoftext|>``; none = no token appended). ``eval_n_ret``:
     experiences retrieved per task by the "Base + Composer" evaluation (None =
-    ``composer.n_ret``; the paper configs use the release's inference setting, 1)."""
+    ``composer.n_ret``; the paper configs use the release's inference setting, 1).
+    ``passes``: rollouts of each training task offered to the bank (the paper: 1, one pass
+    over the training split); more passes cover more tasks with a success when theta0
+    solves few of them."""
 
     eval_n_ret: int | None = None
+    passes: int = 1
     embedder: Literal["hashing", "backbone"] = "hashing"
     embedder_dim: int = 512
     embedder_path: str | None = None
@@ -176,7 +180,7 @@ class BankSection(BankSettings):
     path: str | None = None
 
     def __post_init__(self):
-        _positive(self, "bank", "embedder_dim", "eval_n_ret")
+        _positive(self, "bank", "embedder_dim", "eval_n_ret", "passes")
         if self.embedder == "backbone" and self.embedder_path is None and not _DEFER_CROSS_CHECKS.get():
             raise ConfigError("bank.embedder=backbone needs bank.embedder_path (a Qwen3-Embedding checkpoint).")
 
