@@ -76,3 +76,5 @@ def test_start_loads_and_its_theta0_reads_the_hint(tmp_path):
     # or wrongly restored theta0 shows no such gap)
     lp = oracle_logprob(run, run.ctx.source.tasks("heldout")[:8])
     assert lp["base + oracle text"] > lp["base"] + 0.01, lp
+    # and with the cold-start composer's latents (LOPD's teacher), whose greedy reward beats base
+    assert lp["base + composer"] > lp["base"], lp

@@ -12,8 +12,8 @@ tasks of a run (greedy decoding, the run's caps and chat format), three rows:
   experiences retrieved from the run's bank (:mod:`lopd_jax.programs.composer_eval`).
 
 Each row: mean reward, success rate (reward 1.0), tool calls and errors per episode, the
-gap to ``base`` and, for the first two, theta0's teacher-forced log-prob per token of the
-oracle demonstration (:func:`oracle_logprob`); the no-tool baseline (answering at once without a tool call) is
+gap to ``base`` and the teacher-forced log-prob per token of the oracle demonstration
+under each row's context (:func:`oracle_logprob`); the no-tool baseline (answering at once without a tool call) is
 printed beside them::
 
     python -m lopd_jax.premise --config=miniature --workdir=W [key=value ...]
@@ -43,9 +43,11 @@ from lopd_jax.programs.composer_eval import latent_context, load_composer_run
 from lopd_jax.programs.train import resolve_config, run_training
 from lopd_jax.settings.sections import SamplingParams
 from train import warmup
+from train.batches import cold_start_batch
 from train.ledger import StageLedger
 from train.rollout import rollout, training_arrays
 from train.stage_loop import EVAL_RNG_OFFSET
+from train.steps import cold_start_loss
 
 ROWS = ("base", "base + oracle text", "base + composer")
 RESULT_FILE = "premise.json"
@@ -96,14 +98,18 @@ def measure(run, tasks: Sequence) -> dict[str, dict[str, Any]]:
 
 
 def oracle_logprob(run, tasks: Sequence) -> dict[str, float]:
-    """Teacher-forced: theta0's mean log-prob per token of the oracle demonstrations'
-    assistant tokens, without and with the oracle hint in the prompt -- what distillation
-    from that teacher would pull the student towards, independent of greedy decoding.
-    Synthetic tasks only (the others have no oracle demonstrations): ``{}`` otherwise."""
+    """Teacher-forced: the mean log-prob per token of the oracle demonstrations' assistant
+    tokens under theta0 without and with the oracle hint in the prompt, and under LOPD's
+    teacher (theta0 with the cold-start composer's latents of the experiences the bank
+    retrieves for each task, spliced in as the cold start and the LOPD step splice them,
+    :func:`train.steps.cold_start_loss`) -- what distillation from each teacher would pull
+    the student towards, independent of greedy decoding. Synthetic tasks only (the others
+    have no oracle demonstrations): ``{}`` otherwise."""
 
     ctx = run.ctx
     _, lora0, _ = ctx.system.initial_params()
     score = jax.jit(lambda p, b: warmup.sft_loss(ctx.system, p, lora0, b)[1])
+    score_latent = jax.jit(lambda c, p, b: cold_start_loss(ctx.system, c, p, b, None)[1])
     B, out = ctx.cfg.env.tasks_per_step, {}
     for name, source in (("base", None), ("base + oracle text", HintedTaskSource(ctx.source))):
         try:
@@ -119,6 +125,13 @@ def oracle_logprob(run, tasks: Sequence) -> dict[str, float]:
             total += float(m["nll"]) * float(m["tokens"])
             count += float(m["tokens"])
         out[name] = -total / count
+        if source is None:  # the same plain demonstrations, in the teacher-format prompt with latents
+            total = count = 0.0
+            for i in range(0, len(demos), B):
+                m = score_latent(run.composer, run.frozen, cold_start_batch(ctx, demos[i:i + B], run.bank))
+                total += float(m["nll"]) * float(m["tokens"])
+                count += float(m["tokens"])
+            out["base + composer"] = -total / count
     return out
 
 
