@@ -27,6 +27,7 @@ from lopd_jax.method.embedders import HashingEmbedder
 from lopd_jax.method.types import Task
 from train import distributed
 from train.backbone_embedder import BackboneEmbedder
+from train.metrics import Progress
 from train.rollout import Trajectory
 
 BANK_DIR = "bank"
@@ -87,13 +88,16 @@ def build_bank(ctx, params, workdir: str) -> tuple[ExperienceBank, dict]:
     B = cfg.env.tasks_per_step
     rewards, n = [], len(ctx.train_tasks)
     batches = [(p, j) for p in range(cfg.bank.passes) for j in range(0, n, B)]
-    for p, j in batches:  # pass 0 keeps the one-pass bank's keys
-        trajs, _ = ctx.rollout_split(params, ctx.train_tasks[j:j + B],
-                                     jax.random.fold_in(key, BANK_RNG_OFFSET + p * n + j))
-        admitted = [to_experience(t) for t in trajs if float(t.reward) >= cfg.bank.min_reward]
-        # every host's rewards and admitted experiences, in row order: the same bank everywhere
-        rewards += distributed.allgather_list([t.reward for t in trajs])
-        bank.add_many(distributed.allgather_list(admitted))
+    with Progress(cfg.bank.passes * n, "bank", unit="rollout") as bar:
+        for p, j in batches:  # pass 0 keeps the one-pass bank's keys
+            trajs, _ = ctx.rollout_split(params, ctx.train_tasks[j:j + B],
+                                         jax.random.fold_in(key, BANK_RNG_OFFSET + p * n + j))
+            admitted = [to_experience(t) for t in trajs if float(t.reward) >= cfg.bank.min_reward]
+            # every host's rewards and admitted experiences, in row order: the same bank everywhere
+            batch_rewards = distributed.allgather_list([t.reward for t in trajs])
+            rewards += batch_rewards
+            bank.add_many(distributed.allgather_list(admitted))
+            bar.update(len(batch_rewards), admitted=len(bank), reward=float(np.mean(rewards)))
     bank.num_offered = len(rewards)
     info = {"rollouts": len(rewards), "reward_mean": float(np.mean(rewards)), "entries": len(bank),
             "min_reward": cfg.bank.min_reward, "passes": cfg.bank.passes}
