@@ -87,8 +87,10 @@ def record(run_dir: str, arm: str, seed: int, overrides: list[str], wall: float 
     led = _ledger(run_dir)
     if wall is None and os.path.exists(os.path.join(run_dir, WALL_FILE)):
         wall = json.load(open(os.path.join(run_dir, WALL_FILE)))["wall_seconds"]
-    rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
-    train = [r for r in rows if r.get("stage") == "lopd"]
+    sys.path.insert(0, ROOT)
+    from train.metrics import read_metrics
+
+    train = read_metrics(os.path.join(run_dir, "metrics.jsonl"), "lopd")  # a resumed run's redone steps once
     rollouts = int(sum(r.get("rollouts", 0) for r in train))
     roll_s = float(sum(r.get("rollout_seconds", 0.0) for r in train))
     b, a = led["eval_before"], led["eval_after"]

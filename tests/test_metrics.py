@@ -64,6 +64,22 @@ def test_records_round_trip_and_tensorboard(tmp_path):
     assert format_line(recs[1]) == "[cold_start 1] loss=2.25"
 
 
+def test_a_resumed_runs_redone_steps_supersede_the_lost_attempts(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    with MetricsWriter(tmp_path, enabled=True, tensorboard=False) as w:
+        w.write(0, "eval_before", {"reward_mean": 0.5})
+        for step in (1, 2, 3):  # killed after step 3; the last checkpoint was step 1
+            w.write(step, "lopd", {"attempt": 1})
+    with MetricsWriter(tmp_path, enabled=True, tensorboard=False) as w:
+        for step in (2, 3, 4):
+            w.write(step, "lopd", {"attempt": 2})
+        w.write(4, "eval_after", {"reward_mean": 0.75})
+    recs = read_metrics(path)
+    assert [(r["stage"], r["step"], r.get("attempt")) for r in recs] == [
+        ("eval_before", 0, None), ("lopd", 1, 1), ("lopd", 2, 2), ("lopd", 3, 2), ("lopd", 4, 2), ("eval_after", 4, None)]
+    assert [r["step"] for r in read_metrics(path, "lopd")] == [1, 2, 3, 4]
+
+
 def test_disabled_writer_writes_nothing(tmp_path):
     w = MetricsWriter(tmp_path / "run", enabled=False)
     assert w.write(0, "lopd", {"a": 1.0}) is None

@@ -162,12 +162,16 @@ def format_line(record: Mapping[str, Any], keys: Iterable[str] | None = None) ->
 
 
 def read_metrics(path: str | os.PathLike, stage: str | None = None) -> list[dict[str, Any]]:
-    """Records of a metrics JSONL file (optionally one stage's), in file order.
+    """Records of a metrics JSONL file (optionally one stage's), in file order, as the run
+    that survived wrote them: a run killed after its last checkpoint redoes the steps
+    since, so a record of step k supersedes the earlier records of its stage with step
+    >= k (the lost attempt's).
 
     A torn last line (a crash mid-write) is ignored; a bad line elsewhere is an error.
     """
     lines = files.read_text(os.fspath(path)).split("\n")
-    out = []
+    out: list[dict[str, Any]] = []
+    last: dict[Any, int] = {}  # stage -> its latest step kept
     for i, line in enumerate(lines):
         if not line.strip():
             continue
@@ -178,6 +182,12 @@ def read_metrics(path: str | os.PathLike, stage: str | None = None) -> list[dict
                 break
             raise ValueError(f"{path}:{i + 1} is not a JSON record: {line[:80]!r}") from None
         if stage is None or rec.get("stage") == stage:
+            step, name = rec.get("step"), rec.get("stage")
+            if isinstance(step, int):
+                if step <= last.get(name, step - 1):  # a rewind: drop the lost attempt's records
+                    out = [r for r in out if not (r.get("stage") == name and isinstance(r.get("step"), int)
+                                                  and r["step"] >= step)]
+                last[name] = step
             out.append(rec)
     return out
 
