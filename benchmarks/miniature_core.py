@@ -133,10 +133,9 @@ def sweep_report(W: str, arms: list[str], seeds: list[int]) -> list[str]:
     symlinks; ``m0`` is ``lopd__steps.margin=0``) and its report: ``results.json``,
     ``results.md`` and the figures, under ``W/report``."""
     sys.path.insert(0, ROOT)
+    from lopd_jax.method.defaults import MARGIN
     from lopd_jax.programs.sweep import RunSpec
     from lopd_jax.programs.sweep_report import write_report
-
-    from train.system import MARGIN
 
     margin = MARGIN  # the configs' steps.margin (the paper's 0.05)
     R, specs = os.path.join(W, "report"), []

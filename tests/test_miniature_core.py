@@ -36,3 +36,12 @@ def test_fork_saves_a_config_the_training_cli_resumes(tmp_path, arm):
     assert [json.loads(line)["stage"] for line in open(os.path.join(run_dir, "metrics.jsonl"))] == ["warmup"]
     # what `python -m lopd_jax.train --config=tiny --workdir=run_dir ARM seed=1` checks on resume
     check_resume(load_run_config(run_dir), resolve_config(["--config=tiny", f"--workdir={run_dir}", *overrides]))
+
+
+def test_report_of_finished_runs_only(tmp_path):
+    """``--report_only`` over a sweep with no finished run: an empty report (its imports,
+    which once named a moved constant, run first)."""
+    core = _module()
+    os.makedirs(tmp_path / "runs" / "lopd_s0")
+    assert core.sweep_report(str(tmp_path), ["lopd", "m0"], [0, 1]) == []
+    assert "| arm |" in core.table([])
