@@ -32,7 +32,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import jax
 
@@ -97,6 +97,15 @@ def measure(run, tasks: Sequence) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _per_token_logprob(batch_metrics: Iterable[Mapping[str, Any]]) -> float:
+    """Minus the token-weighted mean of per-batch ``nll`` (each batch's ``tokens`` its weight)."""
+    total = count = 0.0
+    for m in batch_metrics:
+        total += float(m["nll"]) * float(m["tokens"])
+        count += float(m["tokens"])
+    return -total / count
+
+
 def oracle_logprob(run, tasks: Sequence) -> dict[str, float]:
     """Teacher-forced: the mean log-prob per token of the oracle demonstrations' assistant
     tokens under theta0 without and with the oracle hint in the prompt, and under LOPD's
@@ -116,22 +125,14 @@ def oracle_logprob(run, tasks: Sequence) -> dict[str, float]:
             demos = warmup.demonstrations(ctx, tasks, source)
         except ValueError:
             return {}
-        longest = max(len(d) for d in demos)
-        total = count = 0.0
-        for i in range(0, len(demos), B):
-            arr = training_arrays(demos[i:i + B], length=-(-longest // 128) * 128)
-            m = score(run.frozen, {"tokens": arr["tokens"], "attention_mask": arr["attention_mask"],
-                                   "loss_mask": arr["mask"]})
-            total += float(m["nll"]) * float(m["tokens"])
-            count += float(m["tokens"])
-        out[name] = -total / count
+        length, starts = -(-max(len(d) for d in demos) // 128) * 128, range(0, len(demos), B)
+        arrays = (training_arrays(demos[i:i + B], length=length) for i in starts)
+        out[name] = _per_token_logprob(
+            score(run.frozen, {"tokens": a["tokens"], "attention_mask": a["attention_mask"], "loss_mask": a["mask"]})
+            for a in arrays)
         if source is None:  # the same plain demonstrations, in the teacher-format prompt with latents
-            total = count = 0.0
-            for i in range(0, len(demos), B):
-                m = score_latent(run.composer, run.frozen, cold_start_batch(ctx, demos[i:i + B], run.bank))
-                total += float(m["nll"]) * float(m["tokens"])
-                count += float(m["tokens"])
-            out["base + composer"] = -total / count
+            out["base + composer"] = _per_token_logprob(
+                score_latent(run.composer, run.frozen, cold_start_batch(ctx, demos[i:i + B], run.bank)) for i in starts)
     return out
 
 
