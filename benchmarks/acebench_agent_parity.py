@@ -1,4 +1,4 @@
-"""Agreement of :mod:`lopd_jax.envs.acebench_agent` (scenarios, execution, end-state check)
+"""Agreement of :mod:`lopd_jax.envs.acebench.agent` (scenarios, execution, end-state check)
 with ACEBench's own code, on the real agent data of an ACEBench checkout you already have
 (nothing is downloaded).
 
@@ -16,7 +16,7 @@ ground truth). Multi-turn messages that are not calls go to a user who always an
 "ok". Upstream's execution ``eval``s the call texts; here they are the data's own
 milestones and our corruptions of them.
 
-    python benchmarks/acebench_agent_parity.py --upstream /path/to/ACEBench
+    python -m benchmarks.acebench_agent_parity --upstream /path/to/ACEBench
 """
 
 from __future__ import annotations
@@ -28,11 +28,9 @@ import re
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from lopd_jax.envs.acebench_agent import ACEBenchAgentEnvironment, load_agent_category  # noqa: E402
-from lopd_jax.envs.acebench_scenarios import end_state  # noqa: E402
-from lopd_jax.method.types import AssistantTurn  # noqa: E402
+from lopd_jax.envs.acebench.agent import ACEBenchAgentEnvironment, load_agent_category  # noqa: E402
+from lopd_jax.envs.acebench.scenarios import end_state  # noqa: E402
+from lopd_jax.core.types import AssistantTurn  # noqa: E402
 
 
 def variants(stones: list[str]) -> dict[str, list[str]]:

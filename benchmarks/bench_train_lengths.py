@@ -18,8 +18,8 @@ What is compared, and how:
   real tokens per second is the inverse ratio of step times. The losses of the two sides
   on each batch are printed (they agree to fp32 rounding).
 
-    python benchmarks/bench_train_lengths.py
-    python benchmarks/bench_train_lengths.py --rows 16 --buckets 256,512,1024,2048
+    python -m benchmarks.bench_train_lengths
+    python -m benchmarks.bench_train_lengths --rows 16 --buckets 256,512,1024,2048
 """
 
 from __future__ import annotations
@@ -31,8 +31,6 @@ import sys
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 
 def make_batch(lengths, cap: int, n_ret: int, exp_len: int, vocab: int, seed: int) -> dict:
     """A right-padded LOPD batch with rows of ``lengths`` tokens: a prompt (unsupervised)

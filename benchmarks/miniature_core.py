@@ -1,6 +1,6 @@
 """The miniature's core comparison with one shared prefix: arms x seeds from one theta0.
 
-    python benchmarks/miniature_core.py --config=miniature --workdir=W \\
+    python -m benchmarks.miniature_core --config=miniature --workdir=W \\
         [--arms=lopd,grpo,lopd_frozen_composer,m0] [--seeds=0,1,2] [--parallel=2] [key=value ...]
 
 1. ``W/prefix``: the run's shared stages -- warm-up (theta0), held-out evaluation before,
@@ -61,7 +61,6 @@ def _ledger(workdir: str) -> dict:
 
 def fork(prefix: str, run_dir: str, config: str, overrides: list[str]) -> None:
     """Copy the prefix into ``run_dir`` without its training stage and write the run's config."""
-    sys.path.insert(0, ROOT)
     from lopd_jax.settings.run_config import save_run_config
     from lopd_jax.programs.train import resolve_config
     from train.arms import resolve_arm
@@ -87,7 +86,6 @@ def record(run_dir: str, arm: str, seed: int, overrides: list[str], wall: float 
     led = _ledger(run_dir)
     if wall is None and os.path.exists(os.path.join(run_dir, WALL_FILE)):
         wall = json.load(open(os.path.join(run_dir, WALL_FILE)))["wall_seconds"]
-    sys.path.insert(0, ROOT)
     from train.metrics import read_metrics
 
     train = read_metrics(os.path.join(run_dir, "metrics.jsonl"), "lopd")  # a resumed run's redone steps once
@@ -132,8 +130,7 @@ def sweep_report(W: str, arms: list[str], seeds: list[int]) -> list[str]:
     """The finished runs in :mod:`lopd_jax.sweep`'s layout (``W/report/runs/<name>/seed<k>``,
     symlinks; ``m0`` is ``lopd__steps.margin=0``) and its report: ``results.json``,
     ``results.md`` and the figures, under ``W/report``."""
-    sys.path.insert(0, ROOT)
-    from lopd_jax.method.defaults import MARGIN
+    from lopd_jax.core.defaults import MARGIN
     from lopd_jax.programs.sweep import RunSpec
     from lopd_jax.programs.sweep_report import write_report
 
@@ -160,7 +157,7 @@ def sweep_report(W: str, arms: list[str], seeds: list[int]) -> list[str]:
 
 def main(argv=None) -> int:
     """Run or resume the prefix and every arm x seed; write results.json; print the table."""
-    p = argparse.ArgumentParser(prog="python benchmarks/miniature_core.py", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.miniature_core", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="miniature")
     p.add_argument("--workdir", required=True)
     p.add_argument("--arms", default="lopd,grpo,lopd_frozen_composer,m0")
@@ -169,7 +166,6 @@ def main(argv=None) -> int:
     p.add_argument("--report_only", action="store_true", help="only collect finished runs and write the reports")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args(argv)
-    sys.path.insert(0, ROOT)
     from lopd_jax.io.startup import configure_platform
 
     configure_platform()  # before JAX is imported (here and in the runs it starts): no libtpu noise on CPU

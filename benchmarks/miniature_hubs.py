@@ -1,6 +1,6 @@
 """Per-customer view of the miniature's final students: which customers' hubs each learned.
 
-    python benchmarks/miniature_hubs.py --workdir=W [--samples=3]
+    python -m benchmarks.miniature_hubs --workdir=W [--samples=3]
 
 For every finished run ``W/runs/ARM_sSEED`` (benchmarks/miniature_core.py) this evaluates
 the exported student on the held-out tasks of ``--config=miniature``'s task source with
@@ -25,15 +25,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def main(argv=None) -> int:
-    sys.path.insert(0, ROOT)
     from lopd_jax.io.startup import configure_platform
 
     configure_platform()  # before JAX is imported: no libtpu detection noise on CPU hosts
     from configs.miniature import CONFIG
-    from lopd_jax.envs.synthetic import SyntheticTaskSource
+    from lopd_jax.envs.synthetic.env import SyntheticTaskSource
     from lopd_jax.programs.evaluate import evaluate, parse_args
 
-    p = argparse.ArgumentParser(prog="python benchmarks/miniature_hubs.py", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.miniature_hubs", description=__doc__.split("\n\n")[0])
     p.add_argument("--workdir", required=True)
     p.add_argument("--samples", type=int, default=3)
     args = p.parse_args(argv)

@@ -3,7 +3,7 @@
 Episodes come from the run config's length distribution (``lengths``: prompt median 1,500,
 turns geometric mean 8, turn median 300 sigma 1.2, observation median 150 sigma 0.8) with
 issue 23's caps (at most 30 turns, 10,000 tokens per turn, 40,960 per episode);
-:mod:`train.engine_schedule` runs both schedules on the same episodes, in decode steps:
+:mod:`lopd_jax.rollout.schedule` runs both schedules on the same episodes, in decode steps:
 
 * static: ``slots`` rows per batch in lockstep, a turn lasts until the batch's longest;
 * engine: ``slots`` rows refilled from a FIFO queue, ``in_flight`` episodes started at
@@ -15,7 +15,7 @@ counts). ``steady`` is the engine's utilisation until the round's last episode s
 after that the round drains (its longest episodes finish alone), which is what more
 episodes per round amortise. Live tokens (what the page pool must hold) are per slice.
 
-    python benchmarks/sim_engine_schedule.py --slots 32 256 --episodes_per_slot 8 32
+    python -m benchmarks.sim_engine_schedule --slots 32 256 --episodes_per_slot 8 32
 """
 
 from __future__ import annotations
@@ -24,10 +24,8 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 from lopd_jax.settings.length_model import LengthConfig  # noqa: E402
-from train.engine_schedule import draw_episodes, pool_pages, simulate_engine, simulate_static  # noqa: E402
+from lopd_jax.rollout.schedule import draw_episodes, pool_pages, simulate_engine, simulate_static  # noqa: E402
 
 
 def main(argv=None) -> None:

@@ -9,7 +9,7 @@ Where the paper and the authors' release differ, these configs follow the releas
 """
 
 from lopd_jax.method.composer import ComposerConfig
-from lopd_jax.method.defaults import MARGIN, TOP_M
+from lopd_jax.core.defaults import MARGIN, TOP_M
 from lopd_jax.settings.config import (BankSection, CheckpointSection, EnvSection, ModelSection, RolloutSection,
                              StagesSection, TrainConfig)
 from lopd_jax.settings.length_model import LengthConfig

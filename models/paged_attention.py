@@ -27,7 +27,7 @@ backend :func:`resolve_backend` picks: ``"kernel"`` (the TPU Pallas kernel
 requirement; the tiny test models' is not), ``"xla"`` (the pure-JAX path) otherwise;
 either can be forced. With a mesh, the kernel path runs per shard under ``shard_map``: rows and pages
 over ``data``, KV heads over ``tensor`` (the inference layout,
-:mod:`train.inference_layout`). Page ids in the table stay **global** on both backends;
+:mod:`lopd_jax.rollout.layout`). Page ids in the table stay **global** on both backends;
 the kernel path subtracts its data shard's first page, so a row of data shard ``d`` must
 own pages of shard ``d``'s range (``d * P / D ..``) when ``data > 1``.
 """

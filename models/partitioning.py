@@ -10,9 +10,11 @@ size is not divisible by its mesh axes is replicated instead (recorded in
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Any, Sequence
 
 import jax
+import numpy as np
+from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
@@ -92,3 +94,27 @@ def constrain(x: jax.Array, logical: Sequence[str | None], rules: Rules | None) 
     if rules is None:
         return x
     return jax.lax.with_sharding_constraint(x, rules.sharding(logical, x.shape))
+def _is_var(x):
+    return isinstance(x, nnx.Variable)
+
+
+def split_state(module: nnx.Module, *filters):
+    """``nnx.split`` returning pure-dict states plus their logical axes.
+
+    Returns ``(graphdef, [pure_dict, ...], [axes_dict, ...])``, one per filter.
+    """
+    graphdef, *states = nnx.split(module, *filters)
+    pure = [s.to_pure_dict() for s in states]
+    axes = [nnx.State(jax.tree.map(lambda v: tuple(v.logical_axes), s, is_leaf=_is_var)).to_pure_dict()
+            if len(s) else {} for s in states]
+    return graphdef, pure, axes
+
+
+def tree_shardings(tree: Any, axes: Any, rules: Rules | None):
+    """NamedShardings for a pure-dict ``tree`` given its logical ``axes`` tree."""
+    if rules is None:
+        return None
+    return jax.tree.map(lambda x, a: rules.sharding(a, np.shape(x)), tree, axes,
+                        is_leaf=lambda a: isinstance(a, tuple) and all(isinstance(n, (str, type(None))) for n in a))
+
+

@@ -16,9 +16,6 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
 from train.distributed import initialize  # noqa: E402
 
 initialize(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
@@ -28,14 +25,14 @@ import numpy as np  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 
 from lopd_jax.chat.formats import make_chat_format  # noqa: E402
-from lopd_jax.envs.synthetic import SyntheticTaskSource  # noqa: E402
+from lopd_jax.envs.synthetic.env import SyntheticTaskSource  # noqa: E402
 from lopd_jax.chat.tokenizers import tiny_tokenizer  # noqa: E402
-from lopd_jax.method.types import StepResult  # noqa: E402
+from lopd_jax.core.types import StepResult  # noqa: E402
 from test_rollout import ScriptedLM, oracle_script  # noqa: E402
 from train import distributed, mesh as mesh_lib  # noqa: E402
-from train.engine import Engine
+from lopd_jax.rollout.engine import Engine
 from lopd_jax.settings.sections import EngineConfig, MeshConfig, RolloutConfig, SamplingParams  # noqa: E402
-from train.rollout import rollout, training_arrays  # noqa: E402
+from lopd_jax.rollout.episodes import rollout, training_arrays  # noqa: E402
 
 ROWS = 8
 

@@ -11,10 +11,10 @@ import types
 import pytest
 
 from lopd_jax.programs import eval_suite
-from lopd_jax.envs import acebench
-from lopd_jax.envs.acebench import (NORMAL_CATEGORIES, SPECIAL_CATEGORIES, ACEBenchTaskSource,
+from lopd_jax.envs.acebench import env as acebench
+from lopd_jax.envs.acebench.env import (NORMAL_CATEGORIES, SPECIAL_CATEGORIES, ACEBenchTaskSource,
                                     AnswerFormatError, decode_calls, grade, load_category)
-from lopd_jax.method.types import AssistantTurn, ToolCall
+from lopd_jax.core.types import AssistantTurn, ToolCall
 
 TIME = "The current time is 2024-06-11 16:00."
 

@@ -15,11 +15,11 @@ import shutil
 
 import pytest
 
-from lopd_jax.envs.acebench import ACEBenchTaskSource
-from lopd_jax.envs.acebench_agent import (MAX_MESSAGES, ACEBenchAgentEnvironment, check_end_state,
+from lopd_jax.envs.acebench.env import ACEBenchTaskSource
+from lopd_jax.envs.acebench.agent import (MAX_MESSAGES, ACEBenchAgentEnvironment, check_end_state,
                                           load_agent_category, parse_agent_calls, process_accuracy)
-from lopd_jax.envs.acebench_scenarios import build_instances, end_state, execute
-from lopd_jax.method.types import AssistantTurn, ToolCall
+from lopd_jax.envs.acebench.scenarios import build_instances, end_state, execute
+from lopd_jax.core.types import AssistantTurn, ToolCall
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "acebench")
 

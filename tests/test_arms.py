@@ -13,7 +13,8 @@ from flax import nnx
 
 from lopd_jax.method.composer import ComposerConfig
 from lopd_jax.settings.errors import ConfigError
-from lopd_jax.settings.overrides import apply_overrides, load_config
+from configs import load_config
+from lopd_jax.settings.overrides import apply_overrides
 from lopd_jax.method.splice import SpliceLayout
 from lopd_jax.method.text_context import (FRAMING, align_teacher_hidden, context_block_ids, pack_blocks,
                                    text_teacher_inputs)
@@ -145,8 +146,8 @@ def _arm_ctx(arm):
 
 
 def _traj(task, reward, tok):
-    from lopd_jax.envs.synthetic import oracle_calls
-    from train.rollout import Trajectory
+    from lopd_jax.envs.synthetic.env import oracle_calls
+    from lopd_jax.rollout.episodes import Trajectory
     calls, answer = oracle_calls(task)
     msgs = [{"role": "user", "content": task.instruction}]
     for c in calls:

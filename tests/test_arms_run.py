@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from lopd_jax.settings.arm_config import ARMS
-from lopd_jax.settings.overrides import apply_overrides, load_config
+from configs import load_config
+from lopd_jax.settings.overrides import apply_overrides
 
 SHORT = ["stages.warmup_steps=0", "stages.cold_start_steps=1", "stages.lopd_steps=1", "stages.eval_tasks=1",
          "stages.eval_every=0", "env.tasks_per_step=8", "env.kwargs.n_train_per_family=1",

@@ -3,8 +3,8 @@
 import numpy as np
 from flax import nnx
 
-from train.backbone_embedder import BackboneEmbedder
-from lopd_jax.chat.tokenizers import tiny_tokenizer
+from lopd_jax.method.backbone_embedder import BackboneEmbedder
+from lopd_jax.chat.tokenizers import hf_tokenizer, tiny_tokenizer
 from models.config import named_config
 from models.decoder import Decoder
 
@@ -58,7 +58,7 @@ def test_qwen3_embedding_pools_endoftext_151643_like_transformers(tmp_path):
             p.add_(torch.randn_like(p) * 0.05)
     hf.save_pretrained(str(tmp_path))
     tok.save_pretrained(str(tmp_path))
-    emb = BackboneEmbedder.from_pretrained(str(tmp_path))
+    emb = BackboneEmbedder.from_pretrained(str(tmp_path), hf_tokenizer(str(tmp_path)))
     texts = ["Book room 101 for Ana.", "Deposit 30 into the savings account of Bo, then report the balance."]
     rows = [emb.token_ids(t) for t in texts]
     assert all(r[-1] == 151643 for r in rows) and tok.eos_token_id == 151645

@@ -7,8 +7,8 @@ import pytest
 pytest.importorskip("bfcl_eval", reason="bfcl-eval is not installed; install it with "
                                         "`pip install --no-deps bfcl-eval`")
 
-from lopd_jax.envs.bfcl import BFCLTaskSource, ground_truth_turns  # noqa: E402
-from lopd_jax.method.types import AssistantTurn, ToolCall  # noqa: E402
+from lopd_jax.envs.bfcl.env import BFCLTaskSource, ground_truth_turns  # noqa: E402
+from lopd_jax.core.types import AssistantTurn, ToolCall  # noqa: E402
 
 
 def _text(s="Done."):

@@ -8,7 +8,7 @@ from lopd_jax.chat.olmo3 import Olmo3ChatFormat
 from lopd_jax.chat.qwen3 import Qwen3ChatFormat
 from lopd_jax.chat.tokenizers import qwen3_tokenizer, tiny_tokenizer
 from lopd_jax.method.composer import LatentFraming
-from lopd_jax.method.types import ToolCall
+from lopd_jax.core.types import ToolCall
 
 TOOLS = [
     {"type": "function", "function": {

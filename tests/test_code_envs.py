@@ -6,9 +6,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from lopd_jax.envs.code import (HumanEvalTaskSource, TacoTaskSource, extract_code,
+from lopd_jax.envs.code.env import (HumanEvalTaskSource, TacoTaskSource, extract_code,
                                 reference_answer)
-from lopd_jax.method.types import AssistantTurn, ToolCall
+from lopd_jax.core.types import AssistantTurn, ToolCall
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "taco")
 TACO_FILES = [os.path.join(FIXTURES, "stdin.jsonl"), os.path.join(FIXTURES, "fncall.jsonl")]

@@ -4,10 +4,10 @@ import math
 
 import pytest
 
-from lopd_jax.envs.code_checker import strict_equal
-from lopd_jax.envs.code_grading import call_match, evaluate_code, stdout_match
-from lopd_jax.envs.sandbox import SandboxConfig
-from lopd_jax.envs.wire import wire_decode, wire_encode
+from lopd_jax.envs.code.checker import strict_equal
+from lopd_jax.envs.code.grading import call_match, evaluate_code, stdout_match
+from lopd_jax.envs.code.sandbox import SandboxConfig
+from lopd_jax.envs.workers.wire import wire_decode, wire_encode
 
 CONFIG = SandboxConfig(timeout_s=5.0)
 

@@ -1,5 +1,6 @@
 """The AOT compile check: run configs + overrides on a small TPU topology (libtpu, no chips), and the\nsame step inputs as the trainer."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -49,7 +50,8 @@ def test_compile_check_and_trainer_build_the_same_step():
     trainer's RunContext builds its LOPD system from (model, composer, step, mesh, shapes,
     latent-block layout)."""
     from lopd_jax.programs.compile_check import parse_args, run_config, step_inputs
-    from lopd_jax.settings.overrides import apply_overrides, load_config
+    from configs import load_config
+    from lopd_jax.settings.overrides import apply_overrides
     from train.run_context import RunContext
 
     overrides = ["env.kwargs.n_train_per_family=1", "env.kwargs.n_heldout_per_family=1", "steps.micro_batch=2",
@@ -162,7 +164,7 @@ def test_splash_kernel_flops_counts_calls_by_phase_and_causal_blocks():
 def test_paper_configs_give_concrete_step_shapes():
     """The release-parity configs leave experience inputs uncut (``None``); the compile
     check still gets one concrete shape per input (the documented bucket assumption)."""
-    from lopd_jax.settings.overrides import load_config
+    from configs import load_config
     from train.step_spec import UNCUT_EXP_LEN, abstract_lopd_batch, step_spec
 
     for name in ("qwen3_8b", "qwen3_4b"):
@@ -177,11 +179,9 @@ def test_paper_configs_give_concrete_step_shapes():
 def test_tpu_worker_version_check(tmp_path):
     """tpu_scripts/check_versions.py (run by setup.sh on every worker) reads the lock's pins
     and fails on a missing package, a version off the lock, or jax and jaxlib apart."""
-    sys.path.insert(0, os.path.join(ROOT, "tpu_scripts"))
-    try:
-        import check_versions as cv
-    finally:
-        sys.path.pop(0)
+    spec = importlib.util.spec_from_file_location("check_versions", os.path.join(ROOT, "tpu_scripts", "check_versions.py"))
+    cv = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cv)
     f = tmp_path / "c.txt"
     f.write_text("# lock\njax==0.10.2\njaxlib==0.10.2  # cpu\nlibtpu==0.0.42.1\nnumpy>=1\n")
     expected = cv.pins(str(f))
@@ -203,7 +203,8 @@ def test_compile_check_steps_follow_the_run_config():
     the cold start (composer arms), then the arm's step; ``--steps`` picks some, by name."""
     from lopd_jax.programs.compile_buckets import stage_steps
     from lopd_jax.programs.compile_check import selected_steps
-    from lopd_jax.settings.overrides import apply_overrides, load_config
+    from configs import load_config
+    from lopd_jax.settings.overrides import apply_overrides
 
     tiny = load_config("tiny")
     assert stage_steps(tiny) == ["warmup", "cold_start", "lopd"]

@@ -1,6 +1,6 @@
 """python -m lopd_jax.compile_sampler: sizes the engine from the run config (slots, the page
 pool from the simulated live tokens), compiles one process's engine decode call on its
-inference layout (as :class:`train.engine.Engine` builds it from the ``engine`` section)
+inference layout (as :class:`lopd_jax.rollout.engine.Engine` builds it from the ``engine`` section)
 and the reshard, and reports memory and the roofline. On a CPU topology (tiny config with
 ``engine.devices=0``: a 4 x 2 mesh; about 10 s per compile, unrolled and scanned layers)
 and, with libtpu, for v5p-8 with the TPU kernel in the step (1 qwen3_8b layer, 8 slots;
@@ -14,9 +14,9 @@ import sys
 import pytest
 
 from lopd_jax.programs import compile_sampler
-from lopd_jax.settings.overrides import load_config
+from configs import load_config
 from models.config import named_config
-from train.engine_schedule import pool_pages
+from lopd_jax.rollout.schedule import pool_pages
 
 
 def test_tiny_on_cpu_sizes_and_compiles_the_engine(tmp_path, capsys):

@@ -1,6 +1,6 @@
 """Base + Composer evaluation: latent-conditioned rollouts and ``evaluate --composer_from``.
 
-* A rollout with a :class:`train.rollout.LatentContext` whose latents are the embeddings of
+* A rollout with a :class:`lopd_jax.rollout.episodes.LatentContext` whose latents are the embeddings of
   the slot token equals plain sampling of the teacher-format prompt ids (block inserted at
   the first user message's content): the splice is at the right place and really used;
   other latents change the log-probs; trajectories keep the student's ids.
@@ -18,12 +18,12 @@ import pytest
 
 from lopd_jax.chat.formats import make_chat_format
 from lopd_jax.method.composer import LatentFraming
-from lopd_jax.envs.synthetic import SyntheticTaskSource
+from lopd_jax.envs.synthetic.env import SyntheticTaskSource
 from lopd_jax.method.splice import SpliceLayout
 from lopd_jax.chat.tokenizers import tiny_tokenizer
-from train.engine import Engine, EpisodeSpec
+from lopd_jax.rollout.engine import Engine, EpisodeSpec
 from lopd_jax.settings.sections import EngineConfig, RolloutConfig, SamplingParams
-from train.rollout import LatentContext, rollout
+from lopd_jax.rollout.episodes import LatentContext, rollout
 
 GREEDY = SamplingParams(temperature=0.0)
 

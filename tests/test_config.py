@@ -7,7 +7,8 @@ import pytest
 
 from lopd_jax.settings.config import TrainConfig
 from lopd_jax.settings.errors import ConfigError
-from lopd_jax.settings.overrides import apply_overrides, from_dict, known_configs, load_config, to_dict
+from configs import known_configs, load_config
+from lopd_jax.settings.overrides import apply_overrides, from_dict, to_dict
 from lopd_jax.settings.run_config import check_resume, config_diff, load_run_config, save_run_config
 
 pytestmark = pytest.mark.timeout(60)

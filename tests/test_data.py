@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from lopd_jax.method.types import Task
+from lopd_jax.core.types import Task
 from train.data import TaskPipeline
 
 pytestmark = pytest.mark.timeout(60)

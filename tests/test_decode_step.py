@@ -10,8 +10,8 @@ from flax import nnx
 
 from models.config import LoraConfig, named_config
 from models.decoder import Decoder
-from train.decode_step import decode_step, from_layers, layer_weights, to_layers
-from train.sampler import BucketConfig, Sampler
+from lopd_jax.rollout.decode_step import decode_step, from_layers, layer_weights, to_layers
+from benchmarks.static_sampler import BucketConfig, Sampler
 from lopd_jax.settings.sections import SamplingParams
 
 

@@ -14,7 +14,7 @@ import os
 import jax
 import numpy as np
 
-from lopd_jax import demo
+from lopd_jax.programs import demo
 from lopd_jax.programs.composer_eval import load_composer_run
 from lopd_jax.programs.premise import oracle_logprob
 from lopd_jax.settings.run_config import check_resume, load_run_config

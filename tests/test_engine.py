@@ -1,8 +1,8 @@
-"""The continuous-batching engine (train/engine.py): greedy equality with
+"""The continuous-batching engine (lopd_jax/rollout/engine.py): greedy equality with
 ``transformers.generate`` over several turns with more episodes than slots (Qwen3 GQA and
 Olmo-3 with a sliding window shorter than the sequence), sampled trajectories independent
 of the slot count, a full page pool (waits and preemptions), failing / sleeping
-environments, stop strings, input-embedding overrides, and :func:`train.rollout.rollout` on
+environments, stop strings, input-embedding overrides, and :func:`lopd_jax.rollout.episodes.rollout` on
 the engine independent of the batch split and the slots."""
 
 import threading
@@ -14,7 +14,7 @@ import torch
 import transformers
 
 from models import from_pretrained
-from train.engine import Engine, EpisodeSpec
+from lopd_jax.rollout.engine import Engine, EpisodeSpec
 from lopd_jax.settings.sections import EngineConfig, SamplingParams
 
 V = 96
@@ -243,14 +243,14 @@ def test_input_embeddings_replace_their_positions_and_first_id_names_the_episode
 
 
 def test_rollout_trajectories_do_not_depend_on_the_batch_split_or_slots():
-    """:func:`train.rollout.rollout` on the tiny policy, sampled: 4 tasks in one call on 4
+    """:func:`lopd_jax.rollout.episodes.rollout` on the tiny policy, sampled: 4 tasks in one call on 4
     slots == the same tasks in two calls of 2 (``first_episode``) on 2 slots, one episode
     in flight at a time; chat format, environments and caps included."""
     from lopd_jax.chat.formats import make_chat_format
-    from lopd_jax.envs.synthetic import SyntheticTaskSource
+    from lopd_jax.envs.synthetic.env import SyntheticTaskSource
     from lopd_jax.programs.evaluate import load_policy
     from lopd_jax.settings.sections import RolloutConfig
-    from train.rollout import rollout
+    from lopd_jax.rollout.episodes import rollout
 
     model, tok, _ = load_policy("tiny", seed=1)
     fmt = make_chat_format("qwen3", tok)

@@ -1,4 +1,4 @@
-"""The engine on its inference layout (train/engine.py, train/inference_layout.py): a
+"""The engine on its inference layout (lopd_jax/rollout/engine.py, lopd_jax/rollout/layout.py): a
 rollout on a 2 x 2 (data x tensor) mesh of CPU devices, from FSDP-sharded fp32 training
 params with a trained LoRA, gives one device's greedy tokens and log-probs (within 1e-5)
 and the same sampled trajectories, with more episodes than slots and several turns; the
@@ -14,7 +14,8 @@ from lopd_jax.settings.errors import ConfigError
 from models.config import LoraConfig, named_config
 from models.decoder import Decoder
 from train import mesh as mesh_lib
-from train.engine import Engine, EpisodeSpec
+from models.partitioning import split_state, tree_shardings
+from lopd_jax.rollout.engine import Engine, EpisodeSpec
 from lopd_jax.settings.sections import EngineConfig, SamplingParams
 
 STOPS = (0, 17)
@@ -32,8 +33,8 @@ def student():
         b = getattr(model, f"lora_{name}_b")
         b.set_value(0.05 * jax.random.normal(jax.random.key(i), b[...].shape))
     train_mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig(data=1, fsdp=8, tensor=1))
-    _, (params,), (axes,) = mesh_lib.split_state(model)
-    params = mesh_lib.put(params, mesh_lib.tree_shardings(params, axes, mesh_lib.rules_for(train_mesh)))
+    _, (params,), (axes,) = split_state(model)
+    params = mesh_lib.put(params, tree_shardings(params, axes, mesh_lib.rules_for(train_mesh)))
     assert len(params["q"].sharding.device_set) == 8
     return model, params
 

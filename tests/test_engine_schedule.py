@@ -1,8 +1,8 @@
-"""The schedule model (train/engine_schedule.py) on hand-made episodes whose utilisation
+"""The schedule model (lopd_jax/rollout/schedule.py) on hand-made episodes whose utilisation
 is known, and the rollout's caps on drawn episodes. Pure Python, well under a second."""
 
 from lopd_jax.settings.length_model import LengthConfig
-from train.engine_schedule import Episode, draw_episodes, pool_pages, simulate_engine, simulate_static
+from lopd_jax.rollout.schedule import Episode, draw_episodes, pool_pages, simulate_engine, simulate_static
 
 
 def test_static_waits_for_the_longest_turn_and_the_engine_refills():

@@ -7,10 +7,11 @@ import time
 import psutil
 import pytest
 
-from lopd_jax.envs import registry, worker_pool
+from lopd_jax.envs import registry
+from lopd_jax.envs.workers import pool as worker_pool
 from lopd_jax.envs.envscaler import EnvScalerTaskSource, load_scenarios
-from lopd_jax.envs.isolation import ResourceLimits, Worker, WorkerCrashed
-from lopd_jax.method.types import AssistantTurn, ToolCall
+from lopd_jax.envs.workers.isolation import ResourceLimits, Worker, WorkerCrashed
+from lopd_jax.core.types import AssistantTurn, ToolCall
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures", "envscaler")
 ENV_ITEMS = os.path.join(FIX, "env_items.json")

@@ -5,10 +5,10 @@ import pytest
 from lopd_jax.envs import registry
 from lopd_jax.envs.base import (EpisodeStats, Toolbox, ToolError, parse_docstring,
                                 tool_schema_from_function, validate_arguments)
-from lopd_jax.envs.synthetic import (SyntheticTaskSource, oracle_calls, oracle_turns,
+from lopd_jax.envs.synthetic.env import (SyntheticTaskSource, oracle_calls, oracle_turns,
                                      render_tool_call)
-from lopd_jax.envs.synthetic_domains import DOMAINS, FAMILIES, Bank
-from lopd_jax.method.types import AssistantTurn, ToolCall
+from lopd_jax.envs.synthetic.domains import DOMAINS, FAMILIES, Bank
+from lopd_jax.core.types import AssistantTurn, ToolCall
 
 
 @pytest.fixture(scope="module")
@@ -325,7 +325,7 @@ def dispatch():
 
 
 def test_dispatch_is_opt_in_and_the_default_families_are_unchanged():
-    from lopd_jax.envs.synthetic_domains import ALL_FAMILIES, OPT_IN_FAMILIES
+    from lopd_jax.envs.synthetic.domains import ALL_FAMILIES, OPT_IN_FAMILIES
 
     assert "dispatch.ship" in OPT_IN_FAMILIES and "dispatch.ship" not in FAMILIES
     assert set(ALL_FAMILIES) == set(FAMILIES) | set(OPT_IN_FAMILIES)
@@ -336,7 +336,7 @@ def test_dispatch_is_opt_in_and_the_default_families_are_unchanged():
 
 
 def test_dispatch_hidden_rule_is_consistent_across_splits_and_seeded(dispatch):
-    from lopd_jax.envs.synthetic_domains import CUSTOMERS, HUBS
+    from lopd_jax.envs.synthetic.domains import CUSTOMERS, HUBS
 
     rule = dispatch.hidden_rule("dispatch.ship")
     assert set(rule) == set(CUSTOMERS) and set(rule.values()) == set(HUBS)
@@ -371,8 +371,8 @@ def test_dispatch_warmup_tasks_are_separate_and_their_hub_is_random(dispatch):
 
 
 def test_dispatch_checks_oracle_and_hint(dispatch):
-    from lopd_jax.envs.synthetic import oracle_hint
-    from lopd_jax.envs.synthetic_domains import HUBS
+    from lopd_jax.envs.synthetic.env import oracle_hint
+    from lopd_jax.envs.synthetic.domains import HUBS
 
     for t in dispatch.tasks("train") + dispatch.tasks("heldout"):
         result, obs, env = run(dispatch, t, oracle_turns(t))

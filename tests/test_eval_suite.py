@@ -10,12 +10,11 @@ import types
 import pytest
 
 from lopd_jax.programs import eval_suite
-from lopd_jax.envs.bfcl import ground_truth_turns
-from lopd_jax.envs.code import HumanEvalTaskSource
+from lopd_jax.envs.bfcl.env import ground_truth_turns
+from lopd_jax.envs.code.env import HumanEvalTaskSource
 from lopd_jax.envs.envscaler import EnvScalerTaskSource
-from lopd_jax.method.types import AssistantTurn
+from lopd_jax.core.types import AssistantTurn
 
-sys.path.insert(0, os.path.dirname(__file__))
 import test_evalplus  # noqa: E402  (the release-format fixture rows)
 import test_livecodebench  # noqa: E402
 
@@ -105,7 +104,7 @@ def test_reference_answers_score_100_and_missing_files_are_not_run(tmp_path):
     def answer(task):
         if task.env_id == "livecodebench":
             return [_text(f"```python\n{answers[task.task_id]}```")]
-        from lopd_jax.envs.code import reference_answer
+        from lopd_jax.envs.code.env import reference_answer
         p = task.payload
         return [_text(reference_answer(task) if p["kind"] == "humaneval"
                       else f"```python\n{p['prompt']}{p['canonical_solution']}\n```")]

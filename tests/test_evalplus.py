@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from lopd_jax.envs.evalplus import (EvalPlusTaskSource, expected_outputs, grade, load_problems, output_matches,
+from lopd_jax.envs.code.evalplus import (EvalPlusTaskSource, expected_outputs, grade, load_problems, output_matches,
                                     time_limits)
-from lopd_jax.method.types import AssistantTurn
+from lopd_jax.core.types import AssistantTurn
 
 # Rows in the exact layout of HumanEvalPlus-v0.1.10.jsonl.gz / MbppPlus-v0.2.0.jsonl.gz.
 HE_ROWS = [
@@ -134,7 +134,7 @@ def test_reading_the_data_file_gets_nothing(sources, tmp_path):
              "row = [r for r in rows if r['entry_point'] == 'longest'][0]\n"
              "exec(row['prompt'] + row['canonical_solution'])\n")
     reward, feedback, status, _ = grade(task.payload, thief, he.sandbox)
-    from lopd_jax.envs.sandbox import SandboxConfig, run_python
+    from lopd_jax.envs.code.sandbox import SandboxConfig, run_python
     probe = run_python(f"open({he.path!r}, 'rb').read()", config=he.sandbox)
     if not probe.enforced.get("hidden_paths"):
         pytest.skip("this host cannot hide paths (no mount namespace)")

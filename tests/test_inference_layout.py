@@ -1,4 +1,4 @@
-"""The sampling layout (train/inference_layout.py): the trainer's FSDP fp32 params with a
+"""The sampling layout (lopd_jax/rollout/layout.py): the trainer's FSDP fp32 params with a
 trained LoRA, resharded in one jitted call to bf16 merged weights on a data x tensor mesh
 of 8 CPU devices, give the training layout's logits within bf16 tolerance."""
 
@@ -16,8 +16,9 @@ from models.config import LoraConfig, named_config
 from models.decoder import Decoder
 from lopd_jax.settings.sections import MeshConfig
 from train import mesh as mesh_lib
-from train import inference_layout
-from train.inference_layout import (default_tensor, inference_mesh, inference_shardings, local_params,
+from models.partitioning import split_state, tree_shardings
+from lopd_jax.rollout import layout as inference_layout
+from lopd_jax.rollout.layout import (default_tensor, inference_mesh, inference_shardings, local_params,
                                     merge_lora_cast, reshard_cost)
 
 
@@ -36,8 +37,8 @@ def test_reshard_gives_the_training_logits_in_bf16():
     cfg, model = _trained_student()
     train_mesh = mesh_lib.make_mesh(MeshConfig(data=1, fsdp=8, tensor=1))
     rules = mesh_lib.rules_for(train_mesh)
-    _, (params,), (axes,) = mesh_lib.split_state(model)
-    train_sh = mesh_lib.tree_shardings(params, axes, rules)
+    _, (params,), (axes,) = split_state(model)
+    train_sh = tree_shardings(params, axes, rules)
     params = mesh_lib.put(params, train_sh)
     ids = jax.random.randint(jax.random.key(1), (4, 12), 1, cfg.vocab_size)
     ref = nnx.jit(lambda m, x: m(x, lora=True))(model, ids).astype(jnp.float32)
@@ -83,9 +84,9 @@ from lopd_jax.io.startup import configure_platform
 configure_platform()
 import json
 from lopd_jax.programs.compile_check import topology_devices
-from lopd_jax.settings.overrides import load_config
+from configs import load_config
 from train import mesh as mesh_lib
-from train.inference_layout import _global_layout
+from lopd_jax.rollout.layout import _global_layout
 devices, _, _ = topology_devices("v5p-32")
 order = list(mesh_lib.make_mesh(load_config("qwen3_8b").mesh, devices).devices.flat)
 gmesh, grid = _global_layout(order, 4)

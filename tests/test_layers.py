@@ -1,47 +1,47 @@
 """Floors of the code, read from the import statements (module- and function-level), top first.
 
-    6 programs   the command lines (``lopd_jax/*.py``) and what they run              lopd_jax/*.py,
-                 (``lopd_jax/programs/``: train, evaluate, export, sweep, premise,    lopd_jax/programs/
-                 the compile checks, the evaluation suite)
-    5 train      the training machinery: mesh, system, steps, rollout engine,         train/
-                 checkpoints, the stages and the loop (``train/loop.py`` on top)
-    4 settings   the run config: schema, its section dataclasses, overrides, the      lopd_jax/settings/,
-                 saved config, arms, length model; the named configs                  configs/
-    3 envs       environments and task sources                                        lopd_jax/envs/
-    2 chat       chat formats, templates, tokenizers, tool-call limits                lopd_jax/chat/
-    1 method     what LOPD is: losses, composer, compressor, splice, bank,            lopd_jax/method/
-                 embedders, text context, evaluation statistics, types
-    0 models, io the backbone (decoder, LoRA, Hugging Face / GGUF import and          models/,
-                 export); files, paths and the process start-up                       lopd_jax/io/
+    8 programs   the command lines (``lopd_jax/*.py``) and their bodies            lopd_jax/*.py,
+                 (``lopd_jax/programs/``: train, evaluate, export, sweep, premise,   lopd_jax/programs/
+                 demo, the compile checks, the evaluation suite)
+    7 train      training only: mesh, system, jitted steps, length-aware batches,  train/
+                 checkpoints, metrics, the stages and the loop (``train/loop.py``)
+    6 rollout    inference: the engine, its device calls, paged steps, sampling,   lopd_jax/rollout/
+                 the inference layout, chat episodes, the schedule model
+    5 configs    the named run configs and their lookup                            configs/
+    4 settings   the run config schema: sections, overrides, the saved config,     lopd_jax/settings/
+                 arms, length model
+    3 envs       environments and task sources, grouped by benchmark               lopd_jax/envs/
+    2 chat       chat formats, templates, tokenizers, tool-call limits             lopd_jax/chat/
+    1 method     what LOPD is: losses, composer, compressor, splice, bank,         lopd_jax/method/
+                 embedders, text context, evaluation statistics
+    0 base       the backbone (decoder, LoRA, HF / GGUF import and export); the    models/, lopd_jax/core/,
+                 shared vocabulary (types, shapes, defaults); files, paths, start   lopd_jax/io/
 
 A module imports from its own floor and the floors below it, never from a floor above, and
 no set of project modules imports itself round a circle (function-level imports count:
-they hide a circle, they do not break it).
-
-``train/`` sits above the settings, not below: it reads its section dataclasses (mesh,
-steps, sampling, rollout caps, engine) from :mod:`lopd_jax.settings.sections`, and the
-config schema needs nothing from ``train/``. A program is a command line in
-``lopd_jax/*.py`` that picks JAX's platform and then imports its body from
-``lopd_jax/programs/``.
+they hide a circle, they do not break it). docs/architecture.md draws the floors.
 """
 
 import ast
 import os
+import re
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("models", "lopd_jax", "train", "configs")
-NAMES = ("models, io", "method", "chat", "envs", "settings", "train", "programs")
+NAMES = ("base", "method", "chat", "envs", "settings", "configs", "rollout", "train", "programs")
 # the floor of each package (longest prefix wins); lopd_jax's own modules are the programs
 FLOORS = {
-    "models": 0, "lopd_jax.io": 0, "lopd_jax": 0,
+    "models": 0, "lopd_jax.io": 0, "lopd_jax.core": 0, "lopd_jax": 0,
     "lopd_jax.method": 1,
     "lopd_jax.chat": 2,
     "lopd_jax.envs": 3,
-    "lopd_jax.settings": 4, "configs": 4,
-    "train": 5,
-    "lopd_jax.programs": 6,
+    "lopd_jax.settings": 4,
+    "configs": 5,
+    "lopd_jax.rollout": 6,
+    "train": 7,
+    "lopd_jax.programs": 8,
 }
 
 
@@ -50,8 +50,8 @@ def floor(module: str) -> int | None:
     if module.split(".")[0] not in PACKAGES:
         return None
     if module.startswith("lopd_jax.") and module.count(".") == 1 and module not in {
-            f"lopd_jax.{p}" for p in ("io", "method", "chat", "envs", "settings", "programs")}:
-        return 6  # lopd_jax/NAME.py: a command line
+            f"lopd_jax.{p}" for p in ("io", "core", "method", "chat", "envs", "settings", "rollout", "programs")}:
+        return FLOORS["lopd_jax.programs"]  # lopd_jax/NAME.py: a command line
     best = max((p for p in FLOORS if module == p or module.startswith(p + ".")), key=len)
     return FLOORS[best]
 
@@ -190,10 +190,11 @@ def test_nothing_in_train_imports_the_loop():
 
 
 @pytest.mark.parametrize("module,expected", [
-    ("models.decoder", 0), ("lopd_jax.io.files", 0), ("lopd_jax.method.losses", 1),
-    ("lopd_jax.chat.base", 2), ("lopd_jax.envs.base", 3), ("lopd_jax.settings.config", 4),
-    ("configs.tiny", 4), ("train.loop", 5), ("lopd_jax.train", 6), ("lopd_jax.programs.train", 6),
-    ("lopd_jax.programs", 6), ("numpy", None),
+    ("models.decoder", 0), ("lopd_jax.io.files", 0), ("lopd_jax.core.types", 0),
+    ("lopd_jax.method.losses", 1), ("lopd_jax.chat.base", 2), ("lopd_jax.envs.base", 3),
+    ("lopd_jax.envs.code.grading", 3), ("lopd_jax.settings.config", 4), ("configs.tiny", 5),
+    ("configs", 5), ("lopd_jax.rollout.engine", 6), ("train.loop", 7), ("lopd_jax.train", 8),
+    ("lopd_jax.programs.train", 8), ("lopd_jax.programs", 8), ("numpy", None),
 ])
 def test_floor_of(module, expected):
     assert floor(module) == expected
@@ -245,3 +246,47 @@ def test_checker_finds_a_circle_through_a_project_module(tmp_path):
         looped.write_text(f.read() + "\n\ndef _back():\n    from train.loop import run\n")
     found = cycles({**project_modules(), "train.arms": str(looped)})
     assert any({"train.arms", "train.loop"} <= set(c) for c in found), found
+
+
+def test_every_command_is_a_console_script():
+    """Each command line ``lopd_jax/NAME.py`` is installed as ``lopd-NAME`` (pyproject)."""
+    import tomllib
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        scripts = tomllib.load(f)["project"]["scripts"]
+    commands = sorted(m for m in project_modules() if floor(m) == FLOORS["lopd_jax.programs"]
+                      and m.count(".") == 1 and not m.startswith("lopd_jax.programs"))
+    assert commands, "no command lines found"
+    assert sorted(scripts.values()) == sorted(f"{m}:main" for m in commands), (scripts, commands)
+
+
+def test_no_checkout_on_sys_path_in_tests_or_benchmarks():
+    """Tests and benchmarks import the installed packages (``make`` installs them editable;
+    pytest's ``pythonpath`` and ``python -m benchmarks.NAME`` cover the rest): none puts the
+    checkout on ``sys.path`` itself. A parity benchmark may add the upstream checkout the user
+    names (``--upstream``), which is not ours to install."""
+    found = []
+    for folder in ("tests", "benchmarks"):
+        for name in sorted(os.listdir(os.path.join(ROOT, folder))):
+            if name.endswith(".py"):
+                with open(os.path.join(ROOT, folder, name)) as f:
+                    for i, line in enumerate(f, 1):
+                        if re.search(r"sys\.path\.(insert|append)\(", line):
+                            if "args.upstream" not in line:
+                                found.append(f"{folder}/{name}:{i}: {line.strip()}")
+    assert not found, "\n".join(found)
+
+
+def test_inference_floor_needs_nothing_from_training():
+    """``lopd_jax/rollout/`` (the engine and episodes) imports nothing from ``train/`` and the
+    static sampler is not part of the library."""
+    mods = project_modules()
+    assert not [e for e in edges(mods) if e[0].startswith("lopd_jax.rollout") and e[2].startswith("train")]
+    assert not [m for m in mods if m.rpartition(".")[2] == "sampler"], "the static sampler belongs to benchmarks/"
+
+
+def test_envs_grouped_by_benchmark():
+    """``lopd_jax/envs/`` holds the shared environment interface and one folder per benchmark
+    family (plus the worker processes they share), not one flat list."""
+    flat = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "lopd_jax", "envs")) if f.endswith(".py"))
+    assert flat == ["__init__", "base", "envscaler", "privileged", "registry"], flat

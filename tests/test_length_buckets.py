@@ -9,7 +9,8 @@ import pytest
 
 from lopd_jax.settings.errors import ConfigError
 from lopd_jax.settings.length_model import LengthConfig, pass_tokens, plan_passes, sample_lengths
-from lopd_jax.settings.overrides import apply_overrides, load_config
+from configs import load_config
+from lopd_jax.settings.overrides import apply_overrides
 from lopd_jax.method.splice import SpliceLayout
 from train import mesh as mesh_lib
 from train.bucketed_steps import (BucketedGRPOStep, BucketedLOPDStep, bucketed_batch, grpo_bucketed_batch,

@@ -8,9 +8,9 @@ import zlib
 
 import pytest
 
-from lopd_jax.envs.livecodebench import (LiveCodeBenchTaskSource, decode_private_tests, grade,
+from lopd_jax.envs.code.livecodebench import (LiveCodeBenchTaskSource, decode_private_tests, grade,
                                          stdout_matches)
-from lopd_jax.method.types import AssistantTurn
+from lopd_jax.core.types import AssistantTurn
 
 
 def _blob(tests) -> str:
@@ -115,7 +115,7 @@ def test_hostile_programs_do_not_pass(release):
              "tests = json.loads(pickle.loads(zlib.decompress(base64.b64decode(rows[0]['private_test_cases']))))\n"
              "import sys\ndata = sys.stdin.read()\n"
              "print(next(t['output'] for t in tests if t['input'] == data))\n")
-    from lopd_jax.envs.sandbox import run_python
+    from lopd_jax.envs.code.sandbox import run_python
     probe = run_python(f"open({str(release / 'test.jsonl')!r}).read()", config=source.sandbox)
     if probe.enforced.get("hidden_paths"):
         assert grade(task["abc001_a"].payload, thief, source.sandbox)[0] == 0.0

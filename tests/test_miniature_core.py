@@ -1,20 +1,12 @@
 """benchmarks/miniature_core.py: a forked run's saved config passes the resume check of
 ``python -m lopd_jax.train`` for every arm (the frozen-composer arm once failed it)."""
 
-import importlib.util
 import json
 import os
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("miniature_core", os.path.join(ROOT, "benchmarks", "miniature_core.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from benchmarks import miniature_core
 
 
 @pytest.mark.parametrize("arm", ["lopd", "lopd_frozen_composer", "grpo", "m0"])
@@ -22,7 +14,7 @@ def test_fork_saves_a_config_the_training_cli_resumes(tmp_path, arm):
     from lopd_jax.settings.run_config import check_resume, load_run_config, save_run_config
     from lopd_jax.programs.train import resolve_config
 
-    core = _module()
+    core = miniature_core
     prefix = str(tmp_path / "prefix")
     save_run_config(resolve_config(["--config=tiny", f"--workdir={prefix}", "stages.lopd_steps=0"]), prefix)
     with open(os.path.join(prefix, "stages.json"), "w") as f:
@@ -41,7 +33,7 @@ def test_fork_saves_a_config_the_training_cli_resumes(tmp_path, arm):
 def test_report_of_finished_runs_only(tmp_path):
     """``--report_only`` over a sweep with no finished run: an empty report (its imports,
     which once named a moved constant, run first)."""
-    core = _module()
+    core = miniature_core
     os.makedirs(tmp_path / "runs" / "lopd_s0")
     assert core.sweep_report(str(tmp_path), ["lopd", "m0"], [0, 1]) == []
     assert "| arm |" in core.table([])

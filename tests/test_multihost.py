@@ -46,7 +46,9 @@ TIMEOUT = 2400  # generous: a shared 2-core box; on an idle one a run takes a fe
 
 def _env(devices: int, cache: str) -> dict:
     env = dict(os.environ, JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false", JAX_COMPILATION_CACHE_DIR=cache,
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", LOPD_HEARTBEAT_SECONDS="30")
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", LOPD_HEARTBEAT_SECONDS="30",
+               # the checkout and tests/ (the rollout worker imports test_rollout's scripted model)
+               PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]))
     flags = [f for f in env.get("XLA_FLAGS", "").split() if "force_host_platform_device_count" not in f]
     env["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={devices}"])
     return env
@@ -449,7 +451,6 @@ def test_incomplete_launch_flags_are_refused(monkeypatch):
 
 _CACHE_WORKER = """
 import logging, sys
-sys.path.insert(0, {root!r})
 hits = []
 class Hits(logging.Handler):
     def emit(self, record):
@@ -472,7 +473,7 @@ def test_every_process_reads_the_persistent_compilation_cache(tmp_path):
     0 writes entries, so process 1 recompiled every program on every restart (the whole
     first step of a resumed 2-process run). With ``share_cpu_compilation_cache`` a second
     launch finds the program in the cache on both processes, with the same result."""
-    script = _CACHE_WORKER.format(root=ROOT)
+    script = _CACHE_WORKER
 
     def launch_pair():
         port = portpicker.pick_unused_port()

@@ -7,10 +7,10 @@ import re
 import pytest
 
 from lopd_jax.envs.base import TaskSource
-from lopd_jax.envs.code import TacoTaskSource, reference_answer
+from lopd_jax.envs.code.env import TacoTaskSource, reference_answer
 from lopd_jax.envs.envscaler import EnvScalerTaskSource
-from lopd_jax.envs.synthetic import SyntheticTaskSource, oracle_calls
-from lopd_jax.method.types import AssistantTurn, ToolCall
+from lopd_jax.envs.synthetic.env import SyntheticTaskSource, oracle_calls
+from lopd_jax.core.types import AssistantTurn, ToolCall
 
 HERE = os.path.dirname(__file__)
 
@@ -70,7 +70,7 @@ def test_sources_without_hints_say_so():
 
 def test_bfcl_hint_lists_ground_truth_per_turn():
     pytest.importorskip("bfcl_eval")
-    from lopd_jax.envs.bfcl import BFCLTaskSource
+    from lopd_jax.envs.bfcl.env import BFCLTaskSource
 
     src = BFCLTaskSource(["base"], limit=1)
     task = src.all_tasks()[0]

@@ -24,8 +24,8 @@ from models.config import named_config
 from models.decoder import Decoder
 from models.paged_attention import (attend, combine_kv, paged_attention, ragged_kernel_attention, resolve_backend,
                                     write_kv)
-from train.decode_step import layer_weights
-from train.paged_step import empty_pools, paged_forward, paged_forward_scan
+from lopd_jax.rollout.decode_step import layer_weights
+from lopd_jax.rollout.paged_step import empty_pools, paged_forward, paged_forward_scan
 
 B, KV, G, hd, PS, NP, PPS = 3, 2, 2, 16, 4, 24, 6
 LENS = np.asarray([9, 3, 17])  # tokens per row after the call
@@ -259,8 +259,8 @@ AOT = textwrap.dedent("""
     from jax.sharding import AxisType
     from models.config import named_config
     from models.decoder import Decoder
-    from train.decode_step import layer_weights
-    from train.paged_step import paged_forward
+    from lopd_jax.rollout.decode_step import layer_weights
+    from lopd_jax.rollout.paged_step import paged_forward
     cfg = named_config("olmo3_7b", dtype="bfloat16", param_dtype="bfloat16")
     cfg = cfg.replace(num_layers=2, layer_types=("sliding_attention", "full_attention"))
     m2 = jax.make_mesh((2, 2), ("data", "tensor"), axis_types=(AxisType.Auto,) * 2, devices=devs)
@@ -280,7 +280,7 @@ AOT = textwrap.dedent("""
     n = c3.as_text().count('custom_call_target="tpu_custom_call"')
     assert n >= 2, f"{n} Mosaic kernels in the paged decoder step, expected one per layer"
     # the scan over layers on stacked pools: one layer body, a kernel per window (switch)
-    from train.paged_step import paged_forward_scan
+    from lopd_jax.rollout.paged_step import paged_forward_scan
     stacked = jax.ShapeDtypeStruct((2, pages, 64, 2 * cfg.num_kv_heads, cfg.head_dim), jnp.bfloat16,
                                    sharding=NamedSharding(m2, P(None, "data", None, "tensor", None)))
     def scan_step(params, pools, ids, pos, valid, lens, table):

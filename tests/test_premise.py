@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from lopd_jax.envs.synthetic import SyntheticTaskSource, oracle_turns
+from lopd_jax.envs.synthetic.env import SyntheticTaskSource, oracle_turns
 from lopd_jax.envs.privileged import FRAMING_AFTER, FRAMING_BEFORE, HintedTaskSource, hint_block, with_hint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -126,7 +126,8 @@ def test_premise_cli_prints_three_rows(tmp_path):
 def test_miniature_config_and_hint_fraction_validation():
     from lopd_jax.settings.config import StagesSection
     from lopd_jax.settings.errors import ConfigError
-    from lopd_jax.settings.overrides import from_dict, load_config, to_dict
+    from configs import load_config
+    from lopd_jax.settings.overrides import from_dict, to_dict
 
     cfg = load_config("miniature")
     assert cfg.stages.warmup_hint_fraction == 1.0 and cfg.env.kwargs["families"] == ["dispatch"]

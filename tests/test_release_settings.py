@@ -6,7 +6,7 @@ The table is the release's recipe as the paper, SPEC and the audit of the releas
 
 import pytest
 
-from lopd_jax.settings.overrides import load_config
+from configs import load_config
 
 RELEASE = {
     # objective (SPEC 2.7-2.10) and the release's weighting choices

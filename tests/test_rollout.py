@@ -16,13 +16,13 @@ import pytest
 from flax import nnx
 
 from lopd_jax.chat.formats import make_chat_format
-from lopd_jax.envs.synthetic import SyntheticTaskSource, oracle_turns
+from lopd_jax.envs.synthetic.env import SyntheticTaskSource, oracle_turns
 from lopd_jax.method.eval_stats import behaviour_stats
 from lopd_jax.chat.tokenizers import tiny_tokenizer
-from lopd_jax.method.types import AssistantTurn
-from train.engine import Engine
+from lopd_jax.core.types import AssistantTurn
+from lopd_jax.rollout.engine import Engine
 from lopd_jax.settings.sections import EngineConfig, RolloutConfig, SamplingParams
-from train.rollout import rollout, training_arrays
+from lopd_jax.rollout.episodes import rollout, training_arrays
 
 
 class _Shape(NamedTuple):
@@ -58,7 +58,7 @@ class ScriptedLM(nnx.Module):
         return jax.nn.one_hot(ids, self.vocab)
 
     def paged_forward(self, input_ids, positions, valid, kv_lens, pools, page_table, num_pages, inputs_embeds=None):
-        """The engine's forward (:func:`train.engine._forward`): write the ids into the rows'
+        """The engine's forward (:func:`lopd_jax.rollout.engine._forward`): write the ids into the rows'
         pages, read each row's context back, pick the next script id per query."""
         B = input_ids.shape[0]
         pool = pools[0][:, :, 0, 0]  # [P, page_size]

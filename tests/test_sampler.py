@@ -15,8 +15,9 @@ from transformers.generation.logits_process import (TemperatureLogitsWarper, Top
 from lopd_jax.method.losses import chunked_token_logp
 from models import from_pretrained
 from lopd_jax.settings.sections import MeshConfig, SamplingParams
-from train.mesh import make_mesh, put, rules_for, split_state, tree_shardings
-from train.sampler import BucketConfig, Sampler, bucket, processed_logprobs, sample_logits
+from models.partitioning import split_state, tree_shardings
+from train.mesh import make_mesh, put, rules_for
+from benchmarks.static_sampler import BucketConfig, Sampler, bucket, processed_logprobs, sample_logits
 
 V_HF = 96
 NEW = 40

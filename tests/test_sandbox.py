@@ -8,8 +8,8 @@ import uuid
 import psutil
 import pytest
 
-from lopd_jax.envs import worker_pool
-from lopd_jax.envs.sandbox import SandboxConfig, SandboxResult, run_python
+from lopd_jax.envs.workers import pool as worker_pool
+from lopd_jax.envs.code.sandbox import SandboxConfig, SandboxResult, run_python
 
 MODES = ["auto", "basic"]
 

@@ -23,7 +23,7 @@ pytest.importorskip("gguf", reason="GGUF import needs the gguf package (pip inst
 from lopd_jax.io.paths import smollm2_path  # noqa: E402
 from models import from_pretrained, gguf_tokenizer, save_peft_adapter  # noqa: E402
 from models.config import LoraConfig  # noqa: E402
-from train.sampler import Sampler  # noqa: E402
+from benchmarks.static_sampler import Sampler  # noqa: E402
 from lopd_jax.settings.sections import SamplingParams  # noqa: E402
 
 PATH = smollm2_path()

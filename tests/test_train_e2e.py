@@ -155,7 +155,7 @@ def test_evaluate_of_the_export_replays_the_runs_own_episodes(full_run, tmp_path
 
     from lopd_jax.programs.evaluate import main
     from lopd_jax.settings.run_config import load_run_config
-    from train.rollout import rollout
+    from lopd_jax.rollout.episodes import rollout
     from train.run_reader import EXPORT_RUN_FILE, open_run
     from lopd_jax.settings.sections import SamplingParams
 

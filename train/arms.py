@@ -40,7 +40,7 @@ from lopd_jax.settings.errors import ConfigError
 from train import distributed
 from train.bank_stage import to_experience
 from train.bucketed_steps import BucketedGRPOStep, BucketedTextStep
-from train.rollout import training_arrays
+from lopd_jax.rollout.episodes import training_arrays
 from train.steps import make_grpo_step
 from train.text_steps import make_text_distill_step, text_state_shardings
 from train.training_stage import LOPDStage, TrainingStage, rollout_records, write_rollouts

@@ -22,13 +22,14 @@ import os
 import jax
 import numpy as np
 
+from lopd_jax.chat.tokenizers import hf_tokenizer
 from lopd_jax.method.bank import EmptyBankError, Experience, ExperienceBank
 from lopd_jax.method.embedders import HashingEmbedder
-from lopd_jax.method.types import Task
+from lopd_jax.core.types import Task
 from train import distributed
-from train.backbone_embedder import BackboneEmbedder
+from lopd_jax.method.backbone_embedder import BackboneEmbedder
 from train.metrics import Progress
-from train.rollout import Trajectory
+from lopd_jax.rollout.episodes import Trajectory
 
 BANK_DIR = "bank"
 BANK_RNG_OFFSET = 1 << 20  # bank rollouts use fold_in(seed key, offset + pass * tasks + batch): never an LOPD step's key
@@ -38,7 +39,8 @@ def make_embedder(cfg):
     """The embedder the bank section names (hashing, or the backbone Qwen3-Embedding one)."""
     if cfg.bank.embedder == "hashing":
         return HashingEmbedder(dim=cfg.bank.embedder_dim)
-    return BackboneEmbedder.from_pretrained(cfg.bank.embedder_path, pool_token=cfg.bank.embedder_pool_token)
+    path = cfg.bank.embedder_path
+    return BackboneEmbedder.from_pretrained(path, hf_tokenizer(path), pool_token=cfg.bank.embedder_pool_token)
 
 
 def _spans(mask: np.ndarray) -> list[list[int]]:

@@ -20,8 +20,8 @@ import numpy as np
 
 from lopd_jax.method.bank import Experience, ExperienceBank, encoder_input_text
 from train import distributed
-from train.rollout import Trajectory, training_arrays
-from train.sampler import bucket
+from lopd_jax.rollout.episodes import Trajectory, training_arrays
+from lopd_jax.core.shapes import bucket
 
 EXP_LEN_MINIMUM = 64  # smallest experience-length bucket when inputs are not cut
 

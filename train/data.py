@@ -49,7 +49,7 @@ class TaskPipeline(Generic[T]):
     """Batches of tasks per step for this process, from a grain ``MapDataset``.
 
     Args:
-      items: the tasks (any sequence; :class:`lopd_jax.method.types.Task` in the loop).
+      items: the tasks (any sequence; :class:`lopd_jax.core.types.Task` in the loop).
       global_batch: B, tasks per step over all processes (divisible by process_count).
       seed: shuffle seed; epoch ``e`` uses ``seed + e``.
       shuffle / repeat: False / False give one pass in order (evaluation).

@@ -51,7 +51,7 @@ from train.checkpoint import install_preemption_handler
 from train.data import TaskPipeline
 from train.ledger import StageLedger
 from train.metrics import MetricsWriter, plot_run
-from train.rollout import training_arrays
+from lopd_jax.rollout.episodes import training_arrays
 from train.run_context import RunContext
 from train.run_reader import EXPORT_RUN_FILE, export_run_info
 from train.stage_loop import evaluate_policy, log, run_steps

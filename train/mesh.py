@@ -30,30 +30,6 @@ def rules_for(mesh: Mesh, cfg: MeshConfig = MeshConfig()) -> Rules:
     return Rules(mesh, tuple(cfg.rules))
 
 
-def _is_var(x):
-    return isinstance(x, nnx.Variable)
-
-
-def split_state(module: nnx.Module, *filters):
-    """``nnx.split`` returning pure-dict states plus their logical axes.
-
-    Returns ``(graphdef, [pure_dict, ...], [axes_dict, ...])``, one per filter.
-    """
-    graphdef, *states = nnx.split(module, *filters)
-    pure = [s.to_pure_dict() for s in states]
-    axes = [nnx.State(jax.tree.map(lambda v: tuple(v.logical_axes), s, is_leaf=_is_var)).to_pure_dict()
-            if len(s) else {} for s in states]
-    return graphdef, pure, axes
-
-
-def tree_shardings(tree: Any, axes: Any, rules: Rules | None):
-    """NamedShardings for a pure-dict ``tree`` given its logical ``axes`` tree."""
-    if rules is None:
-        return None
-    return jax.tree.map(lambda x, a: rules.sharding(a, np.shape(x)), tree, axes,
-                        is_leaf=lambda a: isinstance(a, tuple) and all(isinstance(n, (str, type(None))) for n in a))
-
-
 def opt_state_shardings(opt: optax.GradientTransformation, opt_state: Any, param_shardings: Any, rules: Rules):
     """Shardings for an optax state: parameter-shaped leaves follow their parameter."""
     rep = rules.replicated()
@@ -80,5 +56,5 @@ def put(tree, shardings):
     return jax.device_put(tree, shardings)
 
 
-__all__ = ["make_mesh", "rules_for", "split_state", "tree_shardings", "opt_state_shardings",
+__all__ = ["make_mesh", "rules_for", "opt_state_shardings",
            "batch_sharding", "replicated", "put", "Mesh", "NamedSharding", "P"]

@@ -4,7 +4,7 @@
 :class:`lopd_jax.settings.config.TrainConfig`: tokenizer, chat format and latent block, splice
 layout, mesh and sharding rules, the initial backbone theta (random ``model.name`` or the
 ``model.hf_path`` checkpoint), the :class:`train.system.LOPDSystem`, the rollout engine
-(:class:`train.engine.Engine`) and the task source with its splits. Which stages of the run finished is the
+(:class:`lopd_jax.rollout.engine.Engine`) and the task source with its splits. Which stages of the run finished is the
 stage ledger's business (:mod:`train.ledger`).
 """
 
@@ -24,8 +24,8 @@ from models import from_pretrained
 from models.decoder import Decoder
 from train import distributed, mesh as mesh_lib
 from train.bucketed_steps import bucketed_batch, grpo_bucketed_batch
-from train.engine import Engine
-from train.rollout import rollout
+from lopd_jax.rollout.engine import Engine
+from lopd_jax.rollout.episodes import rollout
 from train.step_spec import splice_layout, step_spec
 from train.system import LOPDSystem
 
@@ -168,7 +168,7 @@ class RunContext:
 
     def rollout(self, params, tasks, rng, sampling=None, *, first_episode: int = 0, on_finish=None):
         """Trajectories of ``tasks`` under ``params`` on this process's engine; task ``i`` is
-        episode ``first_episode + i`` (:func:`train.rollout.rollout`)."""
+        episode ``first_episode + i`` (:func:`lopd_jax.rollout.episodes.rollout`)."""
         return rollout(self.engine, params, self.fmt, self.source.make_env, list(tasks), rng,
                        self.cfg.rollout.rollout_config(), sampling, first_episode=first_episode, on_finish=on_finish)
 

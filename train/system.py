@@ -30,7 +30,7 @@ from lopd_jax.method.splice import SpliceLayout
 from lopd_jax.settings.sections import StepConfig
 from models.decoder import Decoder
 from models.lora import LoRAParam
-from models.partitioning import Rules
+from models.partitioning import Rules, split_state, tree_shardings
 from train import mesh as mesh_lib
 
 def adamw(lr: float, clip: float, weight_decay: float) -> optax.GradientTransformation:
@@ -54,9 +54,9 @@ class LOPDSystem:
         self.layout = layout
         self.step_cfg = step_cfg
         self.rules = rules
-        self.backbone_def, (self._theta0, self._lora0), (self.theta_axes, self.lora_axes) = mesh_lib.split_state(
+        self.backbone_def, (self._theta0, self._lora0), (self.theta_axes, self.lora_axes) = split_state(
             backbone, nnx.Param, LoRAParam)
-        self.compressor_def, (self._comp0,), (self.comp_axes,) = mesh_lib.split_state(compressor, nnx.Param)
+        self.compressor_def, (self._comp0,), (self.comp_axes,) = split_state(compressor, nnx.Param)
         s = step_cfg
         self.student_opt = adamw(s.student_lr, s.student_clip, s.weight_decay)
         self.composer_opt = adamw(s.composer_lr, s.composer_clip, s.weight_decay)
@@ -138,14 +138,14 @@ class LOPDSystem:
     # ----- shardings -----
     def frozen_shardings(self):
         """Shardings of theta0 (None without a mesh)."""
-        return mesh_lib.tree_shardings(self._theta0, self.theta_axes, self.rules)
+        return tree_shardings(self._theta0, self.theta_axes, self.rules)
 
     def composer_shardings(self):
         """Shardings of ``{"lora", "compressor"}`` composer params."""
         if self.rules is None:
             return None
-        return {"lora": mesh_lib.tree_shardings(self._lora0, self.lora_axes, self.rules),
-                "compressor": mesh_lib.tree_shardings(self._comp0, self.comp_axes, self.rules)}
+        return {"lora": tree_shardings(self._lora0, self.lora_axes, self.rules),
+                "compressor": tree_shardings(self._comp0, self.comp_axes, self.rules)}
 
     def state_shardings(self, state):
         """Shardings for an LOPD ``state`` dict (None without a mesh)."""
@@ -155,7 +155,7 @@ class LOPDSystem:
         if self.step_cfg.student_mode == "full":
             student = self.frozen_shardings()
         else:
-            student = mesh_lib.tree_shardings(self._lora0, self.lora_axes, self.rules)
+            student = tree_shardings(self._lora0, self.lora_axes, self.rules)
         comp = self.composer_shardings()
         return {
             "step": rep, "beta": rep, "rng": rep,

@@ -2,7 +2,7 @@
 
 A tiny model starts from random weights, so no rollout would succeed and the bank would
 stay empty. The warm-up renders the synthetic family's oracle solutions
-(:func:`lopd_jax.envs.synthetic.oracle_turns`) to token ids exactly as a rollout would
+(:func:`lopd_jax.envs.synthetic.env.oracle_turns`) to token ids exactly as a rollout would
 hold them -- prompt ids, each assistant turn's ids plus its end-of-turn id (mask 1), the
 environment's real observation ids (mask 0) -- and trains the backbone with a token-mean
 NLL on the assistant tokens (AdamW). Real checkpoints skip it (``stages.warmup_steps=0``).
@@ -21,14 +21,14 @@ import optax
 
 from lopd_jax.chat.base import TokenTrajectory
 from lopd_jax.envs.privileged import HintedTaskSource
-from lopd_jax.envs.synthetic import ENV_ID, oracle_turns
+from lopd_jax.envs.synthetic.env import ENV_ID, oracle_turns
 from lopd_jax.method import losses
 from lopd_jax.method.linear_nll import weighted_linear_nll
 from lopd_jax.method.losses_kl import chunked_token_logp
-from lopd_jax.method.types import Task
+from lopd_jax.core.types import Task
 from train import mesh as mesh_lib
 from train.bucketed_steps import BucketedBatch, _BucketedStep
-from train.rollout import Trajectory
+from lopd_jax.rollout.episodes import Trajectory
 
 
 def demonstration(ctx, task: Task, source=None) -> Trajectory:

@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Sequence
 from lopd_jax.chat.call_limits import MAX_CALLS_PER_TURN, arguments_limit_error, load_json
 from lopd_jax.chat.tokenizers import LATENT_TOKEN, validate_tokenizer
 from lopd_jax.method.composer import LatentFraming
-from lopd_jax.method.types import AssistantTurn, Message, ToolCall, ToolSchema
+from lopd_jax.core.types import AssistantTurn, Message, ToolCall, ToolSchema
 
 @dataclasses.dataclass(frozen=True)
 class LatentBlock:

@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from lopd_jax.chat.base import ChatFormat, json_call_blocks, message_text, tojson
-from lopd_jax.method.types import AssistantTurn, Message, ToolSchema
+from lopd_jax.core.types import AssistantTurn, Message, ToolSchema
 
 DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 """The system text SmolLM2's template inserts when the first message is not a system one."""

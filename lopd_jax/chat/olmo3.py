@@ -22,7 +22,7 @@ from lopd_jax.chat.call_limits import (MAX_NUMBER_DIGITS, arguments_limit_error,
                                   text_limit_error)
 from lopd_jax.chat.templates import (OLMO3_DEFAULT_SYSTEM, OLMO3_NO_FUNCTIONS,
                                      OLMO3_WITH_FUNCTIONS)
-from lopd_jax.method.types import AssistantTurn, Message, ToolCall, ToolSchema
+from lopd_jax.core.types import AssistantTurn, Message, ToolCall, ToolSchema
 
 _PARSE_ERRORS = (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError)
 MAX_INT_BITS = int(MAX_NUMBER_DIGITS * 3.3219280948873626)

@@ -17,7 +17,7 @@ from typing import Sequence
 
 from lopd_jax.chat.base import (ChatFormat, json_call_blocks, message_text,
                                 split_thinking, tojson)
-from lopd_jax.method.types import AssistantTurn, Message, ToolSchema
+from lopd_jax.core.types import AssistantTurn, Message, ToolSchema
 
 _TOOLS_INTRO = ("# Tools\n\nYou may call one or more functions to assist with the user query."
                 "\n\nYou are provided with function signatures within <tools></tools> XML "

@@ -49,7 +49,7 @@ import typing
 from typing import Any, Callable
 
 from lopd_jax.chat.call_limits import arguments_limit_error
-from lopd_jax.method.types import AssistantTurn, Message, StepResult, Task, ToolCall, ToolSchema
+from lopd_jax.core.types import AssistantTurn, Message, StepResult, Task, ToolCall, ToolSchema
 
 SPLITS = ("train", "heldout")
 

@@ -46,7 +46,7 @@ ends on a ``chat_with_user`` call) and a tool exception is an error observation,
 end of the episode.
 
 All dataset code (class source, methods, checks) runs in an isolated worker subprocess per
-episode (:mod:`lopd_jax.envs.isolation`): import-time errors, hangs (per-call timeout),
+episode (:mod:`lopd_jax.envs.workers.isolation`): import-time errors, hangs (per-call timeout),
 crashes and resource-limit kills become error observations and reward 0. ``decimal`` and
 ``mpmath`` precision are restored after every call; an observation is cut at
 ``MAX_RESULT_CHARS``.
@@ -63,9 +63,9 @@ from typing import Any
 
 from lopd_jax.envs.base import (TaskSource, ToolError, ToolUseEnvironment, Toolbox,
                                 check_split, format_result)
-from lopd_jax.envs.isolation import ResourceLimits, Worker, WorkerError
-from lopd_jax.envs.numeric_state import preserved_numeric_state
-from lopd_jax.method.types import Message, Task, ToolSchema
+from lopd_jax.envs.workers.isolation import ResourceLimits, Worker, WorkerError
+from lopd_jax.envs.workers.numeric_state import preserved_numeric_state
+from lopd_jax.core.types import Message, Task, ToolSchema
 
 ENV_ID = "envscaler"
 MAX_RESULT_CHARS = 100_000

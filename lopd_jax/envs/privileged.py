@@ -24,7 +24,7 @@ from typing import Any
 
 from lopd_jax.envs.base import Environment, TaskSource
 from lopd_jax.method.text_context import FRAMING
-from lopd_jax.method.types import AssistantTurn, Message, StepResult, Task, ToolSchema
+from lopd_jax.core.types import AssistantTurn, Message, StepResult, Task, ToolSchema
 
 FRAMING_BEFORE, FRAMING_AFTER = FRAMING["opsd"]
 

@@ -12,11 +12,11 @@ from typing import Any
 from lopd_jax.envs.base import TaskSource
 
 _SOURCES: dict[str, str] = {
-    "synthetic": "lopd_jax.envs.synthetic:SyntheticTaskSource",
+    "synthetic": "lopd_jax.envs.synthetic.env:SyntheticTaskSource",
     "envscaler": "lopd_jax.envs.envscaler:EnvScalerTaskSource",
-    "bfcl": "lopd_jax.envs.bfcl:BFCLTaskSource",
-    "humaneval": "lopd_jax.envs.code:HumanEvalTaskSource",
-    "taco": "lopd_jax.envs.code:TacoTaskSource",
+    "bfcl": "lopd_jax.envs.bfcl.env:BFCLTaskSource",
+    "humaneval": "lopd_jax.envs.code.env:HumanEvalTaskSource",
+    "taco": "lopd_jax.envs.code.env:TacoTaskSource",
 }
 
 

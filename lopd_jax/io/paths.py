@@ -11,6 +11,9 @@ from __future__ import annotations
 import importlib.util
 import os
 
+#: The checkout holding the packages (``lopd_jax/``, ``train/``, ``configs/``, ``data/``).
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 
 def is_url(path: str) -> bool:
     """Whether ``path`` names remote storage (has a ``scheme://``)."""

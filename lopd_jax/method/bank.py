@@ -30,7 +30,7 @@ import numpy as np
 import tensorstore as ts
 
 from lopd_jax.method.embedders import Embedder, build_embedder
-from lopd_jax.method.types import Message
+from lopd_jax.core.types import Message
 
 FORMAT_VERSION = 1
 RETRIEVAL_MODES = ("symmetric", "asymmetric")
@@ -43,7 +43,7 @@ class Experience:
     """One admitted rollout.
 
     ``messages`` is the trajectory in the chat-message convention of
-    :mod:`lopd_jax.method.types` (system, user task, assistant turns with ``tool_calls``, tool /
+    :mod:`lopd_jax.core.types` (system, user task, assistant turns with ``tool_calls``, tool /
     user observations). ``token_ids`` optionally keeps the exact sampled ids;
     ``info`` holds free-form JSON metadata (family, group index, ...).
     """
@@ -63,7 +63,7 @@ class Experience:
         except TypeError as e:
             raise TypeError(
                 f"Experience {self.task_id!r} is not JSON-serializable ({e}); messages must "
-                "be plain dicts/lists/str/numbers as in lopd_jax.method.types.") from e
+                "be plain dicts/lists/str/numbers as in lopd_jax.core.types.") from e
 
     @classmethod
     def from_json(cls, line: str) -> Experience:

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Any, Sequence
 
-from lopd_jax.method.types import AssistantTurn
+from lopd_jax.core.types import AssistantTurn
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -34,7 +34,7 @@ def _mean(xs: Sequence[float]) -> float:
 
 
 def behaviour_stats(trajectories: Sequence[Any], success_threshold: float = 1.0) -> dict[str, Any]:
-    """The statistics above for :class:`train.rollout.Trajectory` objects."""
+    """The statistics above for :class:`lopd_jax.rollout.episodes.Trajectory` objects."""
     if not trajectories:
         raise ValueError("behaviour_stats needs at least one trajectory")
     rewards = [float(t.reward) for t in trajectories]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lopd_jax.method.defaults import MARGIN, TOP_M
+from lopd_jax.core.defaults import MARGIN, TOP_M
 from lopd_jax.method.losses_kl import (
     TAIL_LOG_CLAMP,
     chunked_distill_stats,

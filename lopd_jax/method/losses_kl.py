@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from lopd_jax.method.defaults import TOP_M
+from lopd_jax.core.defaults import TOP_M
 
 # Upper clamp on log(sum of top-M probs): keeps the tail bucket >= ~1e-7 (SPEC 2.7).
 TAIL_LOG_CLAMP = -1e-7

@@ -3,7 +3,7 @@
 Upstream simulates the ``agent_multi_turn`` user with ``gpt-4o`` (``common_inference.py``'s
 ``user_model``); here it is the evaluated policy itself by default, or any Hugging Face
 checkpoint (``python -m lopd_jax.evaluate --suite=... --acebench_user_model=PATH``). Each
-reply is one greedy assistant turn of :func:`train.rollout.rollout` on a one-step
+reply is one greedy assistant turn of :func:`lopd_jax.rollout.episodes.rollout` on a one-step
 environment that holds the simulator's chat; the visible answer (thinking removed) is the
 user's line. Calls are serialised by a lock: the agents' environments may step in several
 threads.
@@ -19,11 +19,11 @@ import jax
 
 from lopd_jax.chat.formats import make_chat_format
 from lopd_jax.envs.base import Environment
-from lopd_jax.method.types import AssistantTurn, Message, StepResult, Task, ToolSchema
+from lopd_jax.core.types import AssistantTurn, Message, StepResult, Task, ToolSchema
 from lopd_jax.programs.policy import TINY, load_policy
 from lopd_jax.settings.sections import RolloutConfig, SamplingParams
-from train.engine import Engine
-from train.rollout import rollout
+from lopd_jax.rollout.engine import Engine
+from lopd_jax.rollout.episodes import rollout
 
 
 class _ReplyEnvironment(Environment):
@@ -48,7 +48,7 @@ class _ReplyEnvironment(Environment):
 
 
 class RolloutUser:
-    """A :data:`lopd_jax.envs.acebench_agent.UserSimulator` backed by a rollout engine (greedy).
+    """A :data:`lopd_jax.envs.acebench.agent.UserSimulator` backed by a rollout engine (greedy).
 
     ``name`` is recorded in the report (e.g. ``"policy"`` or the checkpoint path).
     """

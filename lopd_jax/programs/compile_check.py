@@ -62,7 +62,8 @@ from lopd_jax.method.composer import make_compressor
 from lopd_jax.method.losses_kl import unroll_scans
 from lopd_jax.programs.compile_buckets import (STEP_KINDS, distribution_line, length_lines, length_report, memory_line,
                                      stage_steps)
-from lopd_jax.settings.overrides import apply_overrides, load_config
+from configs import load_config
+from lopd_jax.settings.overrides import apply_overrides
 from models.decoder import Decoder
 from models.partitioning import DEFAULT_RULES
 from models.splash import _block

@@ -10,18 +10,18 @@ process). It then
 1. **sizes** the engine for the slice: slots = ``engine.slots`` x processes; episodes in
    flight = ``engine.max_in_flight`` x processes (0: twice the slots); the page pool from
    a schedule simulation of the engine on the config's length distribution
-   (:mod:`train.engine_schedule`): 1.25 x the 99th percentile of live tokens plus a page
+   (:mod:`lopd_jax.rollout.schedule`): 1.25 x the 99th percentile of live tokens plus a page
    per episode in flight, or ``engine.num_pages`` x processes when that is larger
    (``--pool=config`` / ``rule`` picks one; a configured pool below the rule makes
    episodes wait or be preempted more often); each process's engine gets its share;
-2. **compiles** one process's engine as :class:`train.engine.Engine` builds it from the
+2. **compiles** one process's engine as :class:`lopd_jax.rollout.engine.Engine` builds it from the
    ``engine`` section on the first host's chips (``devices``, ``tensor``, ``dtype``: its
-   **inference layout**, :mod:`train.inference_layout`): its decode call
-   (:func:`train.engine_calls.decode`: ``decode_chunk`` steps for every slot, the paged
+   **inference layout**, :mod:`lopd_jax.rollout.layout`): its decode call
+   (:func:`lopd_jax.rollout.engine_calls.decode`: ``decode_chunk`` steps for every slot, the paged
    decoder with attention dispatched to JAX's ``ragged_paged_attention`` kernel on the TPU
    topology, the LM head and per-row sampling; pools donated), and the once-per-RL-step
    **reshard** its ``local_params`` runs from the trainer's fp32 FSDP params with the LoRA
-   merged (:func:`train.inference_layout.global_merge`);
+   merged (:func:`lopd_jax.rollout.layout.global_merge`);
 3. **prints** memory per chip (the decode step's arguments, outputs and temporaries plus
    the trainer's resident params the reshard reads), HBM bytes per decode step, the
    reshard's bytes and roofline time, and the roofline microseconds per useful token of
@@ -58,13 +58,15 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from lopd_jax.programs.compile_buckets import memory_line
 from lopd_jax.programs.compile_check import run_config, topology_devices, verdict
 from models.decoder import Decoder
-from train import engine_calls, mesh as mesh_lib
-from train.engine import Engine
-from train.engine_schedule import draw_episodes, pool_pages, simulate_engine, simulate_static
-from train.inference_layout import (attention_mesh, global_merge, inference_shardings, pool_sharding,
+from train import mesh as mesh_lib
+from models.partitioning import split_state, tree_shardings
+from lopd_jax.rollout import engine_calls
+from lopd_jax.rollout.engine import Engine
+from lopd_jax.rollout.schedule import draw_episodes, pool_pages, simulate_engine, simulate_static
+from lopd_jax.rollout.layout import (attention_mesh, global_merge, inference_shardings, pool_sharding,
                                     reshard_cost)
-from train.paged_step import paged_forward_scan
-from train.sampling import sample_logits
+from lopd_jax.rollout.paged_step import paged_forward_scan
+from lopd_jax.rollout.sampling import sample_logits
 
 HBM_BANDWIDTH = {"v5p": 2.76e12, "v5e": 0.819e12, "v6e": 1.64e12, "v4": 1.2e12}  # bytes/s per chip
 ICI_BANDWIDTH = {"v5p": 600e9, "v5e": 200e9, "v6e": 448e9, "v4": 300e9}  # bytes/s per chip (4,800 Gbps on v5p)
@@ -77,7 +79,7 @@ def _gib(x) -> float:
 
 def sizing(cfg, processes: int, episodes_per_slot: int, env_steps: int, pool: str = "auto") -> dict:
     """Slots, episodes in flight and the page pool for the slice, from the config and a
-    schedule simulation of the engine and of the static sampler (:mod:`train.engine_schedule`).
+    schedule simulation of the engine and of the static sampler (:mod:`lopd_jax.rollout.schedule`).
     ``pool``: ``rule``, ``config`` (``engine.num_pages`` x processes) or ``auto`` (the larger)."""
     e, r = cfg.engine, cfg.rollout
     slots = e.slots * processes
@@ -124,11 +126,11 @@ def build(args, cfg, devices, size: dict, hbm: float | None = None):
     info)``. Raises :class:`DoesNotFit` when the pool and weights alone exceed ``hbm`` GiB
     per chip, or XLA runs out of HBM compiling.
 
-    The engine is the one :class:`train.engine.Engine` builds from the config's ``engine``
+    The engine is the one :class:`lopd_jax.rollout.engine.Engine` builds from the config's ``engine``
     section on the first process's devices (its mesh, weight and pool layouts, dtype); the
-    step is its decode call (:func:`train.engine_calls.decode`, ``decode_chunk`` steps) and
-    the reshard the collective its :meth:`~train.engine.Engine.local_params` runs on FSDP
-    params spanning processes (:func:`train.inference_layout.global_merge`)."""
+    step is its decode call (:func:`lopd_jax.rollout.engine_calls.decode`, ``decode_chunk`` steps) and
+    the reshard the collective its :meth:`~lopd_jax.rollout.engine.Engine.local_params` runs on FSDP
+    params spanning processes (:func:`lopd_jax.rollout.layout.global_merge`)."""
     mcfg = cfg.model_config()
     if args.layers:
         mcfg = mcfg.replace(num_layers=args.layers, layer_types=mcfg.layer_types[:args.layers])
@@ -152,8 +154,8 @@ def build(args, cfg, devices, size: dict, hbm: float | None = None):
     # the trainer's params (fp32, FSDP over the slice, LoRA) -> each process's engine
     train_mesh = mesh_lib.make_mesh(cfg.mesh, devices)
     rules = mesh_lib.rules_for(train_mesh, cfg.mesh)
-    _, (tabs,), (taxes,) = mesh_lib.split_state(nnx.eval_shape(lambda: Decoder(mcfg, rngs=nnx.Rngs(0), rules=rules)))
-    train_sh = mesh_lib.tree_shardings(tabs, taxes, rules)
+    _, (tabs,), (taxes,) = split_state(nnx.eval_shape(lambda: Decoder(mcfg, rngs=nnx.Rngs(0), rules=rules)))
+    train_sh = tree_shardings(tabs, taxes, rules)
     reshard, grid = global_merge(engine.train_cfg, train_mesh.devices.flat, tensor, engine.shardings, ecfg.dtype)
     abstract = lambda tree, sh: jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, sh)
     t0 = time.time()
@@ -294,7 +296,7 @@ def parse_args(argv=None):
     p.add_argument("--layers", type=int, default=0, help="override the number of layers (0 = as configured)")
     p.add_argument("--layers_impl", choices=("unroll", "scan"), default="unroll",
                    help="decode step with unrolled layers and per-layer pools (the engine's) or a scan over "
-                        "layers on one stacked pool (train.paged_step.paged_forward_scan)")
+                        "layers on one stacked pool (lopd_jax.rollout.paged_step.paged_forward_scan)")
     p.add_argument("--rule", action="append", default=[], help="training-mesh logical-axis rule remap (repeatable)")
     p.add_argument("--json", default=None, help="also write the report here")
     p.add_argument("overrides", nargs="*", help="dotted config overrides key=value, as for lopd_jax.train")

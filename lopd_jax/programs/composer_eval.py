@@ -13,7 +13,7 @@
 :func:`latent_context` retrieves ``bank.eval_n_ret`` experiences per task (the release's
 Base + Composer setting is 1; default ``composer.n_ret``) from that bank, encodes
 them with the composer (:meth:`train.system.LOPDSystem.latents`, exactly as the LOPD and
-cold-start steps do) and returns a :class:`train.rollout.LatentContext`: the rollout then
+cold-start steps do) and returns a :class:`lopd_jax.rollout.episodes.LatentContext`: the rollout then
 prefills each task's teacher-format prompt (the run's latent block spliced in) with the
 latents as the slots' input embeddings, and the base policy theta0 generates from there.
 """
@@ -34,7 +34,7 @@ from lopd_jax.settings.run_config import load_run_config
 from train import mesh as mesh_lib
 from train.batches import experience_arrays
 from train.checkpoint import CheckpointError
-from train.rollout import LatentContext
+from lopd_jax.rollout.episodes import LatentContext
 from train.run_reader import COMPOSER_STAGES, open_run
 
 @dataclasses.dataclass
@@ -125,7 +125,7 @@ def distributed_replicated(ctx, x):
 
 
 def rows_latent_context(run: ComposerRun, tasks: Sequence, lo: int, hi: int):
-    """The :class:`train.rollout.LatentContext` of ``tasks[lo:hi]``, the rows of one batch
+    """The :class:`lopd_jax.rollout.episodes.LatentContext` of ``tasks[lo:hi]``, the rows of one batch
     ``tasks`` (the same list on every process) that this process rolls out.
 
     On one process: :func:`latent_context` of those tasks. On several, every process
@@ -140,7 +140,7 @@ def rows_latent_context(run: ComposerRun, tasks: Sequence, lo: int, hi: int):
 
 
 def latent_context(run: ComposerRun, tasks: Sequence, latents=None):
-    """A :class:`train.rollout.LatentContext` for ``tasks`` (``latents`` default:
+    """A :class:`lopd_jax.rollout.episodes.LatentContext` for ``tasks`` (``latents`` default:
     :func:`task_latents`); the other prompt ids take the policy's own embeddings."""
 
     latents = task_latents(run, tasks) if latents is None else latents

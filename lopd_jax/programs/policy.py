@@ -12,6 +12,7 @@ from models.config import named_config
 from models.decoder import Decoder
 from models.lora import LoRAParam
 from train import mesh as mesh_lib
+from models.partitioning import split_state, tree_shardings
 
 TINY = "tiny"
 
@@ -41,8 +42,8 @@ def sharded_params(model, rules) -> dict:
     """The rollout's parameter dict of ``model`` placed on ``rules``' mesh by each
     parameter's logical axes (the layout a training run gives theta0)."""
 
-    _, states, axes = mesh_lib.split_state(model, nnx.Param, LoRAParam)
+    _, states, axes = split_state(model, nnx.Param, LoRAParam)
     params: dict = {}
     for state, ax in zip(states, axes):
-        params.update(mesh_lib.put(state, mesh_lib.tree_shardings(state, ax, rules)))
+        params.update(mesh_lib.put(state, tree_shardings(state, ax, rules)))
     return params

@@ -45,7 +45,7 @@ from lopd_jax.settings.sections import SamplingParams
 from train import warmup
 from train.batches import cold_start_batch
 from train.ledger import StageLedger
-from train.rollout import rollout, training_arrays
+from lopd_jax.rollout.episodes import rollout, training_arrays
 from train.stage_loop import EVAL_RNG_OFFSET
 from train.steps import cold_start_loss
 

@@ -46,15 +46,15 @@ import sys
 import time
 from typing import Any, Sequence
 
-from lopd_jax.io.paths import resolve_path
+from lopd_jax.io.paths import REPO_ROOT, resolve_path
 from lopd_jax.programs.sweep_report import write_report
 from lopd_jax.settings.arm_config import ARMS
 from lopd_jax.settings.errors import ConfigError
-from lopd_jax.settings.overrides import apply_overrides, load_config
+from configs import load_config
+from lopd_jax.settings.overrides import apply_overrides
 from lopd_jax.settings.run_config import flatten
 from train.arms import resolve_arm, uses_composer
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_FILE = "shared_stages.json"
 PRE_STAGES = ("warmup", "eval_before", "bank")
 COLD_STAGES = ("cold_start",)
@@ -250,7 +250,7 @@ def finished(workdir: str) -> bool:
 
 def _env() -> dict[str, str]:
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
-    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = REPO_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
 
@@ -265,7 +265,7 @@ def run_one(config: str, spec: RunSpec, root: str, base_composer: bool) -> dict[
         t0 = time.perf_counter()
         with open(os.path.join(wd, "train.log"), "a") as log:
             proc = subprocess.run([sys.executable, "-m", "lopd_jax.train", *spec.train_args(config, root)],
-                                  cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT)
+                                  cwd=REPO_ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT)
         status["seconds"] = time.perf_counter() - t0
         if proc.returncode != 0 or not finished(wd):
             status["status"] = f"failed (exit {proc.returncode}; see {os.path.join(wd, 'train.log')})"
@@ -274,7 +274,7 @@ def run_one(config: str, spec: RunSpec, root: str, base_composer: bool) -> dict[
     register(root, cfg, wd)
     if base_composer and uses_composer(cfg) and not os.path.exists(os.path.join(wd, "base_composer.json")):
         with open(os.path.join(wd, "train.log"), "a") as log:
-            subprocess.run([sys.executable, "-m", "lopd_jax.sweep_report", "base-composer", wd], cwd=ROOT,
+            subprocess.run([sys.executable, "-m", "lopd_jax.sweep_report", "base-composer", wd], cwd=REPO_ROOT,
                            env=_env(), stdout=log, stderr=subprocess.STDOUT)
     return status
 

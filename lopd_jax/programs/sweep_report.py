@@ -27,7 +27,7 @@ from lopd_jax.method.eval_stats import behaviour_stats
 from lopd_jax.programs.composer_eval import latent_context, load_composer_run
 from lopd_jax.programs.eval_suite import sweep_suite_table
 from lopd_jax.settings.sections import SamplingParams
-from train.rollout import rollout
+from lopd_jax.rollout.episodes import rollout
 
 TABLE3 = (("tool_calls_per_step", "calls/step"), ("mean_env_steps", "env steps"),
           ("repeated_calls", "repeated calls"), ("first_response_tokens", "1st-response tokens"),

@@ -37,7 +37,8 @@ from lopd_jax.io.paths import is_url, resolve_path
 from lopd_jax.io.startup import describe_devices
 from lopd_jax.method.bank import EmptyBankError
 from lopd_jax.settings.errors import ConfigError
-from lopd_jax.settings.overrides import apply_overrides, load_config
+from configs import load_config
+from lopd_jax.settings.overrides import apply_overrides
 from lopd_jax.settings.run_config import CONFIG_FILE, flatten, save_run_config
 from lopd_jax.settings.task_data import check_task_data, resolve_data_paths
 from models.gguf import is_gguf_path

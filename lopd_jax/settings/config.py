@@ -3,7 +3,7 @@
 Named configs (``configs/<name>.py``) and ``dotted.key=value`` overrides are read by
 :mod:`lopd_jax.settings.overrides`; a run's saved ``config.json`` by :mod:`lopd_jax.settings.run_config`::
 
-    cfg = lopd_jax.settings.overrides.load_config("tiny")
+    cfg = configs.load_config("tiny")
     cfg = lopd_jax.settings.overrides.apply_overrides(cfg, ["steps.margin=0.1"])
     lopd_jax.settings.run_config.save_run_config(cfg, workdir)  # refuses a changed config on resume
 
@@ -298,7 +298,7 @@ class TrainConfig:
     bank: BankSection = BankSection()
     env: EnvSection = EnvSection()
     rollout: RolloutSection = RolloutSection()
-    engine: EngineConfig = EngineConfig()  # the rollout engine: slots, pages, decode chunk (train.engine)
+    engine: EngineConfig = EngineConfig()  # the rollout engine: slots, pages, decode chunk (lopd_jax.rollout.engine)
     stages: StagesSection = StagesSection()
     checkpoint: CheckpointSection = CheckpointSection()
     arm: Literal[ARMS] = "lopd"  # the training stage's algorithm (lopd_jax.settings.arm_config)

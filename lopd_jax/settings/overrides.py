@@ -1,11 +1,10 @@
 """Named run configs and dotted command-line overrides (the parser of the config schema).
 
-    cfg = load_config("tiny")                                   # configs/tiny.py
+    cfg = configs.load_config("tiny")                           # configs/tiny.py
     cfg = apply_overrides(cfg, ["steps.margin=0.1", "rollout.temperature=1.0"])
 
 :mod:`lopd_jax.settings.config` defines the schema (the :class:`~lopd_jax.settings.config.TrainConfig`
-dataclass tree and its checks); this module finds named configs in the :mod:`configs`
-package, parses ``dotted.key=value`` overrides to each field's type, and converts configs
+dataclass tree and its checks); this module parses ``dotted.key=value`` overrides to each field's type, and converts configs
 to and from JSON dicts (``<workdir>/config.json``, :mod:`lopd_jax.settings.run_config`). Every
 problem raises :class:`~lopd_jax.settings.errors.ConfigError` naming the key and the fix.
 """
@@ -15,45 +14,14 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
-import importlib
 import json
-import pkgutil
 import re
 import types
 import typing
 from typing import Any, Literal, Sequence
 
-import configs
 from lopd_jax.settings.config import _DEFER_CROSS_CHECKS, TrainConfig, _matches, _type_name
 from lopd_jax.settings.errors import ConfigError
-
-
-# ----------------------------------------------------------------------------- loading
-
-
-def known_configs() -> list[str]:
-    """Names of the config modules of the :mod:`configs` package (importable from any directory)."""
-
-    names = {m.name for m in pkgutil.iter_modules(configs.__path__)}
-    return sorted(n for n in names if not n.startswith("_"))
-
-
-def load_config(name: str) -> TrainConfig:
-    """``configs/<name>.py``'s ``CONFIG`` (or ``config()``), validated."""
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name or "") or name not in known_configs():
-        close = difflib.get_close_matches(name or "", known_configs(), n=3)
-        hint = f" (did you mean {', '.join(close)}?)" if close else ""
-        raise ConfigError(f"unknown config {name!r}{hint}; known configs: {known_configs()}")
-    module = importlib.import_module(f"configs.{name}")
-    if hasattr(module, "CONFIG"):
-        cfg = module.CONFIG
-    elif callable(getattr(module, "config", None)):
-        cfg = module.config()
-    else:
-        raise ConfigError(f"configs/{name}.py defines neither CONFIG nor config(); add one returning a TrainConfig.")
-    if not isinstance(cfg, TrainConfig):
-        raise ConfigError(f"configs/{name}.py gave a {type(cfg).__name__}, not a TrainConfig.")
-    return cfg
 
 
 # ----------------------------------------------------------------------------- overrides
@@ -239,4 +207,4 @@ def from_dict(data: dict[str, Any]) -> TrainConfig:
     return _build(TrainConfig, data, "")
 
 
-__all__ = ["known_configs", "load_config", "parse_value", "apply_overrides", "to_dict", "from_dict"]
+__all__ = ["parse_value", "apply_overrides", "to_dict", "from_dict"]

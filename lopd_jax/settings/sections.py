@@ -13,7 +13,7 @@ import math
 
 import jax.numpy as jnp
 
-from lopd_jax.method.defaults import MARGIN, TOP_M
+from lopd_jax.core.defaults import MARGIN, TOP_M
 from lopd_jax.settings.errors import ConfigError
 from models.partitioning import DEFAULT_RULES
 
@@ -169,9 +169,9 @@ class EngineConfig:
     Compiled variants: one prefill and one decode per power-of-two count of pages read.
     None of these settings changes a sampled token (see the module docstring).
 
-    The device layout (:mod:`train.inference_layout`): ``devices``: this process's local
+    The device layout (:mod:`lopd_jax.rollout.layout`): ``devices``: this process's local
     devices the engine runs on (0 = all of them); ``tensor``: tensor-parallel width over
-    them (0 = :func:`train.inference_layout.default_tensor`, the largest that divides both
+    them (0 = :func:`lopd_jax.rollout.layout.default_tensor`, the largest that divides both
     the devices and the KV heads; the rest is ``data``); ``dtype``: the sampling dtype of
     weights, compute and KV pages (``float32`` or ``bfloat16``). These may change rounding
     (fp32: within 1e-5 of one device), not the schedule.

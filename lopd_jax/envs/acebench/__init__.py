@@ -1,0 +1,2 @@
+"""ACEBench: the single-turn (normal) categories and the multi-turn agent category.
+"""

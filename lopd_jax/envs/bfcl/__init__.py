@@ -1,0 +1,2 @@
+"""BFCL: the multi-turn function-calling environment and its isolated API worker.
+"""

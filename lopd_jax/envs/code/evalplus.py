@@ -1,0 +1,340 @@
+"""EvalPlus (HumanEval+ and MBPP+): the upstream release files, graded as EvalPlus does.
+
+Data: the release's JSON-lines files (``HumanEvalPlus.jsonl(.gz)``, ``MbppPlus.jsonl(.gz)``
+from https://github.com/evalplus/humanevalplus_release and
+https://github.com/evalplus/mbppplus_release), one problem per line with ``task_id``,
+``prompt``, ``entry_point``, ``canonical_solution``, ``base_input`` and ``plus_input``
+(lists of argument lists), ``atol`` (number) and ``contract`` (string; not used for
+grading, as upstream). MBPP+ inputs are converted to tuples / sets / complex numbers per
+task as upstream's ``mbpp_deserialize_inputs`` does (``evalplus/data/mbpp.py``).
+
+Grading (upstream ``evalplus/evaluate.py`` + ``evalplus/eval/__init__.py``):
+
+* Expected outputs come from running ``prompt + canonical_solution`` on every input in the
+  sandbox (once per problem, cached); its run time sets the time limits.
+* The candidate (HumanEval+: ``prompt`` then the answer's code, as HumanEval grading does;
+  MBPP+: the answer's code) runs on the
+  base inputs then the plus inputs in one sandboxed harness run; it sees the inputs only,
+  and its outputs come back as plain data (:mod:`lopd_jax.envs.workers.wire`).
+* Each output is compared here, outside the sandbox: ``out == exp``; MBPP's special
+  oracles (``are_equivalent``, ``sum_div``, ``surface_Area`` = Mbpp/581 within ``atol`` of
+  upstream's pyramid formula, ``digit_distance_nums`` = Mbpp/558 with zero-padded digits,
+  set-equal and not-None tasks) and HumanEval's
+  ``find_zero`` (``|poly(xs, out)| <= atol``); then, when not equal and ``atol`` is
+  non-zero (``1e-6`` is enforced for float expected values), same type, same length and
+  ``numpy.allclose(out, exp, rtol=1e-7, atol=atol)``.
+* Time limit per input: ``max(1.0, 4.0 x reference)`` seconds (evalplus 0.3.1's
+  ``DEFAULT_MIN_TIME_LIMIT`` and ``DEFAULT_GT_TIME_LIMIT_FACTOR``; upstream's main branch
+  raised the minimum to 4.0 in April 2025), where *reference* is the canonical solution's
+  time on that input, measured inside the sandbox (:func:`time_limits`); the whole run may
+  take ``min(60, sum of the limits)`` plus 5 s of start-up.
+* ``base`` passes when every base input passes; ``plus`` when every base and plus input
+  does. The episode reward is the plus verdict; ``env_stats`` holds ``base_passed`` and
+  ``plus_passed``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import threading
+from typing import Any
+
+from lopd_jax.envs.base import HeldoutTaskSource
+from lopd_jax.envs.code.benchmark import GradedCodeEnvironment, read_rows, require
+from lopd_jax.envs.code.env import hide_paths
+from lopd_jax.envs.code.grading import _results_or_failure, humaneval_body
+from lopd_jax.envs.code.harness import call_program
+from lopd_jax.envs.code.sandbox import SandboxConfig, run_python
+from lopd_jax.envs.workers.wire import wire_decode, wire_encode
+from lopd_jax.core.types import Task
+
+ENV_ID = "evalplus"
+KIND = "evalplus"
+MIN_TIME_LIMIT = 1.0
+GT_TIME_LIMIT_FACTOR = 4.0
+FIELDS = {"task_id": str, "prompt": str, "entry_point": str, "canonical_solution": str,
+          "base_input": list, "plus_input": list, "atol": (int, float)}
+MBPP_OUTPUT_SET_EQ_TASKS = ("similar_elements", "find_char_long", "common_in_nested_lists",
+                            "extract_singly", "larg_nnum", "intersection_array",
+                            "find_dissimilar", "Diff")
+MBPP_OUTPUT_NOT_NONE_TASKS = ("check_str", "text_match_three", "text_starta_endb")
+_OUTPUT_CAP = 256 << 20
+_expected: dict[str, dict[str, Any]] = {}
+_expected_lock = threading.Lock()
+_key_locks: dict[str, threading.Lock] = {}
+
+
+# ---------------------------------------------------------------------------------------
+# MBPP+ input types (upstream's mbpp_deserialize_inputs, by task number).
+
+def _tuples(x: Any) -> Any:
+    return tuple(_tuples(i) for i in x) if isinstance(x, list) else x
+
+
+_MBPP_INPUTS = [
+    ((2, 116, 132, 143, 222, 261, 273, 394, 399, 421, 424, 429, 470, 560, 579, 596, 616, 630,
+      726, 740, 744, 809), lambda inp: [tuple(a) for a in inp]),
+    ((63, 64, 70, 94, 120, 237, 272, 299, 400, 409, 417, 438, 473, 614, 780),
+     lambda inp: [[tuple(a) for a in lst] for lst in inp]),
+    ((75, 413, 444, 753), lambda inp: [[tuple(a) for a in inp[0]]] + [inp[1]]),
+    ((106, 750), lambda inp: [inp[0]] + [tuple(inp[1])]),
+    ((115,), lambda inp: [[set(i) if isinstance(i, list) and len(i) else {} for i in inp[0]]]),
+    ((124,), lambda inp: (float(inp[0]), complex(inp[1]))),
+    ((250, 405, 446, 617, 720, 763, 808), lambda inp: [tuple(inp[0])] + [inp[1]]),
+    ((259, 401, 445), lambda inp: [tuple(tuple(a) for a in lst) for lst in inp]),
+    ((278,), lambda inp: [tuple(tuple(i) if isinstance(i, list) else i for i in inp[0])]),
+    ((307,), lambda inp: [tuple(inp[0])] + [inp[1], inp[2]]),
+    ((722,), lambda inp: [{k: tuple(v) for k, v in inp[0].items()}] + inp[1:]),
+    ((252,), lambda inp: [complex(inp[0])]),
+    ((580, 615, 791), _tuples),
+]
+
+
+def mbpp_inputs(task_id: str, inputs: list) -> list:
+    """MBPP+ ``inputs`` with the argument types upstream restores for ``task_id``."""
+    number = int(task_id.rsplit("/", 1)[-1])
+    for ids, convert in _MBPP_INPUTS:
+        if number in ids:
+            return [list(convert(inp)) for inp in inputs]
+    return inputs
+
+
+# ---------------------------------------------------------------------------------------
+# Loading.
+
+def dataset_of(task_id: str) -> str:
+    """``"mbpp"`` for ``Mbpp/N`` ids, else ``"humaneval"``."""
+    return "mbpp" if task_id.lower().startswith("mbpp/") else "humaneval"
+
+
+def load_problems(path: str) -> list[dict[str, Any]]:
+    """Validated payloads of an EvalPlus release file; ValueError names file:line and field."""
+    out = []
+    for lineno, row in read_rows(path):
+        where = f"{path}:{lineno}"
+        values = {f: require(row, f, t, where) for f, t in FIELDS.items()}
+        contract = row.get("contract", "")
+        if not isinstance(contract, str):
+            raise ValueError(f"{where}: field 'contract' must be str, got {type(contract).__name__}")
+        for field in ("base_input", "plus_input"):
+            bad = [i for i, x in enumerate(values[field]) if not isinstance(x, list)]
+            if bad:
+                raise ValueError(f"{where}: field {field!r}: input {bad[0]} is not a list of "
+                                 "arguments")
+        if not values["base_input"]:
+            raise ValueError(f"{where}: field 'base_input' is empty")
+        if not math.isfinite(values["atol"]) or values["atol"] < 0:
+            raise ValueError(f"{where}: field 'atol' must be a finite number >= 0")
+        dataset = dataset_of(values["task_id"])
+        if dataset == "mbpp":
+            try:
+                for field in ("base_input", "plus_input"):
+                    values[field] = mbpp_inputs(values["task_id"], values[field])
+            except (TypeError, ValueError, IndexError, KeyError, AttributeError) as e:
+                raise ValueError(f"{where}: field {field!r} does not fit MBPP+ task "
+                                 f"{values['task_id']}'s argument types ({e})") from None
+        out.append({"kind": KIND, "dataset": dataset, "contract": contract, "file": path,
+                    **values})
+    ids = [p["task_id"] for p in out]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{path}: field 'task_id' is not unique")
+    return out
+
+
+def evalplus_instruction(prompt: str) -> str:
+    """EvalPlus's chat prompt for a problem (``evalplus/codegen.py``'s instruction)."""
+    return ("Please provide a self-contained Python script that solves the following problem "
+            f"in a markdown code block:\n```python\n{prompt.strip()}\n```")
+
+
+# ---------------------------------------------------------------------------------------
+# Grading.
+
+def _calls(payload: dict[str, Any]) -> list:
+    return [[wire_encode(list(args)), wire_encode({})]
+            for args in payload["base_input"] + payload["plus_input"]]
+
+
+def _run(body: str, payload: dict[str, Any], cfg: SandboxConfig, per_call_s: int, timeout_s: float,
+         time_limits: list[float] | None = None, timed: bool = False):
+    program = call_program(body, payload["entry_point"], _calls(payload), per_call_s,
+                           stop_on_exception=False, time_limits=time_limits, timed=timed)
+    cfg = dataclasses.replace(cfg, timeout_s=timeout_s,
+                              max_output_bytes=max(cfg.max_output_bytes, _OUTPUT_CAP))
+    return run_python(program, config=cfg)
+
+
+def expected_outputs(payload: dict[str, Any], cfg: SandboxConfig) -> dict[str, Any]:
+    """``{"outputs": [...], "ref_times": [seconds per input]}`` of the canonical solution
+    (cached per problem; each call timed inside the sandbox, as upstream's
+    ``trusted_exec(record_time=True)``); RuntimeError naming the task when it does not run
+    cleanly."""
+    key = hashlib.sha256(json.dumps([payload["task_id"], payload["prompt"],
+                                     payload["canonical_solution"], _calls(payload)]).encode()
+                         ).hexdigest()
+    with _expected_lock:
+        lock = _key_locks.setdefault(key, threading.Lock())
+    with lock:
+        if key in _expected:
+            return _expected[key]
+        n = len(payload["base_input"]) + len(payload["plus_input"])
+        result = _run(payload["prompt"] + payload["canonical_solution"], payload, cfg,
+                      per_call_s=60, timeout_s=max(cfg.timeout_s, 60.0 + 0.5 * n), timed=True)
+        entries, why = _results_or_failure(result)
+        if entries is None or len(entries) != n or any("exc" in e for e in entries):
+            bad = why or next((f"input {i}: {e['exc']}" for i, e in enumerate(entries or [])
+                               if "exc" in e), "results missing")
+            raise RuntimeError(f"{payload.get('file', '?')}: task {payload['task_id']}: the "
+                               f"canonical solution does not run: {bad}")
+        outputs = [wire_decode(e["ok"]) for e in entries]
+        _expected[key] = {"outputs": outputs, "ref_times": [float(e.get("t", 0.0)) for e in entries]}
+        return _expected[key]
+
+
+def _is_floats(x: Any) -> bool:
+    if isinstance(x, float):
+        return True
+    return isinstance(x, (list, tuple)) and all(isinstance(i, float) for i in x)
+
+
+def _poly(xs: list, x: float) -> float:
+    return sum(c * math.pow(x, i) for i, c in enumerate(xs))
+
+
+def _surface_area(base_edge: float, height: float) -> int:
+    """Upstream's oracle for Mbpp/581: a square pyramid of perpendicular ``height``."""
+    slant = math.sqrt((base_edge / 2) ** 2 + height ** 2)
+    return round(base_edge ** 2 + 4 * (base_edge * slant) / 2)
+
+
+def _digit_distance(num1: int, num2: int) -> int:
+    """Upstream's oracle for Mbpp/558: digits compared after zero-padding to one length."""
+    a, b = str(num1), str(num2)
+    width = max(len(a), len(b))
+    return sum(abs(int(x) - int(y)) for x, y in zip(a.zfill(width), b.zfill(width)))
+
+
+def output_matches(inp: list, out: Any, exp: Any, atol: float, dataset: str,
+                   entry_point: str) -> bool:
+    """EvalPlus's comparison of one output (see the module docstring); ``out`` and ``exp``
+    are plain decoded data."""
+    try:
+        exact = out == exp
+        if dataset == "mbpp":
+            if entry_point == "are_equivalent":
+                exact = True
+            elif entry_point == "sum_div":
+                exact = exact or out == 0
+            elif entry_point == "surface_Area":  # Mbpp/581
+                exact = exact or abs(out - _surface_area(*inp)) <= atol
+            elif entry_point == "digit_distance_nums":  # Mbpp/558
+                exact = exact or out == _digit_distance(*inp)
+            elif entry_point in MBPP_OUTPUT_SET_EQ_TASKS:
+                exact = set(out) == set(exp)
+            elif entry_point in MBPP_OUTPUT_NOT_NONE_TASKS:
+                exact = out == exp if isinstance(out, bool) else exp == (out is not None)
+        if dataset == "humaneval" and entry_point == "find_zero":
+            return abs(_poly(*inp, out)) <= atol
+        if atol == 0 and _is_floats(exp):
+            atol = 1e-6
+        if exact or atol == 0:
+            return bool(exact)
+        if type(out) is not type(exp):
+            return False
+        if isinstance(exp, (list, tuple)) and len(out) != len(exp):
+            return False
+        import numpy as np  # only for float outputs: the grading worker stays light
+        return bool(np.allclose(out, exp, rtol=1e-07, atol=atol))
+    except Exception:  # noqa: BLE001 - an output the comparison cannot handle is wrong
+        return False
+
+
+def candidate_source(payload: dict[str, Any], code: str) -> str:
+    """The program graded: HumanEval+ keeps the prompt's helpers (the answer redefines
+    the entry point, or is its body: :func:`lopd_jax.envs.code.grading.humaneval_body`);
+    an MBPP+ prompt is only a docstring, so the answer's code runs as it is."""
+    return code if payload["dataset"] == "mbpp" else humaneval_body(payload, code)
+
+
+def time_limits(ref_times: list[float]) -> list[float]:
+    """Upstream's per-input limits: ``max(MIN_TIME_LIMIT, GT_TIME_LIMIT_FACTOR * t)`` for
+    each input's reference time ``t`` (``untrusted_check``)."""
+    return [max(MIN_TIME_LIMIT, GT_TIME_LIMIT_FACTOR * t) for t in ref_times]
+
+
+def grade(payload: dict[str, Any], code: str, cfg: SandboxConfig
+          ) -> tuple[float, str, str, dict[str, int]]:
+    """Grade ``code``: (reward = plus verdict, feedback, sandbox status, {base_passed,
+    plus_passed})."""
+    ref = expected_outputs(payload, cfg)
+    n_base = len(payload["base_input"])
+    inputs = payload["base_input"] + payload["plus_input"]
+    limits = time_limits(ref["ref_times"])
+    timeout_s = max(cfg.timeout_s, min(60.0, sum(limits)) + 5.0)
+    result = _run(candidate_source(payload, code), payload, cfg, int(math.ceil(max(limits))), timeout_s,
+                  time_limits=limits)
+    entries, why = _results_or_failure(result)
+    verdicts = {"base_passed": 0, "plus_passed": 0}
+    if entries is None:
+        return 0.0, f"Tests failed: {why}", result.status, verdicts
+    first_bad = None
+    for i, (inp, exp) in enumerate(zip(inputs, ref["outputs"])):
+        entry = entries[i] if i < len(entries) else {"exc": "no result was reported"}
+        ok = "exc" not in entry
+        if ok:
+            try:
+                ok = output_matches(inp, wire_decode(entry.get("ok")), exp, payload["atol"],
+                                    payload["dataset"], payload["entry_point"])
+            except (ValueError, TypeError, RecursionError, OverflowError):
+                ok = False
+        if not ok:
+            first_bad = i
+            break
+    base_ok = first_bad is None or first_bad >= n_base
+    verdicts = {"base_passed": int(base_ok), "plus_passed": int(first_bad is None)}
+    if first_bad is None:
+        return 1.0, "All tests passed.", result.status, verdicts
+    part = "base" if first_bad < n_base else "plus"
+    what = entries[first_bad].get("exc") if first_bad < len(entries) else "no result"
+    return 0.0, (f"Tests failed: {part} input {first_bad}: "
+                 f"{str(inputs[first_bad])[:300]}: {str(what or 'wrong answer')[:500]}"
+                 ), result.status, verdicts
+
+
+# ---------------------------------------------------------------------------------------
+# Task source.
+
+class EvalPlusTaskSource(HeldoutTaskSource):
+    """HumanEval+ / MBPP+ problems from an EvalPlus release file (evaluation only: every
+    task is in "heldout").
+
+    Args:
+        path: the release JSONL(.gz) file.
+        sandbox: limits for grading runs (the file is hidden from graded programs).
+        limit: keep the first ``limit`` problems (None: all).
+    """
+
+    env_id = ENV_ID
+
+    def __init__(self, path: str, sandbox: SandboxConfig | None = None,
+                 limit: int | None = None):
+        """See the class docstring."""
+        self.path = os.path.abspath(path)
+        self.payloads = load_problems(self.path)[:limit]
+        self.sandbox = hide_paths(sandbox or SandboxConfig(timeout_s=30.0), [self.path])
+        self._all = [Task(task_id=p["task_id"], env_id=ENV_ID,
+                          instruction=evalplus_instruction(p["prompt"]),
+                          family=f"{p['dataset']}_plus", payload=p) for p in self.payloads]
+
+    def make_env(self) -> GradedCodeEnvironment:
+        """A fresh environment grading with :func:`grade`."""
+        return GradedCodeEnvironment(ENV_ID, KIND, grade, self.sandbox)
+
+    def oracle_hint(self, task: Task) -> str:
+        """The canonical solution as an answer."""
+        p = task.payload
+        return f"```python\n{p['prompt']}{p['canonical_solution']}\n```"

@@ -1,0 +1,2 @@
+"""The synthetic tool-use families (the hub miniature and its domains).
+"""

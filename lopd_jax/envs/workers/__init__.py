@@ -1,0 +1,3 @@
+"""Isolated worker processes shared by the environments: resource limits, a pool, the
+wire format and numeric-state preservation.
+"""

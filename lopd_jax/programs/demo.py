@@ -1,0 +1,305 @@
+"""The demo (``make demo``): LOPD learning on the CPU miniature, from a shipped starting point.
+
+    python -m lopd_jax.demo [--workdir=workdirs/demo] [--seeds=0,1,2] [--parallel=3] [key=value ...]
+
+The miniature (``configs/miniature.py``, ``docs/miniature.md``) is a tool-use family with a
+hidden per-customer rule that only the privileged context reveals. Its first stages --
+the warm-up (theta0), the experience bank, the composer's cold start (phi0) -- take from a
+quarter of an hour to an hour on two CPU cores (idle to busy), and whether the warm-up
+teaches theta0 to read a hint depends on the seed. So the repository ships their output
+for a seed where it does (:data:`START_DIR`, 2.7 MB), made by
+
+    python -m lopd_jax.premise --config=miniature --workdir=W seed=2 stages.warmup_lr=2e-3 stages.warmup_steps=440
+    python -m lopd_jax.demo --pack=W stages.warmup_lr=2e-3 stages.warmup_steps=440   # W's first stages -> data/demo/start
+
+The demo copies that starting point into ``<workdir>/start`` and then, at once:
+
+* measures the premise rows there (``python -m lopd_jax.premise``): theta0 alone, theta0
+  with the oracle hint as text, theta0 with the cold-start composer's latents, and the
+  no-tool baseline;
+* runs LOPD from it once per seed (``python -m lopd_jax.train --config=miniature`` resuming
+  a copy in ``<workdir>/seed<k>``: only the training stage, the evaluations and the export
+  run), with a held-out evaluation halfway.
+
+It prints the held-out reward before and after LOPD per seed, the mean gain against the
+seed-to-seed spread, writes ``<workdir>/demo.json`` and plots ``<workdir>/demo.png``.
+Dotted overrides are passed to every LOPD run (e.g. ``stages.lopd_steps=8``). Exit status:
+0 done, 1 a run failed (its log is named), 2 a bad argument or no starting point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any, Sequence
+
+import matplotlib
+import numpy as np
+
+matplotlib.use("Agg")  # files only: no display needed
+import matplotlib.pyplot as plt  # noqa: E402
+
+from lopd_jax.io.paths import REPO_ROOT  # noqa: E402
+from lopd_jax.io.startup import configure_platform  # noqa: E402
+
+START_DIR = os.path.join(REPO_ROOT, "data", "demo", "start")
+START_FILE = "start.json"  # in START_DIR: the config and overrides that made it
+PREFIX_STAGES = ("warmup", "eval_before", "bank", "cold_start")
+# What a starting point keeps of a run directory (checkpoints: the newest step of each prefix stage)
+KEEP_FILES = ("config.json", "stages.json", "metrics.jsonl", "premise.json")
+DEMO_STEPS = 16  # configs/miniature.py's LOPD steps; the demo evaluates halfway and at the end
+RESULT_FILE, PLOT_FILE = "demo.json", "demo.png"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line options."""
+    p = argparse.ArgumentParser(prog="python -m lopd_jax.demo", description=__doc__.split("\n\n")[0])
+    p.add_argument("--workdir", default="workdirs/demo", help="where the runs go (default workdirs/demo)")
+    p.add_argument("--seeds", default="0,1,2", help="LOPD seeds, comma-separated (default 0,1,2)")
+    p.add_argument("--parallel", type=int, default=3, help="processes at once (default 3: the seeds beside the "
+                                                            "premise check)")
+    p.add_argument("--start", default=START_DIR, help="the starting point (default: the shipped one)")
+    p.add_argument("--pack", metavar="RUN_DIR", default=None,
+                   help="instead of the demo: copy RUN_DIR's first stages (a run past its cold start, e.g. made "
+                        "by python -m lopd_jax.premise --config=miniature) into --start")
+    p.add_argument("--config", default="miniature", help="with --pack: the config RUN_DIR was made with")
+    p.add_argument("overrides", nargs="*", help="dotted config overrides for the LOPD runs; with --pack: the "
+                                                "overrides RUN_DIR was made with (its seed is added)")
+    return p
+
+
+# ----------------------------------------------------------------------------- starting point
+
+
+def _read_json(path: str) -> Any:
+    with open(path) as f:
+        return json.load(f)
+
+
+def _write_json(path: str, obj: Any) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1, sort_keys=True)
+
+
+def _newest_step(stage_dir: str) -> str:
+    steps = [d for d in os.listdir(stage_dir) if d.isdigit()]
+    if not steps:
+        raise ValueError(f"{stage_dir} holds no finished checkpoint")
+    return max(steps, key=int)
+
+
+def pack(run_dir: str, dst: str, config: str, overrides: Sequence[str]) -> None:
+    """Copy the first stages of ``run_dir`` (warm-up, evaluation before, bank, cold start) into
+    ``dst``: config, ledger and metrics of those stages, the newest checkpoint of each, the
+    bank and ``premise.json``; ``dst/start.json`` records ``config`` and ``overrides``."""
+    ledger = _read_json(os.path.join(run_dir, "stages.json"))
+    missing = [s for s in PREFIX_STAGES if not ledger.get(s, {}).get("done")]
+    if missing:
+        raise ValueError(f"{run_dir} has not finished {missing}; run python -m lopd_jax.premise --config=... there")
+    tmp = dst.rstrip("/") + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    for name in KEEP_FILES:
+        if os.path.exists(os.path.join(run_dir, name)):
+            shutil.copy(os.path.join(run_dir, name), tmp)
+    for stage in ("warmup", "cold_start"):
+        src = os.path.join(run_dir, "checkpoints", stage)
+        step = _newest_step(src)
+        shutil.copytree(os.path.join(src, step), os.path.join(tmp, "checkpoints", stage, step))
+    shutil.copytree(ledger["bank"]["path"], os.path.join(tmp, "bank"))
+    ledger = {k: v for k, v in ledger.items() if k in PREFIX_STAGES}
+    ledger["bank"]["path"] = "bank"  # relative: unpack() points it at the copy
+    _write_json(os.path.join(tmp, "stages.json"), ledger)
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        rows = [ln for ln in f if ln.strip() and json.loads(ln).get("stage") in PREFIX_STAGES]
+    with open(os.path.join(tmp, "metrics.jsonl"), "w") as f:
+        f.writelines(rows)
+    _write_json(os.path.join(tmp, START_FILE), {"config": config, "overrides": list(overrides)})
+    shutil.rmtree(dst, ignore_errors=True)
+    os.replace(tmp, dst)
+
+
+def start_args(start: str) -> tuple[str, list[str]]:
+    """``(config name, overrides)`` that made the starting point ``start``."""
+    path = os.path.join(start, START_FILE)
+    if not os.path.exists(path):
+        raise ValueError(f"{start} is not a demo starting point (no {START_FILE}); make one with "
+                         f"python -m lopd_jax.demo --pack=RUN_DIR")
+    s = _read_json(path)
+    return s["config"], list(s["overrides"])
+
+
+def unpack(start: str, dst: str) -> None:
+    """Copy the starting point into ``dst`` as a run directory past its cold start (its
+    ledger's bank path made absolute; the rest resolves against the workdir)."""
+    tmp = dst.rstrip("/") + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(start, tmp, ignore=shutil.ignore_patterns(START_FILE))
+    ledger = _read_json(os.path.join(tmp, "stages.json"))
+    ledger["bank"]["path"] = os.path.join(os.path.abspath(dst), "bank")
+    _write_json(os.path.join(tmp, "stages.json"), ledger)
+    shutil.rmtree(dst, ignore_errors=True)
+    os.replace(tmp, dst)
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+def train_command(workdir: str, config: str, overrides: Sequence[str], seed: int, extra: Sequence[str]) -> list[str]:
+    """The LOPD run of one seed from a copy of the starting point (its seed allowed to differ)."""
+    kept = [o for o in overrides if not o.startswith("seed=")]
+    return [sys.executable, "-m", "lopd_jax.train", f"--config={config}", f"--workdir={workdir}", *kept,
+            f"seed={seed}", f"stages.eval_every={DEMO_STEPS // 2}", *extra, "--allow_config_change=seed"]
+
+
+def _run(cmd: list[str], log: str) -> float:
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=os.getcwd()).returncode
+    if rc != 0:
+        raise RuntimeError(f"{' '.join(cmd[1:])} exited {rc}; see {log}")
+    return time.perf_counter() - t0
+
+
+def held_out_curve(run_dir: str) -> list[tuple[int, float]]:
+    """``(LOPD step, held-out reward)`` of a run: before, the intermediate evaluations, after."""
+    pts = {}
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        for ln in f:
+            r = json.loads(ln) if ln.strip() else {}
+            if r.get("stage") in ("eval_before", "eval", "eval_after"):
+                pts[int(r["step"])] = float(r["reward_mean"])
+    return sorted(pts.items())
+
+
+def summarize(premise: dict, runs: dict[int, dict]) -> dict[str, Any]:
+    """The demo's numbers: before, after per seed, mean, spread (std and range) and gain."""
+    before = next(iter(runs.values()))["before"]
+    after = np.array([r["after"] for r in runs.values()])
+    spread = float(after.max() - after.min())
+    gain = float(after.mean() - before)
+    return {"before": before, "after_mean": float(after.mean()), "after_std": float(after.std()),
+            "after_range": spread, "gain": gain, "gain_exceeds_spread": bool(gain > spread),
+            "no_tool_baseline": premise.get("no_tool_baseline"), "premise": premise.get("rows", {}),
+            "runs": {str(k): v for k, v in runs.items()}}
+
+
+def report(s: dict[str, Any]) -> str:
+    """The printed summary."""
+    lines = ["premise (held-out, greedy; before any LOPD step):",
+             "| row | reward | success | tool calls | errors |", "|---|---|---|---|---|"]
+    for name, r in s["premise"].items():
+        lines.append(f"| {name} | {r['reward']:.4f} | {r['success_rate']:.1%} | {r['tool_calls']:.2f} | "
+                     f"{r['errors']:.2f} |")
+    lines.append(f"no-tool baseline (answer at once, no tool call): {s['no_tool_baseline']:.4f}")
+    steps = sorted({st for r in s["runs"].values() for st, _ in r["curve"]})
+    lines += ["", "LOPD, held-out reward by training step (64 tasks, greedy):",
+              "| seed | " + " | ".join(f"step {st}" for st in steps) + " |", "|---|" + "---|" * len(steps)]
+    for k, r in s["runs"].items():
+        curve = dict(r["curve"])
+        lines.append(f"| {k} | " + " | ".join(f"{curve[st]:.4f}" if st in curve else "-" for st in steps) + " |")
+    verdict = "exceeds" if s["gain_exceeds_spread"] else "does NOT exceed"
+    lines += ["", f"held-out reward before LOPD: {s['before']:.4f}; after: {s['after_mean']:.4f} "
+                  f"± {s['after_std']:.4f} (mean ± std over {len(s['runs'])} seeds, range {s['after_range']:.4f})",
+              f"gain {s['gain']:+.4f}: it {verdict} the seed-to-seed spread (range {s['after_range']:.4f})"]
+    return "\n".join(lines)
+
+
+def plot(s: dict[str, Any], path: str) -> str:
+    """Held-out reward against LOPD steps, one line per seed, the premise rows as references."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for k, r in s["runs"].items():
+        x, y = zip(*r["curve"])
+        ax.plot(x, y, marker="o", lw=1.8, label=f"LOPD, seed {k}")
+    refs = (("base + oracle text", "tab:green"), ("base + composer", "tab:purple"), ("base", "gray"))
+    for name, color in refs:
+        if name in s["premise"]:
+            ax.axhline(s["premise"][name]["reward"], color=color, ls="--", lw=1, label=f"θ0: {name}")
+    ax.axhline(s["no_tool_baseline"], color="black", ls=":", lw=1, label="no-tool baseline")
+    ax.set_xlabel("LOPD step (8 rollouts each)")
+    ax.set_ylabel("held-out reward (64 tasks, greedy)")
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_title(f"LOPD on the CPU miniature: {s['before']:.3f} → {s['after_mean']:.3f} (gain {s['gain']:+.3f})")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="center left", fontsize=8)  # the curves start low and end on the right
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def run_demo(workdir: str, start: str, seeds: Sequence[int], parallel: int, extra: Sequence[str]) -> dict[str, Any]:
+    """Unpack, run the premise check and the seeds, and collect :func:`summarize`'s numbers."""
+    config, overrides = start_args(start)
+    prefix = os.path.join(workdir, "start")
+    os.makedirs(workdir, exist_ok=True)
+    unpack(start, prefix)  # read-only there; premise.json is measured anew
+    jobs = {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        premise_log = os.path.join(workdir, "premise.log")
+        jobs["premise"] = pool.submit(_run, [sys.executable, "-m", "lopd_jax.premise", f"--workdir={prefix}"],
+                                      premise_log)
+        for k in seeds:
+            run_dir = os.path.join(workdir, f"seed{k}")
+            unpack(start, run_dir)  # a fresh copy: the demo always reruns its LOPD stage
+            jobs[k] = pool.submit(_run, train_command(run_dir, config, overrides, k, extra), run_dir + ".log")
+        concurrent.futures.wait(jobs.values())
+        failed = [str(job.exception()) for job in jobs.values() if job.exception()]
+        if failed:
+            raise RuntimeError("\n".join(failed))
+        walls = {name: job.result() for name, job in jobs.items()}
+    premise = _read_json(os.path.join(prefix, "premise.json"))
+    runs = {}
+    for k in seeds:
+        run_dir = os.path.join(workdir, f"seed{k}")
+        led = _read_json(os.path.join(run_dir, "stages.json"))
+        runs[k] = {"before": led["eval_before"]["reward_mean"], "after": led["eval_after"]["reward_mean"],
+                   "curve": held_out_curve(run_dir), "train_stage_seconds": led["lopd"]["seconds"],
+                   "wall_seconds": round(walls[k], 1)}
+    s = summarize(premise, runs)
+    s.update(start=os.path.abspath(start), config=config, start_overrides=overrides, extra_overrides=list(extra),
+             premise_seconds=round(walls["premise"], 1))
+    return s
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point (see the module docstring)."""
+    configure_platform()  # the train / premise processes it starts inherit the platform choice
+    args = build_parser().parse_args(argv)
+    t0 = time.perf_counter()
+    try:
+        if args.pack:
+            config_json = _read_json(os.path.join(args.pack, "config.json"))
+            pack(args.pack, args.start, args.config, [f"seed={config_json['seed']}", *args.overrides])
+            print(f"starting point written to {args.start}")
+            return 0
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+        if not seeds:
+            raise ValueError("--seeds names no seed; e.g. --seeds=0,1,2")
+        config, _ = start_args(args.start)  # fails early without a starting point
+        print(f"LOPD demo: configs/{config}.py from {os.path.relpath(args.start)} (theta0, bank, phi0); "
+              f"{len(seeds)} LOPD runs (seeds {args.seeds}) and the premise check, {args.parallel} at a time; "
+              f"logs under {args.workdir}", flush=True)
+        s = run_demo(args.workdir, args.start, seeds, args.parallel, args.overrides)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    s["wall_seconds"] = round(time.perf_counter() - t0, 1)
+    _write_json(os.path.join(args.workdir, RESULT_FILE), s)
+    print(report(s))
+    print(f"plot: {plot(s, os.path.join(args.workdir, PLOT_FILE))}\n"
+          f"numbers: {os.path.join(args.workdir, RESULT_FILE)}; wall {s['wall_seconds']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

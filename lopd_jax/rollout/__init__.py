@@ -1,0 +1,6 @@
+"""The inference floor: the rollout engine (continuous batching over a paged KV cache),
+its device calls, sampling, the inference mesh layout, chat episodes and the schedule model.
+
+Tasks and a policy in, token trajectories out (:func:`lopd_jax.rollout.episodes.rollout`);
+new weights in between RL steps (:meth:`lopd_jax.rollout.engine.Engine.run`).
+"""

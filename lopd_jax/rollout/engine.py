@@ -1,0 +1,552 @@
+"""A rollout engine with continuous batching over a paged KV cache.
+
+The device holds a fixed set of decode **slots** and one page pool per layer
+(:mod:`models.paged_attention`). Each episode is a small state machine::
+
+    ready (ids the cache has not seen) -> running in a slot (one turn) -> environment
+      -> ready (last id + observation) -> ... -> done
+
+* **Continuous batching.** The device decodes in fixed chunks of ``decode_chunk`` steps per
+  call for every slot at once (a ``scan``, never a loop until all rows stop). A row whose
+  turn ends (stop id or cap) leaves its slot at the end of the chunk; its turn goes to its
+  environment on a thread pool, and the slot takes the next ready piece of work (a new
+  episode's prompt or another episode's observation), prefilled into that slot between
+  chunks while the other rows keep their state.
+* **Paged cache.** An episode owns pages, allocated as it grows and freed when it ends; it
+  keeps them while its environment runs (no slot held). Attention reads each row's pages up
+  to a static bound set to the longest live row (a power-of-two count of pages), not the cap.
+* **Pool full.** A ready episode that cannot get the pages for its next chunk **waits**
+  (counted in ``admission_waits``). A running row that cannot grow **preempts the newest
+  running episode**: its pages are freed, its partial turn dropped, and it is recomputed
+  later from its full context (``preemptions``, ``recomputed_tokens``). Nothing is lost.
+* **Determinism.** The token at context position ``p`` of episode ``e`` is sampled with
+  ``fold_in(fold_in(rng, e), p)``: tokens do not depend on the slot, the number of slots,
+  the other episodes or timing (and a recomputed turn samples the same tokens again).
+* **Environments off the critical path.** A turn's ``step`` runs on a thread pool; the
+  engine only waits for environments when no slot has work. A step that raises ends its
+  episode (``error`` set) without touching the others.
+* **Stop strings** (optional, host-side): after each chunk a running turn whose decoded
+  text contains a stop string is cut right after the token that completes its first
+  occurrence; the cache is rewound to match, so the cut tail never conditions later turns.
+* **Input embeddings** (optional): an episode may replace the input embeddings of a run of
+  its first chunk's positions (:attr:`EpisodeSpec.embeds`; composer latents); a recompute
+  after preemption replaces them again.
+* **Devices.** An engine is process-local: each process runs its own episodes in its own
+  slots on a ``data x tensor`` mesh of its own devices (:mod:`lopd_jax.rollout.layout`):
+  weights in the sampling dtype with the LoRA folded in, split over ``tensor``; the page
+  pools' KV heads over ``tensor``. :meth:`Engine.local_params` brings the trainer's params
+  there (one collective when they span processes); no step of a run involves another host.
+
+:class:`Engine` works on token-level :class:`EpisodeSpec` s; :func:`lopd_jax.rollout.episodes.rollout`
+runs chat-format episodes with environments on it and returns
+:class:`lopd_jax.rollout.episodes.Trajectory` s.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import time
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from lopd_jax.core.shapes import bucket
+from lopd_jax.settings.sections import EngineConfig, SamplingParams
+from models.decoder import Decoder
+from lopd_jax.rollout import engine_calls
+from lopd_jax.rollout import layout as inference_layout
+from lopd_jax.rollout.paged_step import empty_pools
+from lopd_jax.rollout.sampling import stop_string_cut
+
+__all__ = ["Engine", "EpisodeResult", "EpisodeSpec"]
+
+ROW_SPLITS = 4  # device calls run slots, slots / 2, slots / 4 or slots / 8 rows (the fewest that hold the work)
+
+
+@dataclasses.dataclass
+class EpisodeSpec:
+    """One episode for :meth:`Engine.run`.
+
+    ``first``: the first chunk of ids; ``max_total``: cap on the context (ids fed plus
+    generated); ``max_turn``: cap on tokens generated per turn; ``step(ids, logprobs,
+    raw_logprobs)``: called (on a worker thread) with each finished turn, returns the
+    observation ids to append, or None when the episode is over. ``turn_caps``: optional
+    per-turn caps (turn ``j`` is also capped at ``turn_caps[j]``; e.g. a benchmark's forced
+    turn lengths). ``embeds``: optional ``(start, vectors [k, D])``: the input embeddings
+    of context positions ``start .. start + k - 1`` (inside ``first``) are ``vectors``
+    instead of their ids' embeddings.
+    """
+
+    first: Sequence[int]
+    max_total: int
+    max_turn: int
+    step: Callable[[np.ndarray, np.ndarray, np.ndarray], Sequence[int] | None]
+    turn_caps: Sequence[int] | None = None
+    embeds: tuple[int, np.ndarray] | None = None
+
+
+@dataclasses.dataclass
+class EpisodeResult:
+    """What an episode generated: per turn the ids, processed and raw log-probs; the full
+    context (first chunk, turns, observations); ``error`` is the repr of an exception its
+    ``step`` raised (the episode then ended there)."""
+
+    turns: list[np.ndarray]
+    logprobs: list[np.ndarray]
+    raw_logprobs: list[np.ndarray]
+    context: list[int]
+    error: str | None = None
+
+
+@dataclasses.dataclass
+class _Ep:
+    spec: EpisodeSpec
+    eid: int
+    ctx: list[int]
+    cached: int = 0
+    pages: list[int] = dataclasses.field(default_factory=list)
+    turn: list[int] = dataclasses.field(default_factory=list)
+    lps: list[float] = dataclasses.field(default_factory=list)
+    raws: list[float] = dataclasses.field(default_factory=list)
+    slot: int | None = None
+    admitted: int = 0  # admission counter (newest = largest)
+    result: EpisodeResult | None = None
+
+    @property
+    def cap(self) -> int:
+        """Tokens this turn may generate in all."""
+        cap = min(self.spec.max_turn, self.spec.max_total - len(self.ctx))
+        caps, j = self.spec.turn_caps, len(self.result.turns)
+        return cap if caps is None or j >= len(caps) else max(1, min(cap, int(caps[j])))
+
+
+def _submit(pool, fn, *args) -> concurrent.futures.Future:
+    """``fn(*args)`` on ``pool``, or right here (a finished future) when there is no pool."""
+    if pool is not None:
+        return pool.submit(fn, *args)
+    fut: concurrent.futures.Future = concurrent.futures.Future()
+    try:
+        fut.set_result(fn(*args))
+    except Exception as exc:  # delivered through the future, as a pool would
+        fut.set_exception(exc)
+    return fut
+
+
+def _single_device_graphdef(model: nnx.Module):
+    """``model``'s graph without the training mesh's sharding rules (a test policy's).
+
+    A test policy runs on one device per process, so sharding constraints written for the
+    trainer's mesh (a :class:`models.decoder.Decoder`'s ``rules``, applied e.g. to the input
+    embeddings that composer latents replace) would ask for devices its arrays are not on.
+    The clone shares the model's arrays; the model itself is unchanged.
+    """
+    graphdef, state = nnx.split(model)
+    if getattr(model, "rules", None) is None:
+        return graphdef
+    clone = nnx.merge(graphdef, state)
+    clone.rules = None
+    return nnx.split(clone)[0]
+
+
+class Engine:
+    """Continuous-batching rollout engine over a paged KV cache (see the module docstring).
+
+    Args:
+      model: a :class:`models.decoder.Decoder` (only its config is kept; parameters are
+        passed to :meth:`run`; the engine decodes on its own layout, ``config``'s
+        ``devices`` / ``tensor`` / ``dtype``), or a module with ``cfg``, ``embed_tokens``,
+        ``lm_head_kernel`` and its own ``paged_forward`` (a test policy: one device, its
+        parameters as given).
+      stop_ids: end-of-turn ids.
+      config: :class:`EngineConfig`.
+      sampling: default :class:`SamplingParams`.
+      lora: run with the LoRA adapters on (folded into the weights).
+      pad_id: id used for padding.
+      stop_strings / decode: optional host-side stop strings and the ``ids -> text``
+        function that finds them (e.g. a tokenizer's ``decode``).
+      devices: the process's devices (default ``jax.local_devices()``; an AOT compile
+        passes one host's devices of a TPU topology).
+    """
+
+    def __init__(self, model: nnx.Module, *, stop_ids: Sequence[int], config: EngineConfig = EngineConfig(),
+                 sampling: SamplingParams = SamplingParams(), lora: bool = False, pad_id: int = 0,
+                 stop_strings: Sequence[str] = (), decode: Callable[[list[int]], str] | None = None,
+                 devices: Sequence | None = None):
+        if stop_strings and decode is None:
+            raise ValueError("stop_strings need a decode function (ids -> text), e.g. tokenizer.decode")
+        self.stop_ids = tuple(int(i) for i in stop_ids)
+        self.config = config
+        self.sampling = sampling
+        if isinstance(model, Decoder):  # the inference layout: LoRA merged, no adapters at run time
+            devices, tensor = inference_layout.engine_devices(model.cfg, config.devices, config.tensor, devices)
+            self.mesh = inference_layout.inference_mesh(devices, tensor)
+            self.train_cfg = model.cfg if lora else model.cfg.replace(lora=None)
+            self.graphdef, _, self.shardings = inference_layout.inference_shardings(model.cfg, self.mesh, config.dtype)
+            self.cfg = inference_layout.inference_model_config(model.cfg, config.dtype)
+            self.lora = False
+        else:
+            self.mesh = self.shardings = self.train_cfg = None
+            self.graphdef = _single_device_graphdef(model)
+            self.cfg = model.cfg
+            self.lora = lora
+        self.pad_id = int(pad_id)
+        self.stop_strings = tuple(stop_strings)
+        self.decode = decode
+        self.metrics: dict[str, float] = {}
+        self._pool_makers: dict[int, Callable] = {}
+
+    @staticmethod
+    def params_of(model: nnx.Module) -> dict:
+        """The model's parameter state as a pure dict (what :meth:`run` takes as ``params``)."""
+        return nnx.to_pure_dict(nnx.split(model)[1])
+
+    def local_params(self, params) -> dict:
+        """The policy's parameters (:meth:`params_of`'s dict, e.g. FSDP-sharded training
+        weights with their LoRA factors) as the engine runs them, on this process's devices:
+        merged, cast and laid out on :attr:`mesh`
+        (:func:`lopd_jax.rollout.layout.local_params`; a test policy's as given, on the first
+        device). Parameters spanning processes take one collective, which every process must
+        call together. Params already in the engine's layout are returned as they are.
+        """
+        if self.mesh is None:
+            return jax.device_put(inference_layout.replicated_locally(params), jax.local_devices()[0])
+        if inference_layout.laid_out(params, self.shardings, self.cfg.jnp_dtype):
+            return params
+        return inference_layout.local_params(params, self.train_cfg, self.mesh, self.shardings, self.config.dtype)
+
+    def local_key(self, rng: jax.Array) -> jax.Array:
+        """A PRNG key (the same on every process) on this process's engine devices."""
+        rng = inference_layout.replicated_locally(rng)
+        if self.mesh is None:
+            return jax.device_put(rng, jax.local_devices()[0])
+        return jax.device_put(rng, jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec()))
+
+    def _empty_pools(self, num_pages: int):
+        """Zero page pools for ``num_pages`` pages, made in place on the engine's layout."""
+        if self.mesh is None:
+            return empty_pools(self.cfg, num_pages, self.config.page_size)
+        make = self._pool_makers.get(num_pages)
+        if make is None:  # one jitted maker per pool size: a fresh lambda would compile on every run
+            sh = inference_layout.pool_sharding(self.mesh)
+            make = self._pool_makers[num_pages] = jax.jit(
+                lambda: empty_pools(self.cfg, num_pages, self.config.page_size),
+                out_shardings=(sh,) * self.cfg.num_layers)
+        return make()
+
+    # ----- page pool -----
+    def _pages_for(self, tokens: int) -> int:
+        return -(-tokens // self.config.page_size)
+
+    def _grow(self, ep: _Ep, tokens: int) -> bool:
+        """Pages for ``tokens`` cached ids (never beyond the episode cap); False when the pool
+        has too few free pages."""
+        need = self._pages_for(min(tokens, ep.spec.max_total)) - len(ep.pages)
+        if need > len(self._free):
+            return False
+        for _ in range(max(need, 0)):
+            ep.pages.append(self._free.pop())
+        self._peak = max(self._peak, self._num_pages - len(self._free))
+        return True
+
+    def _release(self, ep: _Ep) -> None:
+        self._free.extend(reversed(ep.pages))
+        ep.pages = []
+        ep.cached = 0
+
+    def _rows(self, n: int) -> int:
+        """Rows of a device call that carries ``n`` occupied slots: the smallest of
+        ``slots``, ``slots / 2``, ... (``ROW_SPLITS`` sizes, rounded up) that holds them, so
+        a call computes no more than about twice the rows in use."""
+        S = self.config.slots
+        return min(r for r in {-(-S // 2 ** k) for k in range(ROW_SPLITS)} if r >= n)
+
+    def _row_sizes(self) -> list[int]:
+        """Every row count :meth:`_rows` can return."""
+        return sorted({self._rows(n) for n in range(1, self.config.slots + 1)})
+
+    def _table(self, eps: Sequence[_Ep | None], width: int) -> np.ndarray:
+        t = np.zeros((len(eps), width), np.int32)
+        for r, ep in enumerate(eps):
+            if ep is not None and ep.pages:
+                t[r, :min(width, len(ep.pages))] = ep.pages[:width]
+        return t
+
+    def _vectors(self, batch: Sequence[_Ep], pos: Sequence[int], C: int, rows: int):
+        """The input-embedding overrides of one prefill piece: ``(vectors [rows, C, D],
+        use [rows, C])``, or ``(None, None)`` when no row's piece has any."""
+        hits = []
+        for r, ep in enumerate(batch):
+            if ep.spec.embeds is None:
+                continue
+            start, vec = ep.spec.embeds
+            lo, hi = max(start, pos[r]), min(start + len(vec), pos[r] + C, len(ep.ctx))
+            if lo < hi:
+                hits.append((r, lo - pos[r], np.asarray(vec[lo - start:hi - start])))
+        if not hits:
+            return None, None
+        dim, dtype = hits[0][2].shape[-1], hits[0][2].dtype
+        vectors = np.zeros((rows, C, dim), dtype)
+        use = np.zeros((rows, C), bool)
+        for r, at, vec in hits:
+            vectors[r, at:at + len(vec)] = vec
+            use[r, at:at + len(vec)] = True
+        return vectors, use
+
+    def _prefill_batch(self, batch: Sequence[_Ep], params, pools, rng, top_k, greedy, temperature, top_p, m):
+        """Feed every admitted episode's un-cached ids in pieces of ``prefill_chunk`` tokens
+        (one call per piece for all of them, :meth:`_rows` rows); return each one's first
+        sampled token, both log-probs, and the pools."""
+        cfg = self.config
+        C, rows = cfg.prefill_chunk, self._rows(len(batch))
+        width = bucket(max(len(ep.pages) for ep in batch), (), 1)
+        table = self._table(list(batch) + [None] * (rows - len(batch)), width)
+        pos = [ep.cached for ep in batch]
+        out = [np.zeros(len(batch), np.int32), np.zeros(len(batch), np.float32), np.zeros(len(batch), np.float32)]
+        while any(p < len(ep.ctx) for p, ep in zip(pos, batch)):
+            ids = np.full((rows, C), self.pad_id, np.int32)
+            start, n, eids = (np.zeros(rows, np.int32) for _ in range(3))
+            for r, ep in enumerate(batch):
+                piece = ep.ctx[pos[r]:pos[r] + C]
+                ids[r, :len(piece)] = piece
+                start[r], n[r], eids[r] = pos[r], len(piece), ep.eid
+            vectors, use = self._vectors(batch, pos, C, rows)
+            (tok, lp, raw), pools = engine_calls.prefill(self.graphdef, top_k, greedy, self.lora, params, pools, ids,
+                                                         start, n, table, eids, rng, temperature, top_p, vectors, use,
+                                                         mesh=self.mesh)
+            tok, lp, raw = np.asarray(tok), np.asarray(lp), np.asarray(raw)
+            for r, ep in enumerate(batch):
+                if n[r] and pos[r] + n[r] == len(ep.ctx):  # this episode's last piece: its first token
+                    out[0][r], out[1][r], out[2][r] = tok[r], lp[r], raw[r]
+                pos[r] += int(n[r])
+            m["prefill_calls"] += 1
+            m["prefill_tokens"] += int(n.sum())
+        return (*out, pools)
+
+    def _cut_at_stop_string(self, ep: _Ep) -> bool:
+        """Cut ``ep``'s running turn after the first stop string (rewinding its cache);
+        True if it had one."""
+        if not self.stop_strings or not ep.turn:
+            return False
+        cut = stop_string_cut(ep.turn, self.stop_strings, self.decode)
+        if cut is None:
+            return False
+        ep.turn, ep.lps, ep.raws = ep.turn[:cut], ep.lps[:cut], ep.raws[:cut]
+        ep.cached = min(ep.cached, len(ep.ctx) + cut - 1)  # a turn's last id is never cached
+        return True
+
+    def precompile(self, params, max_total: int, sampling: SamplingParams | None = None) -> int:
+        """Compile (by running once on a scratch pool) every prefill and decode variant a run
+        with episodes of up to ``max_total`` tokens can meet: one per power-of-two count of
+        pages read and row count (:meth:`_rows`). Returns the number of variants."""
+        sp = sampling or self.sampling
+        cfg, n = self.config, 0
+        row_pages = self._pages_for(max_total)
+        params = self.local_params(params)
+        pools = self._empty_pools(cfg.num_pages or cfg.slots * row_pages)
+        C = cfg.prefill_chunk
+        args = (jnp.float32(sp.temperature), jnp.float32(sp.top_p))
+        key = self.local_key(jax.random.key(0))  # placed as run places its key (same compiled variant)
+        w = 1
+        while True:
+            for S in self._row_sizes():
+                z, table = np.zeros(S, np.int32), np.zeros((S, w), np.int32)
+                _, pools = engine_calls.prefill(self.graphdef, sp.top_k, sp.temperature == 0, self.lora, params,
+                                                pools, np.zeros((S, C), np.int32), z, z, table, z, key,
+                                                *args, None, None, mesh=self.mesh)  # as run passes them: one key
+                _, pools = engine_calls.decode(self.graphdef, cfg.decode_chunk, sp.top_k, sp.temperature == 0,
+                                               self.lora, self.stop_ids, params, pools, z, z, np.zeros(S, bool), z,
+                                               table, z, key, *args, mesh=self.mesh)
+                n += 2
+            if w >= row_pages:
+                return n
+            w *= 2
+
+    # ----- the loop -----
+    def run(self, params, episodes: Sequence[EpisodeSpec], rng: jax.Array, sampling: SamplingParams | None = None,
+            *, first_id: int = 0, on_finish: Callable[[int], None] | None = None) -> list[EpisodeResult]:
+        """Run every episode to its end; results in input order. Metrics of the run are in
+        :attr:`metrics`.
+
+        ``params``: :meth:`local_params`' result (or parameters it converts on each call).
+        Episode ``i`` is identity ``first_id + i``: its tokens are sampled with
+        ``fold_in(rng, first_id + i)`` (then the position), so a batch split differently
+        (over calls or processes) samples the same tokens. ``on_finish(n)`` is called (on
+        this thread) whenever ``n`` episodes have just ended.
+        """
+        sp = sampling or self.sampling
+        cfg = self.config
+        K, ps = cfg.decode_chunk, cfg.page_size
+        max_total = max(e.max_total for e in episodes)
+        row_pages = self._pages_for(max_total)
+        self._num_pages = cfg.num_pages or cfg.slots * row_pages
+        if self._num_pages < row_pages:
+            raise ValueError(f"EngineConfig.num_pages={self._num_pages} cannot hold one episode of "
+                             f"{max_total} tokens ({row_pages} pages of {ps}); raise it")
+        for i, e in enumerate(episodes):
+            if not 0 < len(e.first) < e.max_total:
+                raise ValueError(f"episode {i}: the first chunk has {len(e.first)} ids; it needs 1..max_total-1")
+            if e.embeds is not None and not 0 <= e.embeds[0] <= e.embeds[0] + len(e.embeds[1]) <= len(e.first):
+                raise ValueError(f"episode {i}: its input embeddings cover positions {e.embeds[0]}.."
+                                 f"{e.embeds[0] + len(e.embeds[1]) - 1}, outside its first chunk of {len(e.first)}")
+        greedy, top_k = sp.temperature == 0, sp.top_k
+        temperature, top_p = jnp.float32(sp.temperature), jnp.float32(sp.top_p)
+        params, rng = self.local_params(params), self.local_key(rng)
+        pools = self._empty_pools(self._num_pages)
+        self._free = list(range(self._num_pages - 1, -1, -1))
+        self._peak = 0
+        eps = [_Ep(spec, first_id + i, [int(x) for x in spec.first]) for i, spec in enumerate(episodes)]
+        ready = collections.deque(eps)
+        slots: list[_Ep | None] = [None] * cfg.slots
+        prev = np.zeros(cfg.slots, np.int32)
+        futures: dict[concurrent.futures.Future, _Ep] = {}
+        m = collections.Counter()
+        admitted = 0
+        in_flight = 0  # episodes started (admitted once) and not finished
+        limit = cfg.max_in_flight or len(eps)
+        t0 = time.perf_counter()
+        pool = concurrent.futures.ThreadPoolExecutor(cfg.env_workers) if cfg.env_workers else None
+
+        def end_turn(ep: _Ep):
+            slots[ep.slot] = None
+            ep.slot = None
+            ids = np.asarray(ep.turn, np.int32)
+            lps, raws = np.asarray(ep.lps, np.float32), np.asarray(ep.raws, np.float32)
+            ep.result.turns.append(ids)
+            ep.result.logprobs.append(lps)
+            ep.result.raw_logprobs.append(raws)
+            ep.ctx.extend(ep.turn)
+            ep.turn, ep.lps, ep.raws = [], [], []
+            futures[_submit(pool, ep.spec.step, ids, lps, raws)] = ep
+
+        def finish_env(fut, ep: _Ep) -> bool:
+            """Take an environment step's result; True when the episode ended."""
+            try:
+                obs = fut.result()
+            except Exception as exc:  # a crashing environment ends its own episode only
+                ep.result.error = repr(exc)
+                m["env_errors"] += 1
+                obs = None
+            if obs is None:
+                self._release(ep)
+                ep.result.context = list(ep.ctx)
+                return True
+            obs = [int(x) for x in obs]
+            if len(ep.ctx) + len(obs) >= ep.spec.max_total:
+                raise ValueError(f"episode {ep.eid}: the observation leaves no room below max_total; "
+                                 "the step function must end the episode instead")
+            ep.ctx.extend(obs)
+            ready.append(ep)
+            return False
+
+        def preempt(ep: _Ep):
+            """Free ``ep``'s pages; it is recomputed from its whole context when admitted
+            again (a running episode goes back to the head of the queue)."""
+            m["preemptions"] += 1
+            m["recomputed_tokens"] += ep.cached + len(ep.turn)
+            if ep.slot is not None:
+                slots[ep.slot] = None
+                ep.slot = None
+                ready.appendleft(ep)
+            ep.turn, ep.lps, ep.raws = [], [], []
+            self._release(ep)
+
+        def turn_over(ep: _Ep) -> bool:
+            return self._cut_at_stop_string(ep) or ep.turn[-1] in self.stop_ids or len(ep.turn) >= ep.cap
+
+        for ep in eps:
+            ep.result = EpisodeResult([], [], [], [])
+        try:
+            while ready or futures or any(s is not None for s in slots):
+                if futures and None in slots:
+                    time.sleep(0)  # yield the GIL: steps just submitted (fast environments) can land before admission
+                done = [f for f in futures if f.done()]
+                ended = sum(finish_env(fut, futures.pop(fut)) for fut in done)
+                in_flight -= ended
+                if ended and on_finish is not None:
+                    on_finish(ended)
+                # admission: ready work into free slots (FIFO; the head waits for pages, and a
+                # new episode for room under max_in_flight)
+                batch = []
+                while ready and None in slots:
+                    j = next((j for j, e in enumerate(ready) if e.admitted or in_flight < limit), None)
+                    if j is None:
+                        break
+                    ep = ready[j]
+                    if not self._grow(ep, len(ep.ctx) + min(K, ep.cap)):
+                        m["admission_waits"] += 1
+                        break
+                    del ready[j]
+                    in_flight += ep.admitted == 0
+                    ep.slot = slots.index(None)
+                    slots[ep.slot] = ep
+                    admitted += 1
+                    ep.admitted = admitted
+                    batch.append(ep)
+                if batch:
+                    tok, lp, raw, pools = self._prefill_batch(batch, params, pools, rng, top_k, greedy,
+                                                              temperature, top_p, m)
+                    for r, ep in enumerate(batch):
+                        ep.cached = len(ep.ctx)
+                        ep.turn, ep.lps, ep.raws = [int(tok[r])], [float(lp[r])], [float(raw[r])]
+                        m["useful_tokens"] += 1
+                        prev[ep.slot] = tok[r]
+                        if turn_over(ep):
+                            end_turn(ep)
+                running = sorted((ep for ep in slots if ep is not None), key=lambda e: e.admitted)
+                for ep in running:  # pages for this chunk; preempt the newest when the pool is full
+                    while ep.slot is not None and not self._grow(ep, ep.cached + min(K, ep.cap - len(ep.turn))):
+                        newest = max((e for e in slots if e is not None), key=lambda e: e.admitted)
+                        preempt(newest)
+                occupied = [s for s, ep in enumerate(slots) if ep is not None]
+                if occupied:  # the call carries the occupied slots only, in _rows(n) rows
+                    R = self._rows(len(occupied))
+                    rows = [slots[s] for s in occupied] + [None] * (R - len(occupied))
+                    width = bucket(max(len(slots[s].pages) for s in occupied), (), 1)
+                    live = np.asarray([ep is not None for ep in rows])
+                    lengths = np.asarray([0 if ep is None else ep.cached for ep in rows], np.int32)
+                    remaining = np.asarray([0 if ep is None else ep.cap - len(ep.turn) for ep in rows], np.int32)
+                    eids = np.asarray([0 if ep is None else ep.eid for ep in rows], np.int32)
+                    prev_rows = np.zeros(R, np.int32)
+                    prev_rows[:len(occupied)] = prev[occupied]
+                    (toks, lps, raws, n_gen), pools = engine_calls.decode(
+                        self.graphdef, K, top_k, greedy, self.lora, self.stop_ids, params, pools, prev_rows, lengths,
+                        live, remaining, self._table(rows, width), eids, rng, temperature, top_p, mesh=self.mesh)
+                    toks, lps, raws, n_gen = (np.asarray(x) for x in (toks, lps, raws, n_gen))
+                    m["decode_calls"] += 1
+                    m["slot_steps"] += cfg.slots * K
+                    m["row_steps"] += R * K
+                    for r, s in enumerate(occupied):
+                        ep = rows[r]
+                        g = int(n_gen[r])
+                        ep.turn += toks[r, :g].tolist()
+                        ep.lps += lps[r, :g].tolist()
+                        ep.raws += raws[r, :g].tolist()
+                        ep.cached += g
+                        m["useful_tokens"] += g
+                        m["useful_slot_steps"] += g
+                        if g:
+                            prev[s] = toks[r, g - 1]
+                        if turn_over(ep):
+                            end_turn(ep)
+                elif not batch:
+                    if futures:
+                        concurrent.futures.wait(list(futures), return_when=concurrent.futures.FIRST_COMPLETED)
+                    elif ready:  # the head needs pages other waiting episodes hold: recompute the newest
+                        holders = [e for e in list(ready)[1:] if e.pages]
+                        if not holders:
+                            raise RuntimeError("the page pool cannot hold the next episode")  # unreachable: checked
+                        preempt(max(holders, key=lambda e: e.admitted))
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+        m["peak_pages"] = self._peak
+        m["num_pages"] = self._num_pages
+        m["wall_s"] = time.perf_counter() - t0
+        m["utilisation"] = m["useful_slot_steps"] / max(m["slot_steps"], 1)
+        self.metrics = dict(m)
+        return [ep.result for ep in eps]
