@@ -29,6 +29,8 @@ from train.warmup import BucketedSFTStep, make_sft_step
 
 # dense bf16 peak per chip, FLOP/s (Cloud TPU spec sheets)
 PEAK_FLOPS = {"v5p": 459e12, "v5e": 197e12, "v6e": 918e12, "v4": 275e12}
+HBM_BANDWIDTH = {"v5p": 2.76e12, "v5e": 0.819e12, "v6e": 1.64e12, "v4": 1.2e12}  # bytes/s per chip
+ICI_BANDWIDTH = {"v5p": 600e9, "v5e": 200e9, "v6e": 448e9, "v4": 300e9}  # bytes/s per chip (4,800 Gbps on v5p)
 STEP_KINDS = ("warmup", "cold_start", "lopd", "grpo", "text")
 STEP_NAMES = {"warmup": "warm-up (SFT)", "cold_start": "cold start", "lopd": "LOPD", "grpo": "GRPO",
               "text": "text distillation"}
@@ -215,5 +217,5 @@ def length_lines(rep: dict, hbm_gib: float | None) -> list[str]:
     return lines
 
 
-__all__ = ["PEAK_FLOPS", "STEP_KINDS", "STEP_NAMES", "stage_steps", "step_rows", "shard_tokens", "length_report",
+__all__ = ["HBM_BANDWIDTH", "ICI_BANDWIDTH", "PEAK_FLOPS", "STEP_KINDS", "STEP_NAMES", "stage_steps", "step_rows", "shard_tokens", "length_report",
            "memory_line", "distribution_line", "length_lines"]

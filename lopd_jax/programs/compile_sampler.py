@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import sys
 import time
@@ -55,8 +56,9 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from lopd_jax.programs.compile_buckets import memory_line
+from lopd_jax.programs.compile_buckets import HBM_BANDWIDTH, ICI_BANDWIDTH, memory_line
 from lopd_jax.programs.compile_check import run_config, topology_devices, verdict
+from lopd_jax.programs.compile_rl_step import print_report as print_rl_report, report as rl_report
 from models.decoder import Decoder
 from train import mesh as mesh_lib
 from models.partitioning import split_state, tree_shardings
@@ -68,8 +70,6 @@ from lopd_jax.rollout.layout import (attention_mesh, global_merge, inference_sha
 from lopd_jax.rollout.paged_step import paged_forward_scan
 from lopd_jax.rollout.sampling import sample_logits
 
-HBM_BANDWIDTH = {"v5p": 2.76e12, "v5e": 0.819e12, "v6e": 1.64e12, "v4": 1.2e12}  # bytes/s per chip
-ICI_BANDWIDTH = {"v5p": 600e9, "v5e": 200e9, "v6e": 448e9, "v4": 300e9}  # bytes/s per chip (4,800 Gbps on v5p)
 KERNEL_PAGES_PER_BLOCK = 8  # models.paged_attention.kernel_blocks' default
 
 
@@ -299,6 +299,12 @@ def parse_args(argv=None):
                         "layers on one stacked pool (lopd_jax.rollout.paged_step.paged_forward_scan)")
     p.add_argument("--rule", action="append", default=[], help="training-mesh logical-axis rule remap (repeatable)")
     p.add_argument("--json", default=None, help="also write the report here")
+    p.add_argument("--rl_step", action="store_true",
+                   help="instead: model the whole RL step, sync against async (lopd_jax.programs.compile_rl_step); "
+                        "nothing is compiled")
+    p.add_argument("--mfu", type=float, default=0.4, help="--rl_step: the LOPD step's model FLOPs utilisation")
+    p.add_argument("--rl_steps", type=int, default=24, help="--rl_step: RL steps simulated per seed")
+    p.add_argument("--rl_seeds", type=int, default=3, help="--rl_step: episode streams averaged")
     p.add_argument("overrides", nargs="*", help="dotted config overrides key=value, as for lopd_jax.train")
     return p.parse_args(argv)
 
@@ -344,11 +350,31 @@ def print_report(r: dict) -> None:
               f"{ratio:.2f}x (target <= 1.5x), static / engine = {gain:.1f}x")
 
 
+def rl_step_main(args) -> int:
+    """``--rl_step``: the RL-step model's table and verdict line (exit 2 on a bad argument)."""
+    if not 0 < args.mfu <= 1 or args.rl_steps < 4 or args.rl_seeds < 1:
+        print(f"error: --mfu in (0, 1], --rl_steps >= 4, --rl_seeds >= 1 (got {args.mfu}, {args.rl_steps}, "
+              f"{args.rl_seeds})", file=sys.stderr)
+        return 2
+    try:
+        cfg = run_config(args)
+        rep = rl_report(cfg, args.topology, args.mfu, args.env_steps, args.rl_steps, args.rl_seeds)
+    except ValueError as e:  # ConfigError is a ValueError
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print_rl_report(rep, args.config, args.topology)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rep, f, indent=1)
+    return 0
+
+
 def main(argv=None) -> int:
     """Entry point: print the report; exit 1 when the engine does not fit."""
 
     args = parse_args(argv)
-
+    if args.rl_step:
+        return rl_step_main(args)
     try:
         r = run(args)
     except ValueError as e:  # ConfigError is a ValueError
