@@ -90,7 +90,7 @@ def training_stage(ctx, bank, bank_path: str, composer0, writer):
 
 
 class GRPOArm:
-    """GRPO (SPEC 7) on the run's rollouts: see the module docstring."""
+    """GRPO (docs/method.md, "Baselines in brief") on the run's rollouts: see the module docstring."""
 
     def __init__(self, ctx):
         self.ctx = ctx

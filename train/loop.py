@@ -118,7 +118,7 @@ def warmup_stage(ctx: RunContext, writer):
 
 
 def cold_start_stage(ctx: RunContext, bank, writer):
-    """Composer cold start (SPEC 3) on the bank's successful trajectories; ``(phi0, preempted)``."""
+    """Composer cold start on the bank's successes; ``(phi0, preempted)`` (docs/method.md, "Cold start")."""
 
     cfg, system = ctx.cfg, ctx.system
     trajs = [from_experience(e) for e in bank.entries]

@@ -1,4 +1,6 @@
-"""The experience bank: admission, observation-lite linearization, FAISS retrieval (SPEC 5).
+"""The experience bank: admission, observation-lite linearization, FAISS retrieval.
+
+The method: docs/method.md, "Experience bank".
 
 Life cycle: ``add`` successful rollouts (reward >= ``min_reward``), ``build`` once (embeds
 every entry, fills a FAISS ``IndexFlatIP`` over L2-normalized vectors, freezes the bank),
@@ -73,8 +75,8 @@ class Experience:
 
 @dataclasses.dataclass(frozen=True)
 class BankSettings:
-    """The bank's own settings (SPEC 5): :class:`BankConfig` without ``n_ret``, which a run
-    takes from its composer (``composer.n_ret``); the run config's ``bank`` section
+    """The bank's own settings (docs/method.md, "Experience bank"): :class:`BankConfig`
+    without ``n_ret``, which a run takes from its composer (``composer.n_ret``); the run config's ``bank`` section
     (:class:`lopd_jax.settings.config.BankSection`) is these fields plus the embedder and paths.
 
     ``min_reward`` is ``bank_min_reward``; ``extra_candidates`` is the "+10" of the
@@ -94,8 +96,8 @@ class BankSettings:
 
 @dataclasses.dataclass(frozen=True)
 class BankConfig(BankSettings):
-    """Bank settings (SPEC 5): :class:`BankSettings` plus ``n_ret``, the experiences
-    retrieved per task."""
+    """Bank settings (docs/method.md, "Experience bank"): :class:`BankSettings` plus
+    ``n_ret``, the experiences retrieved per task."""
 
     n_ret: int = 3
 

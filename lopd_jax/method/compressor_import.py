@@ -1,8 +1,8 @@
 """Import a composer compressor trained by the authors' PyTorch release into the Flax
 :class:`lopd_jax.method.compressor.Compressor` (release parity, docs/release_parity.md).
 
-The release's compressor is a Perceiver-resampler-style module (SPEC 4) whose parameters
-carry these torch names (``state_dict()`` keys, optionally under a prefix such as
+The release's compressor is a Perceiver-resampler-style module (docs/method.md,
+"Compressor") whose parameters carry these torch names (``state_dict()`` keys, optionally under a prefix such as
 ``"compressor."``)::
 
     latents                               [K, d]      learnable queries

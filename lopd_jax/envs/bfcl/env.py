@@ -19,7 +19,7 @@ ground-truth execution result must appear among the model's results so far (resp
 check); a turn whose ground truth is empty passes only if the model made no call in it.
 Then the next user turn is sent (``role="user"`` observation); after the last one the
 episode ends. Reward = fraction of turns that passed (``reward_mode="fraction"``, the
-SPEC's "fraction of sub-checks") or 1.0 only if all passed (``"all"``, BFCL's accuracy).
+the method's "fraction of sub-checks") or 1.0 only if all passed (``"all"``, BFCL's accuracy).
 
 miss_func: the held-out functions are absent from the tools until their turn; that turn's
 user message (BFCL's "I have updated some more functions you can choose from. What about
