@@ -1,5 +1,5 @@
 """Shared pieces of the full-size configs: the paper's hyperparameters (docs/method.md, "Defaults")
-and the TPU memory layout the compile check measured to fit (README, "Compile check"):
+and the TPU memory layout the compile check measured to fit (docs/results.md, "Compile check"):
 FSDP over all chips, full remat, Pallas splash attention (block 512), logits chunk 1024,
 one trajectory per chip per micro-step (``steps.micro_batch=1``), fp32 master weights
 (bf16 compute). Each named config fills in its backbone and, where needed, its mesh.

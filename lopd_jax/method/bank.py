@@ -1,21 +1,17 @@
 """The experience bank: admission, observation-lite linearization, FAISS retrieval.
 
-The method: docs/method.md, "Experience bank".
-
 Life cycle: ``add`` successful rollouts (reward >= ``min_reward``), ``build`` once (embeds
-every entry, fills a FAISS ``IndexFlatIP`` over L2-normalized vectors, freezes the bank),
+every entry into a FAISS ``IndexFlatIP`` over L2-normalized vectors and freezes the bank),
 then ``retrieve`` n_ret experiences per task for the composer. ``save`` / ``load`` write
-and read a bank directory (local path now; any tensorstore kvstore URL such as gs://
-goes through the same code)::
+and read a bank directory (local or any tensorstore kvstore URL such as ``gs://``)::
 
     manifest.json   format version, embedder spec (name, dim, ...), config, entry count
     entries.jsonl   one Experience per line, in index order
     index.faiss     faiss.serialize_index bytes
 
-Retrieval modes: ``symmetric`` (released code; default) embeds the instruction on both
-sides with the document encoding, so identical instructions score exactly alike;
-``asymmetric`` (paper) embeds document = linearized task + trajectory with
-``embed_documents`` and query = task with ``embed_queries``.
+Retrieval modes: ``symmetric`` (the release's; default) embeds the instruction on both
+sides; ``asymmetric`` (the paper's) embeds document = task + trajectory and query = task.
+The method: docs/method.md, "Experience bank".
 """
 
 from __future__ import annotations
