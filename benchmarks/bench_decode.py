@@ -8,7 +8,7 @@ What is compared, and how:
 * the same batch of prompts (different lengths: ours right-pads into its KV cache,
   ``transformers`` left-pads with an attention mask);
 * exactly ``--new`` new tokens per row (no stop id: ``min_new_tokens = max_new_tokens``);
-* two modes: greedy, and sampled with the SPEC defaults (temperature 0.7, top-p 0.95,
+* two modes: greedy, and sampled with the method's defaults (temperature 0.7, top-p 0.95,
   top-k 20) on both sides;
 * ``torch.set_num_threads(--threads)`` (default 2 = this machine's cores); XLA uses its own
   pool over the same cores;

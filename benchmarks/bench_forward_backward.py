@@ -19,11 +19,8 @@ What is compared, and how:
   average before and after is printed: read a ratio measured under load with care;
 * in each round every side makes one untimed call before its timed one (``--settle``,
   default 1), so neither side is timed on the state the other library left behind. Timing
-  each side's first call after a switch measures the switch instead: here the first JAX
-  call after a PyTorch step took 5.9 s where the following ones took 4.1 s (the minor page
-  faults were the same, about 525k per step: XLA:CPU maps fresh memory for its
-  temporaries on every call), while PyTorch's first call after JAX was not slower.
-  ``--settle 0`` times the switch. The minor page faults per timed call are printed.
+  each side's first call after a switch measures the switch instead (XLA:CPU maps fresh
+  memory for its temporaries on every call); ``--settle 0`` times the switch. The minor page faults per timed call are printed.
 
 Attention: ``--attention causal_plain`` (default here; tiles of ``--attention_block`` 128)
 computes the scores of the causal lower-triangle tiles only -- what PyTorch's SDPA does

@@ -1,7 +1,7 @@
 """Rollout throughput: trajectories per minute on the synthetic family (tiny config, CPU).
 
 The policy is ``tiny_qwen3`` with random weights and the tiny Qwen3-format tokenizer
-(``lopd_jax.programs.evaluate.load_policy("tiny")``), sampling with the SPEC defaults
+(``lopd_jax.programs.evaluate.load_policy("tiny")``), sampling with the method's defaults
 (temperature 0.7, top-p 0.95, top-k 20). A random policy rarely closes a turn, so turns
 usually run to ``--max_turn_tokens``; the numbers are an upper bound on the per-token cost
 of a real rollout's host + device loop. Rollouts run on the engine (``--slots`` decode

@@ -1,59 +1,18 @@
 """Batched generation with a dense KV cache: a jitted prefill chunk plus a compiled decode loop.
 
-Rollouts do not use this module: every rollout (all arms, the warm-up and held-out
-evaluations, ``lopd_jax.evaluate``) runs on the continuous-batching engine
-(:mod:`lopd_jax.rollout.engine`, :func:`lopd_jax.rollout.episodes.rollout`). :class:`Sampler` stays as a plain
-lockstep ``generate`` for what is not a rollout: the greedy parity tests against
-``transformers`` (``tests/test_sampler.py``, ``tests/test_decode_step.py``,
-``tests/test_smollm2.py``), the decode benchmarks and ``benchmarks/bench_engine.py``'s
-static baseline, and ``lopd_jax.compile_sampler``'s dense-cache AOT figures.
+No rollout uses this module (every rollout runs on :mod:`lopd_jax.rollout.engine`).
+:class:`Sampler` is a plain lockstep ``generate`` for the greedy parity tests against
+``transformers``, the decode benchmarks and ``bench_engine``'s static baseline.
 
-One call of :meth:`Sampler.extend` runs, inside a single compiled function:
-
-1. **prefill**: one right-padded chunk of new ids per row (the prompt on the first turn;
-   on later turns whatever the cache has not seen yet) written at positions
-   ``cache.lengths + 0..len-1``; the final hidden state at each row's last chunk token is
-   projected to logits (never the whole ``[B, C, V]`` block) and the first token sampled;
-2. **decode**: ``jax.lax.while_loop`` over one-token steps until every row has emitted a
-   stop id (kept as the row's last generated token) or reached its own per-turn cap.
-   A finished row feeds with ``attention_mask=False``, so its cache length stops.
-
-Log-probs returned per generated token:
-
-* ``logprobs``: log-softmax of the *processed* distribution actually sampled from
-  (temperature, then top-k, then top-p on the top-k-filtered distribution, as Hugging
-  Face's warpers do). Greedy (``temperature == 0``) samples a point mass: 0.
-* ``raw_logprobs``: the model's plain temperature-1 log-softmax (fp32 logits from the
-  final hidden state times the LM head) at the sampled token. This equals the training
-  forward's log-prob of the same token (checked in tests to 1e-4 in fp32).
-
-Multi-turn: the cache is **reused** across turns rather than re-prefilling the whole
-trajectory every turn. Re-prefill would cost O(turns x length) prefill tokens per
-trajectory (up to 30 steps x 40,960 tokens); reuse costs each token once. The last
-generated token of a turn is never fed during that turn (the loop stops on it), so the
-next chunk is ``[last generated id] + observation ids`` -- the caller passes exactly the
-ids the cache has not seen. Rows are caller-managed: row
-``i`` of the cache is row ``i`` of every chunk list; :meth:`Sampler.compact` drops
-finished rows (shrinking to a smaller batch bucket) and the cache grows by length buckets
-when a turn needs more room.
-
-One process only: rows may be sharded over a single process's mesh (``rules``); a
-multi-host run's rollouts use the engine, which runs per process.
-
-Stop strings are checked on the host after the loop: a row whose decoded text contains a
-stop string is truncated right after the token that completes its first occurrence
-(finish reason ``"stop_string"``) and its cache length is rewound to match, so the
-truncated tail never conditions later turns. (The device loop keeps decoding such a row
-until a stop id or its cap; that work is discarded.)
-
-Compilation: batch, chunk length, new-token buffer and cache capacity are rounded up to
-length buckets (powers of two or configured lists), and params / temperature / top-p are
-traced arguments -- sampling from the student's current parameters each step neither
-reloads nor recompiles. ``top_k`` is static (``lax.top_k`` needs a static k), and so is
-whether the temperature is 0 (a greedy turn compiles without any sampling work). Chunks
-longer than ``prefill_block`` are prefilled block by block (a scan), so a long prompt never
-builds ``[B, heads, C, capacity]`` attention scores at once. The sampling math lives in
-:mod:`lopd_jax.rollout.sampling`.
+One :meth:`Sampler.extend` call prefills one right-padded chunk of new ids per row and
+then decodes one token per step in a ``while_loop`` until every row has emitted a stop id
+or reached its cap. It returns per token the log-prob of the processed distribution it
+sampled from (``logprobs``) and the model's temperature-1 log-prob (``raw_logprobs``,
+equal to the training forward's). The cache is reused across turns (the caller passes
+only the ids it has not seen); :meth:`Sampler.compact` drops finished rows. Shapes are
+rounded to length buckets and parameters and sampling settings are traced, so new
+parameters never recompile. Stop strings are applied on the host, rewinding the cache.
+One process only. The sampling math: :mod:`lopd_jax.rollout.sampling`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Shared pieces of the full-size configs: the paper's hyperparameters (SPEC defaults)
-and the TPU memory layout the compile check measured to fit (README, "Compile check"):
+"""Shared pieces of the full-size configs: the paper's hyperparameters (docs/method.md, "Defaults")
+and the TPU memory layout the compile check measured to fit (docs/results.md, "Compile check"):
 FSDP over all chips, full remat, Pallas splash attention (block 512), logits chunk 1024,
 one trajectory per chip per micro-step (``steps.micro_batch=1``), fp32 master weights
 (bf16 compute). Each named config fills in its backbone and, where needed, its mesh.
@@ -60,7 +60,8 @@ def paper_config(name: str, *, source: str = "envscaler", workdir: str,
         # and the trainer's params, of 95)
         engine=EngineConfig(slots=64, page_size=128, num_pages=num_pages, decode_chunk=16, prefill_chunk=512,
                             max_in_flight=0, env_workers=16, devices=0, tensor=0, dtype="bfloat16"),
-        # 1,600 rollouts at B = 32 is the paper's horizon (SPEC 8)
+        # 1,600 rollouts at B = 32 is the paper's horizon
+        # (docs/method.md, "The paper's horizon and targets")
         stages=StagesSection(warmup_steps=0, cold_start_steps=1000, cold_start_batch=8, lopd_steps=50,
                              eval_tasks=None, eval_every=10),
         checkpoint=CheckpointSection(every_steps=10, keep=3, async_save=True),

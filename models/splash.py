@@ -1,26 +1,14 @@
 """Pallas splash attention (TPU) behind the decoder's attention interface.
 
-``jax.experimental.pallas.ops.tpu.splash_attention`` is a Mosaic kernel: XLA cannot
-auto-partition it, so on a mesh it runs under ``jax.shard_map`` with the batch split over
-the batch mesh axes and the kv heads over the tensor axis (when they divide), one kernel
-call per local sequence (``vmap`` over the local batch).
-
-Masks: the kernel's masks are static and index-based (query row i, key column j), while
-the decoder's masks are position-based (:mod:`models.attention`). They agree when the
-positions of every row are ``0 .. S-1`` (the training forwards: student, spliced teacher,
-experience encoder all use default positions):
-
-* causal / sliding window: ``CausalMask`` (j <= i) or ``LocalMask`` with a left window of
-  ``window - 1`` (i - j < window), per layer, chosen with ``lax.switch`` on the traced
-  per-layer window among the config's static windows;
-* padding (anywhere, typically on the right): segment ids ``k_valid`` (1 valid, 0 pad).
-  A valid query sees exactly the valid keys the reference allows; a padded query sees
-  padded keys only (its output is unused, as in the reference, and never empty: it sees
-  itself).
-
-The sequence is padded internally to a multiple of the block size (segment id 0).
-Scores are scaled by pre-multiplying q (the kernel takes unscaled q). The kernel does
-not run on CPU; ``interpret=True`` runs the Pallas interpreter there (tests only).
+The splash kernel is a Mosaic kernel XLA cannot auto-partition, so on a mesh it runs under
+``jax.shard_map`` (batch over the batch axes, KV heads over ``tensor`` when they divide),
+one kernel call per local sequence. Its masks are static and index-based, the decoder's
+position-based (:mod:`models.attention`); they agree when every row's positions are
+``0 .. S-1``, as in all training forwards. Causal and sliding-window layers pick their
+mask with ``lax.switch`` on the per-layer window; padding is a segment id, so a valid query
+sees exactly the valid keys the reference allows. The sequence is padded internally to a
+multiple of the block size and q is pre-scaled. The kernel does not run on CPU;
+``interpret=True`` runs the Pallas interpreter there (tests only).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ def _lin(x, p):
 
 
 def numpy_reference(comp: Compressor, hidden, mask):
-    """Straight float64 NumPy transcription of SPEC section 4, one sequence at a time."""
+    """Straight float64 NumPy transcription of docs/method.md, "Compressor", one sequence at a time."""
     b = comp.block
     hd = D // HEADS
     outs = []

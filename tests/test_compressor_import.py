@@ -1,7 +1,7 @@
 """Release composer checkpoints load into the Flax compressor (release parity item 6).
 
-A torch port of the release's compressor (SPEC 4: Perceiver-resampler block shared over
-depth iterations, feed-forward without bias) is written here, randomly initialized, and
+A torch port of the release's compressor (docs/method.md, "Compressor": Perceiver-resampler
+block shared over depth iterations, feed-forward without bias) is written here, randomly initialized, and
 its state dict imported with lopd_jax.method.compressor_import; both give the same latents on a
 padded batch (<= 1e-5).
 """
@@ -55,7 +55,7 @@ class TorchBlock(nn.Module):
 
 
 class TorchCompressor(nn.Module):
-    """The release's compressor as SPEC 4 describes it (one block, iterated depth times)."""
+    """The release's compressor as docs/method.md, "Compressor" describes it (one block, depth times)."""
 
     def __init__(self, d, heads, k, depth, ff_mult):
         super().__init__()

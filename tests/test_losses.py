@@ -20,7 +20,7 @@ def np_log_softmax(x):
 
 
 def np_kl(student_logits, teacher_logits, m):
-    """SPEC 2.7 in float64: top-M of the teacher's log-softmax plus an unrenormalized tail."""
+    """docs/method.md, "Distillation loss", in float64: teacher top-M plus an unrenormalized tail."""
     ls = np_log_softmax(np.asarray(student_logits, np.float64))
     lt = np_log_softmax(np.asarray(teacher_logits, np.float64))
     idx = np.argsort(-lt, axis=-1, kind="stable")[..., :m]
@@ -38,7 +38,7 @@ def np_kl(student_logits, teacher_logits, m):
 def assert_kl_close(got, student_logits, teacher_logits, m):
     """Compare with the float64 reference at fp32 accuracy.
 
-    The literal SPEC formula forms the tail as 1 - sum p[I] from fp32 log-probs, so the
+    The literal formula forms the tail as 1 - sum p[I] from fp32 log-probs, so the
     teacher's tail carries an absolute error of about one ulp(1) ~ 1.2e-7, i.e. a relative
     error ulp/tail_T, which the KL multiplies by the student's tail mass. The tolerance
     allows 4 ulp of that (plus fp32 rounding); it is tight wherever the tail is not tiny.

@@ -1,6 +1,6 @@
 """configs/qwen3_8b.py against the authors' released training settings, field by field.
 
-The table is the release's recipe as the paper, SPEC and the audit of the released code
+The table is the release's recipe as the paper, docs/method.md and the audit of the released code
 (issue 12, docs/release_parity.md) give it; each row names the config field it sets.
 """
 
@@ -9,7 +9,7 @@ import pytest
 from configs import load_config
 
 RELEASE = {
-    # objective (SPEC 2.7-2.10) and the release's weighting choices
+    # objective (docs/method.md, "One LOPD step") and the release's weighting choices
     "steps.margin": 0.05,
     "steps.anchor_weight": 0.2,
     "steps.eta_beta": 0.5,

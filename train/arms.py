@@ -1,25 +1,17 @@
 """The training stage of each arm (``TrainConfig.arm``; :mod:`lopd_jax.settings.arm_config`).
 
-:func:`training_stage` runs the arm's training stage in place of the LOPD stage of
+:func:`training_stage` runs the arm's stage in place of the LOPD stage of
 :func:`train.loop.run`; every other stage is shared. ``lopd`` and
-``lopd_frozen_composer`` are :class:`train.training_stage.LOPDStage` (the frozen arm with
-``steps.freeze_composer``, set by :func:`resolve_arm`); the others run
-:class:`PolicyStage`, the same resumable loop (rollouts of the current student with the
-run's sampler, a batch, one jitted step, held-out evaluations every
-``stages.eval_every``) around an arm object:
+``lopd_frozen_composer`` are :class:`train.training_stage.LOPDStage`; the others run
+:class:`PolicyStage` (the same resumable loop of rollouts, batch, jitted step and held-out
+evaluations) around an arm object: :class:`GRPOArm` (G rollouts per task, group-normalized
+advantages, PPO-clip against the sampler's temperature-1 log-probs, ``arms.grpo_epochs``
+updates per batch) or :class:`TextArm` (OPSD / SDPO / SDFT / Skill-SD: top-M + tail reverse
+KL to a teacher with a text context, :mod:`train.text_steps`).
 
-* :class:`GRPOArm` -- G rollouts per task, group-normalized advantages, PPO-clip, token
-  mean, no reference KL; ``old_logp`` is the sampler's temperature-1 unprocessed
-  log-probs (``raw_logprobs``), so the first update's ratio is 1;
-  ``arms.grpo_epochs`` updates per batch.
-* :class:`TextArm` -- OPSD / SDPO / SDFT / Skill-SD: top-M + tail reverse KL to a teacher
-  with a text context at the latent slot (:mod:`train.text_steps`).
-
-Budgets: every arm samples ``env.tasks_per_step * env.group_size`` rollouts per step;
-group arms (``grpo``, ``sdpo``) draw that number divided by ``arms.group_size`` tasks.
-The state of every arm has the LOPD state's layout (:meth:`train.system.LOPDSystem.init_state`;
-the composer entries stay untouched), plus ``ema`` for SDFT, so export and the resume
-machinery read all arms' checkpoints alike.
+Every arm samples ``env.tasks_per_step * env.group_size`` rollouts per step, so arms
+compare at equal rollouts. Every arm's state has the LOPD state's layout (plus ``ema`` for
+SDFT), so export and resume read all arms' checkpoints alike (docs/baselines.md).
 """
 
 from __future__ import annotations
@@ -90,7 +82,7 @@ def training_stage(ctx, bank, bank_path: str, composer0, writer):
 
 
 class GRPOArm:
-    """GRPO (SPEC 7) on the run's rollouts: see the module docstring."""
+    """GRPO (docs/method.md, "Baselines in brief") on the run's rollouts: see the module docstring."""
 
     def __init__(self, ctx):
         self.ctx = ctx

@@ -3,7 +3,7 @@
 
 * :func:`build_bank` rolls the student out over the training split (``bank.passes``
   times; once in the paper), admits the rollouts with reward >= ``bank.min_reward``
-  (SPEC 5), builds the FAISS index and saves
+  (docs/method.md, "Experience bank"), builds the FAISS index and saves
   the bank under ``<workdir>/bank``; or loads the bank named by ``bank.path``.
   Admitted experiences keep their exact token ids, supervision spans and insertion point,
   so the cold start trains on the very ids the student produced.

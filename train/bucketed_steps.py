@@ -324,7 +324,7 @@ class BucketedTextStep(_BucketedStep):
 class BucketedColdStartStep(_BucketedStep):
     """The composer cold start (:func:`train.steps.make_cold_start_step`) on a
     :class:`BucketedBatch`: the token-mean NLL over the whole batch's supervised tokens,
-    then one step of each clip group's optimizer. LoRA dropout (SPEC default 0) draws per
+    then one step of each clip group's optimizer. LoRA dropout (default 0) draws per
     pass, as in the LOPD step's micro-batches."""
 
     def __init__(self, system: LOPDSystem, example_state):

@@ -1,26 +1,18 @@
 """Orbax checkpoints of the train state plus JSON metadata, and a preemption flag.
 
-One :class:`Checkpointer` per directory wraps ``orbax.checkpoint.CheckpointManager``
-with two items per step: ``state`` (the train-state pytree of arrays: params, optax
-states, PRNG keys, scalars; saved sharded, restored onto whatever shardings the caller
-asks for) and ``meta`` (a JSON object: stage, step, data-iterator state, bank location,
-anything the loop passes). Saves are asynchronous by default: :meth:`Checkpointer.save`
-returns once the arrays are copied off the devices (so the state may be donated to the
-next step right away) and the files are written in the background.
+One :class:`Checkpointer` per directory wraps ``orbax.checkpoint.CheckpointManager`` with
+two items per step: ``state`` (the train-state pytree, saved sharded and restored onto the
+shardings the caller asks for) and ``meta`` (stage, step, data-iterator state, anything
+the loop passes). Saves are asynchronous: :meth:`Checkpointer.save` returns once the arrays
+are off the devices, so the state can be donated to the next step. A crash mid-save
+leaves no step that :meth:`latest_step` would pick (Orbax renames a complete step into
+place; a step with missing items is skipped). Keep stages with different state layouts
+in separate directories (``<workdir>/checkpoints/<stage>``) so one stage's keep-last-k never
+deletes another's final checkpoint.
 
-Orbax writes each step into a temporary directory and renames it when complete, so a
-crash mid-save leaves no step directory that :meth:`latest_step` would pick; on top of
-that a step whose items are missing is skipped. Stale temporary directories are removed
-(in the background, awaited before the first save) when a Checkpointer opens the
-directory.
-
-Stages with different state layouts (warm-up, cold start, LOPD) are best kept in
-separate directories (``<workdir>/checkpoints/<stage>``), so that keep-last-k of one
-stage never deletes the final checkpoint of another.
-
-Preemption: :func:`install_preemption_handler` turns SIGTERM into a flag that the loop
-polls with :func:`preemption_requested` (or :func:`preemption_agreed` on multi-host, so
-all hosts stop at the same step), then saves with ``force=True`` and exits.
+Preemption: :func:`install_preemption_handler` turns SIGTERM into a flag the loop polls
+with :func:`preemption_requested` (:func:`preemption_agreed` on multi-host, so all hosts
+stop at the same step), then saves with ``force=True`` and exits.
 """
 
 from __future__ import annotations

@@ -6,18 +6,13 @@
     it = iter(pipe)
     tasks = next(it)                       # this host's share of the step's B tasks
     meta["data"] = it.get_state()          # JSON; saved with the checkpoint
-    ...
     it = iter(pipe); it.set_state(meta["data"])   # resume: the same continuation
 
-Order: grain's global shuffle (``MapDataset.shuffle``) over the whole list, reseeded
-per epoch as ``seed + epoch``, repeated forever. Multi-host: each global batch is cut
-into ``process_count`` contiguous blocks and process ``p`` takes block ``p``, so the
-processes' local batches of step ``s``, concatenated in process order, are exactly the
-global batch ``s`` in order (the rows a process owns in the sampler and the train steps,
-see :mod:`train.distributed`), and a local batch is ``global_batch / process_count``
-tasks. The iterator state counts global steps, so
-it is the same on every host and stays valid when a run resumes on another number of
-hosts.
+Order: grain's global shuffle over the whole list, reseeded per epoch (``seed + epoch``),
+repeated forever. Multi-host: process ``p`` takes the ``p``-th contiguous block of each
+global batch, so the local batches concatenated in process order are the global batch
+(:mod:`train.distributed`). The iterator state counts global steps, so it is the same on
+every host and stays valid when a run resumes on another number of hosts.
 """
 
 from __future__ import annotations

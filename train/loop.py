@@ -1,35 +1,18 @@
 """The end-to-end LOPD training program: warm-up, evaluation, bank, cold start, LOPD, export.
 
 :func:`run` executes the stages of :data:`train.ledger.STAGE_ORDER` in order; each
-finished stage is recorded in ``<workdir>/stages.json`` and skipped on a rerun. Stages
-with steps (warm-up, cold start, LOPD) checkpoint every ``checkpoint.every_steps`` and at
-their end into ``<checkpoints>/<stage>`` and resume from their latest checkpoint, so a run
-killed at any point continues where it stopped when the same command runs again.
+finished stage is recorded in ``<workdir>/stages.json`` and skipped on a rerun, and stages
+with steps checkpoint and resume from their latest checkpoint. Every batch is a function of
+(seed, stage, step), so a resumed run reproduces an uninterrupted one bit for bit.
 
-Determinism: every batch is a function of (seed, stage, step) -- task batches come from a
-grain pipeline whose iterator state is checkpointed, LOPD rollouts sample with
-``fold_in(key(seed), step)`` from the restored student parameters, the step's own PRNG key
-lives in the checkpointed state -- so a resumed run reproduces an uninterrupted one
-bit for bit.
+Multi-host: every process runs the same program and owns a contiguous block of every
+batch's rows; it rolls out and builds only those rows, and what must agree (the bank's
+admitted experiences, rollout statistics, held-out trajectories) is gathered. Only process
+0 writes metrics, the ledger, the bank and the export (docs/pods.md).
 
-Multi-host (:mod:`train.distributed`): every process runs the same program; the task
-pipelines give every process the same global task list, and each process owns a
-contiguous block of every batch's rows (where the batch sharding puts them). It rolls out
-only those rows (its own environments, on its own rollout engine: no step of a rollout
-involves another host), builds only those rows of the step batches, and :func:`train.stage_loop.put_batch`
-assembles the global arrays with ``jax.make_array_from_process_local_data``. No host
-needs another host's environment to be deterministic. What must agree is gathered:
-the bank's admitted experiences (so every host builds and retrieves from the same bank),
-the rollout statistics of the metrics, the held-out trajectories. Only process 0 writes
-metrics, the ledger, the bank and the export; all processes take part in checkpoints.
-
-The training stage itself (LOPD, or the arm's) is :mod:`train.training_stage` and
-:mod:`train.arms`; every stage with steps runs on :func:`train.stage_loop.run_steps`. This
-module holds the other stages and :func:`run`, which orders them: it is the top of ``train/``,
-and nothing in ``train/`` imports it.
-
-SIGTERM (preemption) sets a flag that the step loops poll; the current state is then
-saved and :func:`run` returns :data:`PREEMPTED` (exit status 0).
+This module holds the stages other than training (:mod:`train.training_stage`,
+:mod:`train.arms`) and orders them; nothing in ``train/`` imports it. SIGTERM sets a flag
+the step loops poll: the state is saved and :func:`run` returns :data:`PREEMPTED`.
 """
 
 from __future__ import annotations
@@ -118,7 +101,7 @@ def warmup_stage(ctx: RunContext, writer):
 
 
 def cold_start_stage(ctx: RunContext, bank, writer):
-    """Composer cold start (SPEC 3) on the bank's successful trajectories; ``(phi0, preempted)``."""
+    """Composer cold start on the bank's successes; ``(phi0, preempted)`` (docs/method.md, "Cold start")."""
 
     cfg, system = ctx.cfg, ctx.system
     trajs = [from_experience(e) for e in bank.entries]

@@ -1,21 +1,14 @@
 """Metrics: JSONL records, TensorBoard scalars, console progress, and the run plot.
 
 :class:`MetricsWriter` writes one JSON line per record to ``<workdir>/metrics.jsonl``
-(``step``, ``stage``, wall ``time``, ``elapsed`` seconds, then the metrics), the
-numeric values as TensorBoard scalars ``<stage>/<name>`` under ``<workdir>/tb``
-(tensorboardX), and optionally a short console line. The workdir may be a ``gs://``
-URL: the JSONL file is then an :class:`lopd_jax.io.files.AppendFile` (the object is
-rewritten at :meth:`MetricsWriter.flush` -- every checkpoint save -- and every 30 s),
-and the TensorBoard event files are written to a local scratch directory and copied to
-``<workdir>/tb`` at the same points. (tensorboardX's own gs:// writer is not used: its
-objects upload again when garbage-collected, even after close.) Only process 0 writes on
-multi-host. :class:`Progress` is a tqdm bar with rate and ETA for a stage of known
-length. :func:`plot_run` draws the paper's Figure 4 layout from a metrics file: mean
-reward, the privilege margin Delta and the dual variable beta against the cumulative
-number of rollouts.
-
-Conventional metric names the plot reads: ``reward_mean``, ``delta``, ``beta``,
-``rollouts`` (trajectories in that step; the plot sums them).
+(``step``, ``stage``, ``time``, ``elapsed``, then the metrics) and the numeric values as
+TensorBoard scalars ``<stage>/<name>`` under ``<workdir>/tb``. On a ``gs://`` workdir the
+JSONL file is an :class:`lopd_jax.io.files.AppendFile` and the event files are written
+locally and copied at every flush (tensorboardX's own gs:// writer re-uploads its objects
+at garbage collection). Only process 0 writes. :class:`Progress` is a tqdm bar for a stage
+of known length; :func:`plot_run` draws the paper's Figure 4 layout (mean reward, Delta,
+beta against cumulative rollouts) from the metric names ``reward_mean``, ``delta``,
+``beta`` and ``rollouts``.
 """
 
 from __future__ import annotations

@@ -1,22 +1,16 @@
 """Open a finished or partial training run: config, context, theta0, student, composer, bank.
 
-:func:`open_run` reads a run's working directory (``stages.json``, the stage checkpoints
-under ``<checkpoints>/<stage>``, the bank) the way :mod:`train.loop` wrote it, given the
-run's saved config (which the programs read with :func:`lopd_jax.settings.run_config.load_run_config`),
-and returns a :class:`Run` whose pieces are restored on first use:
-
-* ``ctx`` -- the :class:`train.run_context.RunContext` rebuilt from the saved config
-  (with ``workdir`` set to where the run is now: it may have moved);
-* :meth:`Run.theta0` -- the frozen backbone: the final warm-up checkpoint when the run has
-  a warm-up stage, else the run's initial backbone;
-* :meth:`Run.student` -- the student parameters of a training-stage checkpoint (any arm);
-* :meth:`Run.composer` -- the composer phi = (encoder LoRA, compressor) of the newest
-  ``lopd`` or ``cold_start`` checkpoint;
-* :meth:`Run.bank` -- the experience bank the ``bank`` stage recorded.
+:func:`open_run` reads a run's working directory (``stages.json``, the stage checkpoints,
+the bank) the way :mod:`train.loop` wrote it, given the run's saved config, and returns a
+:class:`Run` whose pieces are restored on first use: ``ctx`` (the run context, with
+``workdir`` set to where the run is now), :meth:`Run.theta0` (the frozen backbone after
+any warm-up), :meth:`Run.student` (a training-stage checkpoint's student, any arm),
+:meth:`Run.composer` (phi from the newest ``lopd`` or ``cold_start`` checkpoint) and
+:meth:`Run.bank`.
 
 :func:`restore_newest` is the checkpoint lookup the loop's resume shares: the newest
-complete step of a :class:`train.checkpoint.Checkpointer`, restored into a template's layout.
-Missing pieces raise :class:`train.checkpoint.CheckpointError` naming what is missing.
+complete step of a :class:`train.checkpoint.Checkpointer`, restored into a template's
+layout. Missing pieces raise :class:`train.checkpoint.CheckpointError` naming them.
 """
 
 from __future__ import annotations

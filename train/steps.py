@@ -1,4 +1,4 @@
-"""The jitted train steps: LOPD (SPEC 2), composer cold start (SPEC 3) and GRPO (SPEC 7).
+"""The jitted train steps: LOPD, composer cold start and GRPO (docs/method.md).
 
 Each ``make_*_step(system)`` returns one ``jax.jit`` function with explicit in / out
 shardings on the system's mesh (when it has one) and the state donated. Batch arrays are
@@ -113,7 +113,7 @@ def _accumulated_grads(system: LOPDSystem, state, frozen, batch, rng, argnums, g
     whole batch's masks up front (:func:`lopd_jax.method.losses.lopd_totals`) and beta is fixed
     during the step, so each micro-batch's loss is an exact share of the whole batch's and
     the summed gradients (accumulated in fp32) equal the one-pass gradients up to float
-    rounding. LoRA dropout (SPEC default 0) draws per micro-batch.
+    rounding. LoRA dropout (default 0) draws per micro-batch.
     """
     cfg = system.step_cfg
     B = batch["tokens"].shape[0]
@@ -298,7 +298,7 @@ def grpo_loss(system: LOPDSystem, student_p, state, frozen, batch, group_size: i
 
 
 def make_grpo_step(system: LOPDSystem, example_state, example_batch, group_size: int = 4):
-    """GRPO ``(state, frozen, batch) -> (state, metrics)`` on the student (SPEC 7)."""
+    """GRPO ``(state, frozen, batch) -> (state, metrics)`` on the student (docs/method.md)."""
 
     def step(state, frozen, batch):
         (loss, metrics), grads = jax.value_and_grad(

@@ -10,7 +10,7 @@ Batch keys: tokens, attention_mask, loss_mask [B, S], insert_at [B], ctx_ids [B,
 ctx_len [B], row_weight [B] (0 leaves a row out of the distillation, e.g. an SDPO group
 without a success), rewards [B].
 
-Metrics: ``distill_kl``, ``delta`` (the privilege margin of SPEC 2.8 with A = 2r - 1,
+Metrics: ``distill_kl``, ``delta`` (the privilege margin of docs/method.md with A = 2r - 1,
 for Figure 4's Delta panel; nothing is trained on it), ``teacher_student_logp_gap``,
 ``supervised_rollouts``, ``delta_per_rollout`` [B] (Skill-SD's UCB1 reward), student
 gradient norm, ``mean_reward``, ``tokens``.

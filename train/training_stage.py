@@ -4,7 +4,7 @@
 each step's data flows forward, the rollouts of the current student -> the step batch ->
 one jitted update -> the step's record (:func:`training_step_record`: rollout statistics,
 ``rollouts_per_minute``, the periodic held-out evaluation). :class:`LOPDStage` is the LOPD
-stage (SPEC 2); the other arms' stage is :class:`train.arms.PolicyStage`.
+stage (docs/method.md, "One LOPD step"); the other arms' stage is :class:`train.arms.PolicyStage`.
 :func:`log_rollouts` appends a step's rollouts to ``<workdir>/rollouts.jsonl``
 (``rollout.log_rollouts``).
 """
@@ -169,7 +169,7 @@ class TrainingStage:
 
 
 class LOPDStage(TrainingStage):
-    """The LOPD steps (SPEC 2): rollout with the current student, retrieve, step. Multi-host:
+    """The LOPD steps (docs/method.md, "One LOPD step"): rollout, retrieve, step. Multi-host:
     each process rolls out and trains on the rows it owns; the statistics are gathered."""
 
     def __init__(self, ctx: RunContext, bank, bank_path: str, composer0, writer):

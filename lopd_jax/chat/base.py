@@ -1,6 +1,6 @@
 """The chat-format interface shared by every model family, and the pieces around it.
 
-"Token in, token out" (ARCHITECTURE principle 7): a rollout keeps one list of token ids per
+"Token in, token out" (docs/method.md, "Rollout"): a rollout keeps one list of token ids per
 trajectory plus a supervision mask. The sampler appends exactly the ids the model generated
 (mask 1, including the end-of-turn id); a :class:`ChatFormat` supplies the ids of
 everything else (mask 0): the prompt up to the first generation prompt
@@ -8,7 +8,7 @@ everything else (mask 0): the prompt up to the first generation prompt
 observation turns and the next generation prompt (:meth:`ChatFormat.observation_ids`).
 Decoded text is only parsed (:meth:`ChatFormat.parse_assistant`), never re-tokenized.
 
-The latent splice (SPEC 2.5) needs the framing ids around the latent slots
+The latent splice (docs/method.md, "Teacher sequence") needs the framing ids around the latent slots
 (:meth:`ChatFormat.framing_ids`) and the token index where the first user message's
 content starts (:meth:`ChatFormat.insertion_point`).
 """

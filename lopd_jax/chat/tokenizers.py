@@ -37,7 +37,7 @@ QWEN_PRETOKENIZE_REGEX = (
 )
 
 LATENT_TOKEN = "<|latent|>"
-"""The dedicated latent-slot placeholder of the tiny tokenizers (SPEC 2.5)."""
+"""The dedicated latent-slot placeholder of the tiny tokenizers (docs/method.md, "Teacher sequence")."""
 
 # Qwen3's added tokens in id order from 151643, with their ``special`` flag as the
 # checkpoints' tokenizer_config.json has it (tool/think tags are added but not special, so

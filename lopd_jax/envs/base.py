@@ -1,40 +1,18 @@
 """The environment API every task family implements, plus shared tool-calling helpers.
 
-An :class:`Environment` runs one episode at a time (one instance per running episode; not
-shared between threads)::
+An :class:`Environment` runs one episode at a time: ``reset(task)`` returns the system and
+user messages and the OpenAI tool schemas; ``step(turn)`` takes a parsed assistant turn and
+returns a :class:`~lopd_jax.core.types.StepResult`; ``finish()`` scores the state as it
+stands when the caller stops the episode at a cap; ``close()`` releases it. Contract:
+``step`` never raises for anything the model wrote (errors come back as ``role="tool"``
+messages starting with ``"Error:"`` that say how to fix the call); an episode ends, with a
+reward in [0, 1], when the assistant answers without a tool call; everything is
+deterministic given the task; per-episode :class:`EpisodeStats` ride in
+``StepResult.info["stats"]``.
 
-    env = source.make_env()
-    messages, tools = env.reset(task)        # system + user messages, OpenAI tool schemas
-    while True:
-        turn = sample_and_parse(messages, tools)       # -> AssistantTurn
-        result = env.step(turn)                        # -> StepResult
-        if result.done:
-            reward = result.reward
-            break
-        messages += [assistant_message(turn)] + result.observation
-        if hit_step_or_token_cap:
-            reward = env.finish()                      # score the state as it stands
-            break
-    env.close()
-
-Contract:
-
-* ``step`` never raises for anything the model wrote: parse errors, unknown tool names,
-  bad argument names or types and exceptions raised inside a tool all come back as
-  ``role="tool"`` messages whose content starts with ``"Error:"`` and says what was wrong
-  and how to fix it. (Calling ``step`` after the episode ended is a caller bug and raises.)
-* An episode ends (``done=True``, reward in [0, 1]) when the assistant answers in plain text
-  without any tool call (well-formed or malformed). ``finish()`` scores the current state
-  when the caller stops the episode instead.
-* Everything is deterministic given the task.
-* Per-episode statistics (:class:`EpisodeStats`) live in ``env.stats`` and are copied into
-  every ``StepResult.info["stats"]``.
-
-:class:`ToolUseEnvironment` implements that contract for "tools are methods of a state
-object" families (synthetic, EnvScaler); subclasses supply the setup, the call and the
-score. :func:`tool_schema_from_function` builds an OpenAI tool schema from a method's signature
-and Google-style docstring, :func:`validate_arguments` checks a call against a schema, and
-:class:`Toolbox` executes validated calls against an object's public methods.
+:class:`ToolUseEnvironment` implements the contract for "tools are methods of a state
+object" families; :func:`tool_schema_from_function`, :func:`validate_arguments` and
+:class:`Toolbox` build schemas from signatures, check calls and execute them.
 """
 
 from __future__ import annotations

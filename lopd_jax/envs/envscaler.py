@@ -1,55 +1,16 @@
 """EnvScaler-format environments: user-supplied scenarios whose code runs isolated.
 
-Record format (follows what EnvScaler's ScenGenerator / SkelBuilder ship; RUC-NLPIR/EnvScaler
-``scen_generator`` "Step 3 output" and ``skel_builder`` "Environment-code format").
-
-A *scenario* (task item) is one JSON object; files are a JSON list or JSONL::
-
-    {
-      "task_id": "hosp_001",                 # unique within the file set
-      "env_id": "env_001",                   # key into the env items (or inline, below)
-      "env_class_name": "HospitalEnv",       # class defined by env_class_code
-      "init_config": {...},                  # initial attribute values
-      "task": "Register device DEV-9Z88H ...",  # the user-facing task text
-      "checklist_with_func": [               # >= 1; reward = fraction returning True
-        {"check_item": "Is DEV-9Z88H registered?",
-         "check_func": "def check_func(final_state):\\n    return ..."}
-      ],
-      # optional, this project's additions:
-      "split": "train" | "heldout",          # overrides the file's split
-      "family": "env_001/register"           # structural family (default: env_id)
-    }
-
-An *env item* (``env_items`` JSON: a dict ``env_id -> item``, as EnvScaler's env files)::
-
-    {
-      "env_class_code": "class HospitalEnv: ...",   # Python source defining the class
-      "environment_introduction": "A hospital ...", # system-prompt text
-      "constraints_rules": ["..."],                 # optional, listed in the system prompt
-      "tools": [<OpenAI function schemas>],         # optional; default: built from the
-                                                    #   public methods' signatures/docstrings
-      "env_class_name": "HospitalEnv"               # optional default for scenarios
-    }
-
-The env item's fields may also be inlined in the scenario itself (no env items file).
-
-Semantics, as EnvScaler's ``init_env_class`` / ``init_env_instance`` / ``run_check_function``:
-the class source is ``exec``-ed in a fresh module; the instance is ``cls(init_config)``
-(``cls()`` if that raises TypeError) and then every ``init_config`` key is set as an
-attribute; the state is ``deepcopy(vars(instance))`` without dunder keys; each check
-function runs in globals holding ``initial_state`` (the state right after construction)
-and is called as ``check_func(final_state)``; non-bool results and exceptions count as
-failures; reward = passed / number of checks. Tools are the listed (or public) methods;
-the observation is ``str(result)`` (EnvScaler's f-string) or JSON (``observation_format``).
-Differences: the episode ends on a plain-text answer (EnvScaler's non-conversational RL env
-ends on a ``chat_with_user`` call) and a tool exception is an error observation, not the
-end of the episode.
+A scenario (one JSON object; files are a JSON list or JSONL) names an environment class
+(its Python source inline or in an ``env_items`` file), the initial attribute values, the
+task text and a checklist of ``check_func(final_state)`` functions; the reward is the
+fraction of checks that return True. Loading, state and checks follow EnvScaler's
+``init_env_class`` / ``run_check_function``; here the episode ends on a plain-text answer
+and a tool exception is an error observation. The record format: docs/data.md.
 
 All dataset code (class source, methods, checks) runs in an isolated worker subprocess per
-episode (:mod:`lopd_jax.envs.workers.isolation`): import-time errors, hangs (per-call timeout),
-crashes and resource-limit kills become error observations and reward 0. ``decimal`` and
-``mpmath`` precision are restored after every call; an observation is cut at
-``MAX_RESULT_CHARS``.
+episode (:mod:`lopd_jax.envs.workers.isolation`): import errors, hangs, crashes and
+resource-limit kills become error observations and reward 0; ``decimal`` / ``mpmath``
+precision is restored after every call and observations are cut at ``MAX_RESULT_CHARS``.
 """
 
 from __future__ import annotations

@@ -1,19 +1,15 @@
 """Run files -- metrics, logs, plots, small JSON, tokenizer files -- on local disk or ``gs://``.
 
-One small layer over :mod:`etils.epath` (which reaches Cloud Storage through ``gcsfs``,
-as Orbax does), so every file a run writes goes where its workdir says. Local paths are
-plain files, written exactly as before (directories created as needed). Credentials and
-endpoints come from the standard environment only: Application Default Credentials on
-a TPU VM, ``STORAGE_EMULATOR_HOST`` for an emulator (tests).
+One small layer over :mod:`etils.epath` (which reaches Cloud Storage through ``gcsfs``, as
+Orbax does), so every file a run writes goes where its workdir says; local paths are plain
+files. Credentials and endpoints come from the standard environment only (Application
+Default Credentials on a TPU VM, ``STORAGE_EMULATOR_HOST`` for an emulator).
 
 Appends: Cloud Storage objects cannot be appended to. :class:`AppendFile` keeps a local
-file opened for appending line-buffered (a crash loses no line); for a URL it holds the
-object's text in memory and rewrites the whole object on :meth:`AppendFile.flush` --
-called by its owner at natural points (every checkpoint save, the end of a stage) and
-by itself when ``flush_seconds`` have passed since the last upload. So a process killed
-with SIGKILL on ``gs://`` loses at most the lines written since the last upload; the
-records of every checkpointed step are already there. Rewriting the whole object is
-cheap at run scale (metrics.jsonl is a few MB after thousands of steps).
+file open line-buffered; for a URL it holds the object's text in memory and rewrites the
+whole object on :meth:`AppendFile.flush` (at every checkpoint save, at the end of a stage,
+and after ``flush_seconds``), so a process killed on ``gs://`` loses at most the lines
+since the last upload (docs/pods.md, "gs://").
 """
 
 from __future__ import annotations

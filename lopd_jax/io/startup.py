@@ -1,26 +1,14 @@
 """Start-up of the command-line programs: pick the JAX platform quietly, then say what runs.
 
-With ``libtpu`` installed (the ``tpu`` extra), JAX tries the TPU backend on every start;
-on a machine without a TPU that prints libtpu's detection errors ("Failed to find host
-bounds", "unexpected worker hostname ...") before falling back to the CPU. They are
-harmless but read like failures, so the programs call :func:`configure_platform` before
-anything imports JAX:
-
-* ``JAX_PLATFORMS`` already set (even to the empty string): left alone -- the user chose.
-* a TPU is visible: left unset, so JAX finds the TPU exactly as it would without us.
-* a GPU is visible: left unset (JAX picks its GPU plugin if one is installed).
-* otherwise: ``JAX_PLATFORMS=cpu``, so libtpu is never asked to look for chips.
-
-It also sets ``TRANSFORMERS_NO_ADVISORY_WARNINGS=1`` (unless set): the programs use
-``transformers`` for tokenizers and checkpoint I/O only, and without PyTorch installed
-(the runtime needs none) it would otherwise print "PyTorch was not found. Models won't be
-available" on every start.
-
-A TPU counts as visible when the host has TPU device files -- ``/dev/accel*`` (v2-v5p
-TPU VMs) or ``/dev/vfio/<n>`` (v5e / v6e TPU VMs) -- or a PCI device of Google's vendor
-id 0x1ae0 in ``/sys/bus/pci/devices`` (the check JAX's own ``hardware_utils`` uses).
-A GPU counts when ``/dev/nvidia0`` or ``/dev/kfd`` (ROCm) exists. These are the files
-the accelerator runtimes themselves open, so a TPU VM is never mistaken for a CPU host.
+With ``libtpu`` installed, JAX probes for a TPU on every start and, on a machine without
+one, prints detection errors that read like failures. So the programs call
+:func:`configure_platform` before anything imports JAX: an explicit ``JAX_PLATFORMS``
+(even empty) is left alone; a visible TPU or GPU leaves it unset; otherwise it is set to
+``cpu``. A TPU counts as visible when the host has the device files the TPU runtime opens
+(``/dev/accel*``, ``/dev/vfio/<n>``) or a Google PCI device (vendor 0x1ae0, as JAX's own
+check); a GPU when ``/dev/nvidia0`` or ``/dev/kfd`` exists. It also sets
+``TRANSFORMERS_NO_ADVISORY_WARNINGS=1`` (unless set): ``transformers`` serves tokenizers
+and checkpoint I/O only, and would otherwise warn on every start that PyTorch is missing.
 
 :func:`describe_devices` is the first line a run prints: devices, platform and processes.
 """

@@ -1,4 +1,4 @@
-"""Qwen3-Embedding-style text embedder on the project's own decoder (SPEC 5).
+"""Qwen3-Embedding-style text embedder on the project's own decoder (docs/method.md, "Experience bank").
 
 A Qwen3-Embedding checkpoint is a Qwen3 backbone whose sentence vector is the final
 (post-norm) hidden state of the last real token, L2-normalized; queries carry an

@@ -1,19 +1,17 @@
-"""The experience bank: admission, observation-lite linearization, FAISS retrieval (SPEC 5).
+"""The experience bank: admission, observation-lite linearization, FAISS retrieval.
 
 Life cycle: ``add`` successful rollouts (reward >= ``min_reward``), ``build`` once (embeds
-every entry, fills a FAISS ``IndexFlatIP`` over L2-normalized vectors, freezes the bank),
+every entry into a FAISS ``IndexFlatIP`` over L2-normalized vectors and freezes the bank),
 then ``retrieve`` n_ret experiences per task for the composer. ``save`` / ``load`` write
-and read a bank directory (local path now; any tensorstore kvstore URL such as gs://
-goes through the same code)::
+and read a bank directory (local or any tensorstore kvstore URL such as ``gs://``)::
 
     manifest.json   format version, embedder spec (name, dim, ...), config, entry count
     entries.jsonl   one Experience per line, in index order
     index.faiss     faiss.serialize_index bytes
 
-Retrieval modes: ``symmetric`` (released code; default) embeds the instruction on both
-sides with the document encoding, so identical instructions score exactly alike;
-``asymmetric`` (paper) embeds document = linearized task + trajectory with
-``embed_documents`` and query = task with ``embed_queries``.
+Retrieval modes: ``symmetric`` (the release's; default) embeds the instruction on both
+sides; ``asymmetric`` (the paper's) embeds document = task + trajectory and query = task.
+The method: docs/method.md, "Experience bank".
 """
 
 from __future__ import annotations
@@ -73,8 +71,8 @@ class Experience:
 
 @dataclasses.dataclass(frozen=True)
 class BankSettings:
-    """The bank's own settings (SPEC 5): :class:`BankConfig` without ``n_ret``, which a run
-    takes from its composer (``composer.n_ret``); the run config's ``bank`` section
+    """The bank's own settings (docs/method.md, "Experience bank"): :class:`BankConfig`
+    without ``n_ret``, which a run takes from its composer (``composer.n_ret``); the run config's ``bank`` section
     (:class:`lopd_jax.settings.config.BankSection`) is these fields plus the embedder and paths.
 
     ``min_reward`` is ``bank_min_reward``; ``extra_candidates`` is the "+10" of the
@@ -94,8 +92,8 @@ class BankSettings:
 
 @dataclasses.dataclass(frozen=True)
 class BankConfig(BankSettings):
-    """Bank settings (SPEC 5): :class:`BankSettings` plus ``n_ret``, the experiences
-    retrieved per task."""
+    """Bank settings (docs/method.md, "Experience bank"): :class:`BankSettings` plus
+    ``n_ret``, the experiences retrieved per task."""
 
     n_ret: int = 3
 

@@ -26,7 +26,10 @@ DEFAULT_FRAMING_AFTER = "\nEnd of reference example. Now solve your own task fro
 
 @dataclasses.dataclass(frozen=True)
 class LatentFraming:
-    """Fixed text around the latent slots inserted before the task text (SPEC 2.5)."""
+    """Fixed text around the latent slots inserted before the task text.
+
+    docs/method.md, "Teacher sequence".
+    """
 
     before: str = DEFAULT_FRAMING_BEFORE
     after: str = DEFAULT_FRAMING_AFTER
@@ -46,7 +49,7 @@ class ComposerConfig:
     ``max_experience_tokens``: encoder inputs are cut to this many tokens (None = no cut,
     as the release; inputs are then padded to a length bucket of the longest one).
     ``framing_before`` / ``framing_after``: the text around the latent slots (None = the
-    built-in SPEC 2.5 framing, :data:`lopd_jax.method.composer.DEFAULT_FRAMING_BEFORE`); set them
+    built-in framing, :data:`lopd_jax.method.composer.DEFAULT_FRAMING_BEFORE`); set them
     to the release's exact text to reproduce its teacher prompt token for token.
     """
 
@@ -75,7 +78,7 @@ class ComposerConfig:
 def make_compressor(model_cfg: ModelConfig, cfg: ComposerConfig, rngs: nnx.Rngs) -> Compressor:
     """A compressor sized to the backbone (width = hidden size, heads = attention heads)."""
     d, heads = model_cfg.hidden_size, model_cfg.num_heads
-    while d % heads:  # head_dim = d / heads must be whole (SPEC 4)
+    while d % heads:  # head_dim = d / heads must be whole (docs/method.md, "Compressor")
         heads -= 1
     return Compressor(d, heads, num_latents=cfg.num_latents, depth=cfg.depth, ff_mult=cfg.ff_mult,
                       ff_bias=cfg.ff_bias, param_dtype=model_cfg.jnp_param_dtype, dtype=model_cfg.jnp_dtype, rngs=rngs)

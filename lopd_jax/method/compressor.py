@@ -1,4 +1,4 @@
-"""The composer's compressor: a shared-weight cross-attention resampler (SPEC section 4).
+"""The composer's compressor: a shared-weight cross-attention resampler (docs/method.md, "Compressor").
 
 It turns the encoder's last hidden states for one experience, ``H`` of shape ``[L, d]``
 with a padding mask, into ``K`` latent vectors of width ``d`` that the teacher uses

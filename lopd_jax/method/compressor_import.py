@@ -1,27 +1,15 @@
 """Import a composer compressor trained by the authors' PyTorch release into the Flax
-:class:`lopd_jax.method.compressor.Compressor` (release parity, docs/release_parity.md).
+:class:`lopd_jax.method.compressor.Compressor` (docs/release_parity.md, "Loading a release
+composer").
 
-The release's compressor is a Perceiver-resampler-style module (SPEC 4) whose parameters
-carry these torch names (``state_dict()`` keys, optionally under a prefix such as
-``"compressor."``)::
-
-    latents                               [K, d]      learnable queries
-    proj_in.weight / .bias                [d, d] / [d]
-    block.attn.norm_media.weight / .bias  LayerNorm of the experience states
-    block.attn.norm_latents.weight / .bias
-    block.attn.to_q.weight                [d, d]      no bias
-    block.attn.to_kv.weight               [2d, d]     keys then values, no bias
-    block.attn.to_out.weight              [d, d]      no bias
-    block.ff.0.weight / .bias             LayerNorm
-    block.ff.1.weight                     [ff_mult d, d]  no bias
-    block.ff.3.weight                     [d, ff_mult d]  no bias (ff.2 is the GELU)
-    proj_out.weight / .bias
-    norm_out.weight / .bias
-
-Separate ``to_k`` / ``to_v`` weights are accepted in place of ``to_kv``. torch Linear
-weights are ``[out, in]``; Flax kernels are ``[in, out]``, so they are transposed. The
-Flax compressor must be built with ``ff_bias=False`` (the default) so the map is one to
-one; every key is checked (missing, unexpected, shape) with a clear error.
+The release's compressor is a Perceiver-resampler-style module (docs/method.md,
+"Compressor"); its ``state_dict()`` keys (optionally under a prefix such as
+``"compressor."``) are ``latents``, ``proj_in``, ``block.attn.{norm_media, norm_latents,
+to_q, to_kv, to_out}``, ``block.ff.{0, 1, 3}``, ``proj_out`` and ``norm_out``; separate
+``to_k`` / ``to_v`` are accepted in place of ``to_kv``. torch Linear weights are
+``[out, in]`` and are transposed to Flax's ``[in, out]``. The Flax compressor must be
+built with ``ff_bias=False`` (the default) so the map is one to one; every key is checked
+(missing, unexpected, shape) with a clear error.
 """
 
 from __future__ import annotations

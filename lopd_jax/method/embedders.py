@@ -1,4 +1,4 @@
-"""Text embedders for the experience bank (SPEC section 5).
+"""Text embedders for the experience bank (docs/method.md, "Experience bank").
 
 An :class:`Embedder` maps batches of texts to float32, L2-normalized vectors
 ``[n, dim]``. Documents and queries have separate entry points because instruction-tuned

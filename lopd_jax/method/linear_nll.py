@@ -1,24 +1,17 @@
 """Fused LM-head + weighted NLL with the gradient formed in the forward pass.
 
-:func:`weighted_linear_nll` computes ``sum(w * -log pi(target)) / sum(w)`` from final
-hidden states and the LM-head kernel, chunk by chunk over the sequence (or ``sum(w * -log pi) / total_weight`` with a given
-batch-level ``total_weight``: a micro-batch's exact share of a larger batch's mean), and computes the
-loss's gradients with respect to the hidden states and the head in the same pass: for a
-token with normalized weight ``c``, d loss / d logits = ``c * (softmax - onehot(target))``,
-known as soon as the chunk's logits are. The backward pass only scales the two saved
-gradients by the incoming cotangent. So one step runs three LM-head matmuls (logits,
-``dlogits @ head^T``, ``hidden^T @ dlogits``), as plain autodiff does, while no
-``[B, S, V]`` tensor is ever held: each chunk's ``[B, C, V]`` buffers are reused. Against
-:func:`lopd_jax.method.losses_kl.chunked_token_logp` (remat: four matmuls) it saves the
-recomputed logits; against materialized logits it saves ``[B, S, V]`` memory traffic.
+:func:`weighted_linear_nll` computes ``sum(w * -log pi(target)) / sum(w)`` (or over a given
+batch-level ``total_weight``: a micro-batch's exact share) from final hidden states and the
+LM-head kernel, chunk by chunk over the sequence, and forms the gradients with respect to
+the hidden states and the head in the same pass (d loss / d logits = ``c * (softmax -
+onehot)``); the backward only scales them by the cotangent. One step runs the three LM-head
+matmuls plain autodiff runs, but never holds a ``[B, S, V]`` tensor, and saves the logits
+that :func:`lopd_jax.method.losses_kl.chunked_token_logp` recomputes (docs/benchmarks.md).
 
-Scope: the head's gradient is accumulated across chunks inside the loop. With the batch
-split over several devices, GSPMD would all-reduce that ``[D, V]`` partial sum once per
-chunk, so sharded steps keep :func:`chunked_token_logp` (whose head gradient is reduced
-once); the warm-up uses this function when its mesh has a single device.
-
-The weights are data (no gradient). ``log pi(target)`` is also returned, without
-gradient, for metrics.
+Scope: the head's gradient accumulates across chunks inside the loop, which a sharded
+batch would all-reduce once per chunk; so sharded steps keep ``chunked_token_logp`` and
+the warm-up uses this function on a one-device mesh. Weights get no gradient;
+``log pi(target)`` is also returned, without gradient, for metrics.
 """
 
 from __future__ import annotations

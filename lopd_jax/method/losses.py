@@ -1,6 +1,6 @@
 """LOPD losses: aggregation, privilege margin, anchor, dual ascent, fused objective, GRPO.
 
-SPEC sections 2.7-2.10 (LOPD), 3 (cold start NLL) and 7 (GRPO). All functions are pure JAX
+docs/method.md, "One LOPD step", "Cold start" and "Baselines in brief". All functions are pure JAX
 and jit-able; arrays are batch-major (``[B, S]`` per-token, ``[B]`` per rollout). Under
 SPMD ``jit`` the sums below run over the global batch, so token means are global.
 
@@ -121,7 +121,7 @@ def privilege_delta(
     advantages: jax.Array,
     total_tokens=None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Privilege margin Delta of SPEC 2.8.
+    """Privilege margin Delta (docs/method.md, "Privilege margin").
 
     delta = teacher_logp - stop_grad(student_logp) per token; delta_i = A_i * mean_i(delta)
     over rollout i's n_i supervised tokens (0 if n_i = 0); Delta = sum n_i delta_i / sum n_i.
@@ -156,12 +156,12 @@ def privilege_delta(
 
 
 def advantages_from_rewards(rewards: jax.Array) -> jax.Array:
-    """LOPD advantage A = 2r - 1, mapping rewards in [0, 1] to [-1, 1] (SPEC 2.2)."""
+    """LOPD advantage A = 2r - 1, mapping rewards in [0, 1] to [-1, 1] (docs/method.md, "Rollout")."""
     return 2.0 * jnp.asarray(rewards, jnp.float32) - 1.0
 
 
 def anchor_loss(latents: jax.Array, latents0: jax.Array, total_elements=None) -> jax.Array:
-    """mean((c - stop_grad(c0))^2) over all elements, in fp32 (SPEC 2.9).
+    """mean((c - stop_grad(c0))^2) over all elements, in fp32 (docs/method.md, "Anchor").
 
     ``total_elements`` replaces the element count (micro-batch share of the mean)."""
     if latents.shape != latents0.shape:
@@ -233,7 +233,9 @@ def lopd_loss_from_stats(
     totals: dict[str, jax.Array] | None = None,
     composer_margin_weighting: str = "rollout_mean",
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """L = L_distill + beta (m - Delta) + lambda anchor from per-token stats (SPEC 2.10).
+    """L = L_distill + beta (m - Delta) + lambda anchor from per-token stats.
+
+    docs/method.md, "Objective and update".
 
     ``composer_margin_weighting`` sets the Delta inside the loss, whose gradient reaches
     only the composer: ``rollout_mean`` (the release, which averages per-rollout losses
@@ -384,7 +386,7 @@ def lopd_objective(
 def group_advantages(
     rewards: jax.Array, eps: float = 1e-6, *, group_size: int | None = None, ddof: int = 1
 ) -> jax.Array:
-    """GRPO advantages (r - mean_group) / (std_group + eps) (SPEC 7).
+    """GRPO advantages (r - mean_group) / (std_group + eps) (docs/method.md, "Baselines in brief").
 
     Args:
       rewards: ``[B, G]``, or flat ``[B * G]`` with rollouts of a task adjacent (then
@@ -470,5 +472,5 @@ def ppo_clip_fraction(
 
 
 def nll_token_mean(logp: jax.Array, mask: jax.Array) -> jax.Array:
-    """Cold-start loss: token-mean negative log-likelihood of the masked tokens (SPEC 3)."""
+    """Cold-start loss: token-mean NLL of the masked tokens (docs/method.md, "Cold start")."""
     return masked_token_mean(-logp, mask)

@@ -1,4 +1,4 @@
-"""Top-M + tail reverse KL and chunked LM-head statistics (SPEC 2.7, ARCHITECTURE 3).
+"""Top-M + tail reverse KL and chunked LM-head statistics (docs/method.md, "Distillation loss").
 
 Two entry points compute the same per-token quantities:
 
@@ -24,7 +24,8 @@ import jax.numpy as jnp
 
 from lopd_jax.core.defaults import TOP_M
 
-# Upper clamp on log(sum of top-M probs): keeps the tail bucket >= ~1e-7 (SPEC 2.7).
+# Upper clamp on log(sum of top-M probs): keeps the tail bucket >= ~1e-7
+# (docs/method.md, "Distillation loss").
 TAIL_LOG_CLAMP = -1e-7
 
 _UNROLL = contextvars.ContextVar("unroll_scans", default=False)
@@ -93,7 +94,7 @@ def _topm_tail_stats(
     log_ps = jnp.concatenate([s_sel, _log_tail(s_sel)[..., None]], axis=-1)
     out = {
         "kl": jnp.sum(jnp.exp(log_ps) * (log_ps - log_pt), axis=-1),
-        # Diagnostic only (SPEC 2 metrics); no gradient is meant to flow through it.
+        # Diagnostic only (a logged metric); no gradient is meant to flow through it.
         "teacher_topm_mass": jax.lax.stop_gradient(jnp.exp(jax.nn.logsumexp(t_sel, axis=-1))),
     }
     if targets is not None:
@@ -115,7 +116,9 @@ def _check_top_m(top_m: int, vocab: int) -> None:
 def topm_tail_reverse_kl(
     student_logits: jax.Array, teacher_logits: jax.Array, top_m: int = TOP_M
 ) -> jax.Array:
-    """Reverse KL over the teacher's top-M tokens plus one tail bucket (SPEC 2.7).
+    """Reverse KL over the teacher's top-M tokens plus one tail bucket.
+
+    docs/method.md, "Distillation loss".
 
     Args:
       student_logits: ``[B, S, V]`` (any float dtype; computed in fp32).

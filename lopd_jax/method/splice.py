@@ -1,4 +1,6 @@
-"""The latent splice: build the teacher sequence from the student sequence (SPEC 2.5).
+"""The latent splice: build the teacher sequence from the student sequence.
+
+The method: docs/method.md, "Teacher sequence".
 
 The teacher sees the student's tokens with one fixed block inserted at the start of the
 first user message's content::

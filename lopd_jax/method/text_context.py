@@ -1,22 +1,16 @@
 """Text contexts for the fixed-context self-distillation arms (OPSD, SDPO, SDFT, Skill-SD).
 
-The teacher of these arms sees the student's tokens with a block of *text tokens* inserted
-at the same point LOPD splices its latent block (the start of the first user message's
-content, ``Trajectory.insert_at``)::
+Their teacher sees the student's tokens with a block of *text tokens* inserted where LOPD
+splices its latent block (``Trajectory.insert_at``)::
 
     student:  prompt[:a]                                 + prompt[a:] + turns
     teacher:  prompt[:a] + framing_before + text + framing_after + prompt[a:] + turns
 
-Blocks differ in length per row, so the host builds them left-packed in a ``[B, C]`` array
-with their lengths ``[B]`` (:func:`context_block_ids`, :func:`pack_blocks`) and the jitted
-step builds the teacher ids / attention mask with :func:`text_teacher_inputs` (every row is
-its exact unpadded teacher sequence followed by right padding) and aligns the teacher's
-hidden states back to the student's positions with :func:`align_teacher_hidden` (student
-position ``j >= a`` is teacher position ``j + n``, ``n`` the row's block length).
-
-Host-side text makers: :func:`trajectory_text` (a rollout or bank entry, linearized like
-the composer's encoder input), :func:`skill_summary` (a tool-call procedure abstracted
-from a successful trajectory) and :data:`FRAMING` (each arm's framing sentences).
+Blocks differ in length per row, so the host packs them into a ``[B, C]`` array with their
+lengths (:func:`context_block_ids`, :func:`pack_blocks`); the jitted step builds each row's
+teacher sequence (:func:`text_teacher_inputs`) and aligns the teacher's hidden states back
+to the student's positions (:func:`align_teacher_hidden`). Host-side text makers:
+:func:`trajectory_text`, :func:`skill_summary` and each arm's :data:`FRAMING`.
 """
 
 from __future__ import annotations

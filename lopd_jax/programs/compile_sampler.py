@@ -2,44 +2,14 @@
 
     python -m lopd_jax.compile_sampler --config=qwen3_8b --topology=v5p-32 [key=value ...]
 
-Goes through the run config the trainer uses (``configs/<name>.py`` plus dotted
-overrides): the model, its LoRA, the training mesh, the rollout caps, the length
-distribution (``lengths``) and the engine settings (``engine``: slots and pages per
-process). It then
-
-1. **sizes** the engine for the slice: slots = ``engine.slots`` x processes; episodes in
-   flight = ``engine.max_in_flight`` x processes (0: twice the slots); the page pool from
-   a schedule simulation of the engine on the config's length distribution
-   (:mod:`lopd_jax.rollout.schedule`): 1.25 x the 99th percentile of live tokens plus a page
-   per episode in flight, or ``engine.num_pages`` x processes when that is larger
-   (``--pool=config`` / ``rule`` picks one; a configured pool below the rule makes
-   episodes wait or be preempted more often); each process's engine gets its share;
-2. **compiles** one process's engine as :class:`lopd_jax.rollout.engine.Engine` builds it from the
-   ``engine`` section on the first host's chips (``devices``, ``tensor``, ``dtype``: its
-   **inference layout**, :mod:`lopd_jax.rollout.layout`): its decode call
-   (:func:`lopd_jax.rollout.engine_calls.decode`: ``decode_chunk`` steps for every slot, the paged
-   decoder with attention dispatched to JAX's ``ragged_paged_attention`` kernel on the TPU
-   topology, the LM head and per-row sampling; pools donated), and the once-per-RL-step
-   **reshard** its ``local_params`` runs from the trainer's fp32 FSDP params with the LoRA
-   merged (:func:`lopd_jax.rollout.layout.global_merge`);
-3. **prints** memory per chip (the decode step's arguments, outputs and temporaries plus
-   the trainer's resident params the reshard reads), HBM bytes per decode step, the
-   reshard's bytes and roofline time, and the roofline microseconds per useful token of
-   the engine, of today's static dense sampler, and of the bound "read the weights once
-   per step plus the live KV", with the engine's ratio to the bound.
-
-Exits 1 when the engine does not fit in HBM.
-
-Roofline accounting (per chip; chips run the step in parallel; decode is memory bound):
-
-* engine step = bf16 weight shard (weights / tensor) + the KV pages the kernel reads for
-  the process's running rows over its ``tensor`` chips (each row's context rounded up to
-  the kernel's block of pages), divided by HBM bandwidth; per useful token = step /
-  (slots x simulated utilisation): every process runs its step at once;
-* static step = the full bf16 weights (the FSDP all-gather puts every layer on every
-  chip) + the dense cache of every row at the power of two above the cap; per useful
-  token = step / (rows x its simulated utilisation);
-* bound = (weight shard + the running rows' exact live KV) / bandwidth / slots.
+From the run config the trainer uses, it sizes the engine for the slice (slots, episodes
+in flight and a page pool from a schedule simulation of the config's length distribution,
+:mod:`lopd_jax.rollout.schedule`), compiles one process's decode call and the once-per-step
+reshard from the trainer's FSDP parameters exactly as :class:`lopd_jax.rollout.engine.Engine`
+builds them, and prints per-chip memory, HBM bytes per decode step and roofline time per
+useful token against the static sampler and the read-weights-once bound. Exits 1 when
+the engine does not fit in HBM. The sizing rule and the roofline accounting:
+docs/engine.md, "AOT at slice size".
 """
 
 from __future__ import annotations

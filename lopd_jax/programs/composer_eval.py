@@ -1,21 +1,13 @@
 """The paper's "Base + Composer" evaluation: the base model conditioned on composer latents.
 
-:func:`load_composer_run` reopens a training run's working directory (``config.json``,
-``stages.json``, checkpoints, bank) with :func:`train.run_reader.open_run`:
-
-* theta0 -- the frozen backbone the composer was trained against: the final warm-up
-  checkpoint when the run had a warm-up stage, else the run's initial backbone;
-* the composer phi = (encoder LoRA, compressor) of the newest ``lopd`` checkpoint, or of
-  the ``cold_start`` checkpoint (``stage="cold_start"``, or ``"auto"`` when the LOPD stage
-  has no checkpoint yet);
-* the run's experience bank (the path the ``bank`` stage recorded).
-
-:func:`latent_context` retrieves ``bank.eval_n_ret`` experiences per task (the release's
-Base + Composer setting is 1; default ``composer.n_ret``) from that bank, encodes
-them with the composer (:meth:`train.system.LOPDSystem.latents`, exactly as the LOPD and
-cold-start steps do) and returns a :class:`lopd_jax.rollout.episodes.LatentContext`: the rollout then
-prefills each task's teacher-format prompt (the run's latent block spliced in) with the
-latents as the slots' input embeddings, and the base policy theta0 generates from there.
+:func:`load_composer_run` reopens a training run with :func:`train.run_reader.open_run`:
+theta0 (the frozen backbone the composer was trained against), the composer phi of the
+newest ``lopd`` checkpoint or of the ``cold_start`` one (``stage="cold_start"``, or
+``"auto"`` before LOPD has a checkpoint) and the run's bank. :func:`latent_context`
+retrieves ``bank.eval_n_ret`` experiences per task (the release's setting is 1; default
+``composer.n_ret``), encodes them exactly as the training steps do and returns a
+:class:`lopd_jax.rollout.episodes.LatentContext`: the rollout prefills each task's
+teacher-format prompt with the latents at the slots, and theta0 generates from there.
 """
 
 from __future__ import annotations

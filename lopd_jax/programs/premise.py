@@ -1,27 +1,19 @@
 """The premise check of self-distillation: does a privileged context help theta0 at all?
 
 Self-distillation can only help where the teacher -- theta0 with a privileged context --
-does better than theta0 alone. Before any LOPD training this measures, on the held-out
-tasks of a run (greedy decoding, the run's caps and chat format), three rows:
-
-* ``base``: theta0 (after the warm-up, when the run has one);
-* ``base + oracle text``: theta0 with each task's oracle hint
-  (:meth:`lopd_jax.envs.base.TaskSource.oracle_hint`) as text in the latent slot's place --
-  OPSD's teacher (:mod:`lopd_jax.envs.privileged`);
-* ``base + composer``: theta0 with the cold-start composer's latents of ``n_ret``
-  experiences retrieved from the run's bank (:mod:`lopd_jax.programs.composer_eval`).
-
-Each row: mean reward, success rate (reward 1.0), tool calls and errors per episode, the
-gap to ``base`` and the teacher-forced log-prob per token of the oracle demonstration
-under each row's context (:func:`oracle_logprob`); the no-tool baseline (answering at once without a tool call) is
-printed beside them::
+does better than theta0 alone. On a run's held-out tasks (greedy, the run's caps and chat
+format) this measures three rows: ``base`` (theta0); ``base + oracle text`` (each task's
+oracle hint as text in the latent slot's place: OPSD's teacher, :mod:`lopd_jax.envs.privileged`);
+``base + composer`` (the cold-start composer's latents of retrieved experiences,
+:mod:`lopd_jax.programs.composer_eval`). Each row reports reward, success, calls and
+errors per episode, the gap to ``base`` and the teacher-forced log-prob per token of the
+oracle demonstration (:func:`oracle_logprob`), beside the no-tool baseline.
 
     python -m lopd_jax.premise --config=miniature --workdir=W [key=value ...]
     python -m lopd_jax.premise --workdir=W        # a run that has finished its cold start
 
-Without a finished cold start in ``W``, the run's first stages (warm-up, bank, cold start)
-are run there first (``stages.lopd_steps=0``). The table is printed and written to
-``W/premise.json``.
+Without a finished cold start in ``W`` the run's first stages run there first. The table
+is printed and written to ``W/premise.json`` (docs/miniature.md, "The premise check").
 """
 
 from __future__ import annotations

@@ -1,35 +1,16 @@
 """Run arms x seeds (x a grid) of one config side by side, resumably, and report them.
 
-    python -m lopd_jax.sweep --config=NAME --arms=lopd,grpo,lopd_frozen_composer,lopd@steps.margin=0 \\
+    python -m lopd_jax.sweep --config=NAME --arms=lopd,grpo,lopd@steps.margin=0 \\
         --seeds=0,1,2 --workdir=W [--grid steps.margin=0,0.01,0.05] [dotted.key=value ...]
 
-An arm variant ``ARM@key=value`` is that arm with its own overrides (named
-``ARM__key=value``); ``--grid`` applies to every arm.
-
-Every combination (arm, grid point, seed) is one ordinary training run,
-``python -m lopd_jax.train --config=NAME --workdir=W/runs/<name>/seed<k> arm=... seed=k
-<grid> <overrides>``, run as a subprocess one after the other (log in ``train.log`` beside
-it). A run whose ``stages.json`` records the export is finished and skipped; an
-interrupted one resumes (the train command resumes itself), so rerunning the same sweep
-command continues where it stopped.
-
-Shared stages: before a run starts, the warm-up, the held-out evaluation before training
-and the experience bank are copied from an earlier run of the sweep whose config agrees
-on everything those stages read (:func:`stage_keys`: a hash of the config sections they
-depend on and the seed); the composer cold start likewise for the composer arms. The
-copied run then finds those stages done (``stages.json``), with their checkpoints, bank and
-metrics records, and goes straight on.
-
-Report (:mod:`lopd_jax.sweep_report`): ``W/results.json`` (one record per run),
-``W/results.md`` (table over seeds: held-out reward mean +- std, success rate, rollouts
-to a threshold, Table-3 statistics, the "Base + Composer" row beside each composer
-arm's student) and the figures ``W/fig3_arms.png``, ``W/fig3_margin.png`` (with a
-``steps.margin`` grid), ``W/fig4_curves.png``, ``W/fig5_<key>.png`` (with a
-``composer.num_latents`` / ``composer.n_ret`` grid). ``--report_only`` rebuilds them
-from the runs on disk.
-
-Exit status: 0 all runs finished; 1 some run failed (the others still ran; see its
-``train.log``); 2 bad arguments or config.
+Every combination (arm, grid point, seed) is one ordinary ``lopd_jax.train`` run in
+``W/runs/<name>/seed<k>``, run as a subprocess; a finished run is skipped and an
+interrupted one resumes, so rerunning the sweep continues it. Before a run starts, the
+stages it shares with an earlier run of the sweep (warm-up, evaluation before, bank, and
+the cold start for composer arms; :func:`stage_keys`) are copied in. The report
+(:mod:`lopd_jax.sweep_report`: ``results.json``, ``results.md``, Figures 3-5) is rebuilt
+with ``--report_only``. Exit status: 0 all finished, 1 some run failed, 2 bad arguments.
+Details: docs/baselines.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Multi-turn rollouts (SPEC 2.2) on the continuous-batching engine (:mod:`lopd_jax.rollout.engine`).
+"""Multi-turn rollouts (docs/method.md, "Rollout") on the rollout engine.
 
 :func:`rollout` runs one episode per task: each episode's prompt, then its turns, each
 turn's text parsed with its :class:`lopd_jax.chat.base.ChatFormat` and passed to its

@@ -160,7 +160,7 @@ class ModelSection:
 
 @dataclasses.dataclass(frozen=True)
 class BankSection(BankSettings):
-    """Experience bank (SPEC 5): the :class:`lopd_jax.method.bank.BankSettings` fields (those of
+    """Experience bank (docs/method.md): the :class:`lopd_jax.method.bank.BankSettings` fields (those of
     :class:`lopd_jax.method.bank.BankConfig` but ``n_ret``, taken from ``composer.n_ret``), the
     embedder, and the bank to load (``path``; None means "build it offline before
     training"). ``embedder_pool_token``: the token the backbone embedder appends and pools
@@ -206,7 +206,7 @@ class EnvSection:
 
 @dataclasses.dataclass(frozen=True)
 class RolloutSection(RolloutConfig, SamplingParams):
-    """Sampling and episode caps (SPEC 2.2): the fields of :class:`lopd_jax.settings.sections.SamplingParams`
+    """Sampling and episode caps (docs/method.md): the fields of :class:`lopd_jax.settings.sections.SamplingParams`
     (temperature, top_p, top_k) and of :class:`lopd_jax.settings.sections.RolloutConfig` (max_env_steps,
     max_turn_tokens, max_total_tokens), plus the chat format's ``enable_thinking`` and
     ``log_rollouts``. The engine that runs the rollouts (slots, pages, environment
@@ -235,7 +235,7 @@ class RolloutSection(RolloutConfig, SamplingParams):
 
 @dataclasses.dataclass(frozen=True)
 class StagesSection:
-    """Stage lengths: tiny-model warm-up (0 for real models), cold start (SPEC 3), LOPD.
+    """Stage lengths: tiny-model warm-up (0 for real models), cold start (docs/method.md), LOPD.
 
     ``eval_tasks`` caps the held-out tasks per evaluation, taken round-robin over task
     families (None: all); ``eval_every`` is in LOPD steps (0: only at the end).
@@ -289,7 +289,7 @@ class CheckpointSection:
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """The whole run. Defaults are the SPEC defaults (Qwen3-4B-style LOPD on one host)."""
+    """The whole run: the method's defaults (docs/method.md), Qwen3-4B-style LOPD on one host."""
 
     model: ModelSection = ModelSection()
     composer: ComposerConfig = ComposerConfig()

@@ -1,6 +1,6 @@
 """Length-aware training batches: the settings, the bucket plan and the episode-length model.
 
-Every training stage used to pad every trajectory to the total-token cap. With length
+Without buckets every training step pads every trajectory to the total-token cap. With length
 buckets (``lengths.buckets``) a step's rows are grouped into *passes* (micro-batches) of
 one bucket length each, compiled once per bucket, and the passes' gradients are summed
 into one optimizer update (:mod:`train.bucketed_steps`); docs/length_buckets.md says why

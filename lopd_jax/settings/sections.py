@@ -60,7 +60,7 @@ LOGITS_DTYPES = ("float32", "compute")
 
 @dataclasses.dataclass(frozen=True)
 class StepConfig:
-    """Hyperparameters of the LOPD / cold-start / GRPO steps (SPEC defaults).
+    """Hyperparameters of the LOPD / cold-start / GRPO steps (docs/method.md, "Defaults").
 
     ``micro_batch``: trajectories per data shard per forward / backward pass of the LOPD
     step (gradient accumulation inside the one jitted step; exact, see
@@ -121,7 +121,7 @@ class StepConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
-    """Episode caps (SPEC 2.2). Host-side parallelism is the engine's
+    """Episode caps (docs/method.md, "Rollout"). Host-side parallelism is the engine's
     (:attr:`EngineConfig.env_workers`)."""
 
     max_env_steps: int = 30
@@ -136,7 +136,7 @@ class RolloutConfig:
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
-    """Sampling settings (SPEC 2.2 defaults). ``temperature == 0`` is greedy; ``top_k = 0``
+    """Sampling settings (docs/method.md, "Defaults"). ``temperature == 0`` is greedy; ``top_k = 0``
     and ``top_p = 1`` disable those filters."""
 
     temperature: float = 0.7

@@ -2,36 +2,14 @@
 ``agent_multi_turn`` (a simulated user), on the scenarios of
 :mod:`lopd_jax.envs.acebench.scenarios`, graded on the end state and on the milestones.
 
-Data (github.com/ACEBench/ACEBench, commit e6db74b, ``data_all/data_en/``):
-``data_agent_<kind>.json`` holds one JSON object per line with ``id``, ``question`` (the
-task for multi-step; the simulated user's instruction for multi-turn), ``initial_config``
-(``{class: {attribute: value}}``, e.g. ``{"BaseApi": {"wifi": false}}``),
-``involved_classes`` (e.g. ``["BaseApi", "MessageApi"]``), ``function`` (the API docs) and
-``path``; ``possible_answer/data_agent_<kind>.json`` holds ``id``, ``ground_truth``
-(``[{class: {attribute: value}}]``, the expected end state) and ``mile_stone`` (the
-expected call texts, e.g. ``"[turn_on_wifi()]"``, or a list of alternative lists).
-
-Episode (our implementation of upstream's ``common_inference.py`` ``multi_step_inference``
-/ ``multi_turn_inference`` with ``multi_step/{common_agent_step,execution_role_step,
-multi_step_utils}.py`` and ``multi_turn/{common_agent,execution_role,APIModel_user,
-multi_turn_utils}.py``): the agent writes calls as text, ``[ApiName(key='value')]``; they are
-parsed without ``eval`` (keyword arguments only, as upstream) and run against the
-scenario objects; the results come back as a user message ``execution result:[...]``
-(multi-step) or ``execution:[...]`` (multi-turn). In multi-turn, an agent message that
-is not a parseable call goes to the simulated user, whose one-line reply comes back as
-``user:...``; the user model is any :data:`UserSimulator` (the suite passes the policy
-itself, or ``--acebench_user_model``). The episode ends when a message (after the first
-two) contains ``finish conversation``, or after :data:`MAX_MESSAGES` messages.
-
-Grading (upstream's ``eval_main.py`` ``agent_eval`` / ``agent_eval_process`` and
-``model_eval/checker.py`` ``agent_checker``): the end state (the saved attributes of every
-involved class, through JSON) must have as many classes as the ground truth and, for each
-ground-truth class, every attribute equal (a dict attribute: every expected key present
-and equal). Reward 1.0 when it passes, else 0.0. Process accuracy: 1.0 for a passed
-episode, else the share of milestones found in order (stripped text equality) among the
-agent's executed messages, the best over alternatives. A ground-truth class whose name
-matches no involved class (upstream's data has ``ReminderAPI``, ``Reminderpi``, ``BaseAPI``)
-is skipped, as upstream's checker skips it.
+The episode follows upstream's ``multi_step_inference`` / ``multi_turn_inference``: the
+agent writes calls as text, parsed without ``eval`` and run against the scenario objects;
+results come back as a user message. In multi-turn, a message that is not a call goes to
+the simulated user (any :data:`UserSimulator`; the suite passes the policy itself or
+``--acebench_user_model``). The episode ends on ``finish conversation`` or after
+:data:`MAX_MESSAGES` messages. Reward 1.0 when the end state matches the ground truth;
+process accuracy is the share of milestones met in order. Data format, grading and the
+deviations from upstream: docs/evaluation.md, "ACEBench".
 """
 
 from __future__ import annotations

@@ -1,46 +1,14 @@
 """ACEBench (English): the normal and special categories, read from upstream's data files
 and graded as upstream's checker grades them.
 
-Data (github.com/ACEBench/ACEBench, ``data_all/data_en/``): ``data_<category>.json`` holds
-one JSON object per line with ``id``, ``question`` (the dialogue so far, ``user: ...`` /
-``system: ...`` lines), ``function`` (the candidate API docs) and ``time`` (``profile`` for
-``normal_preference``); ``possible_answer/data_<category>.json`` holds ``id`` and
-``ground_truth`` per line: for the normal categories a dict ``{api_name: {param: value}}``
-(a repeated API is keyed ``name_1``, ``name_2``) or a list of such alternatives; for
-``special_incomplete`` ``{api_name: [missing params]}``; for ``special_error_param``
-``{param: [wrong values]}``; for ``special_irrelevant`` a string.
-
-Episode: one assistant turn. The system prompt and the user prompt are upstream's
-(:mod:`lopd_jax.envs.acebench.prompts`); no tools are offered: the answer is text such as
-``[ApiName(key1='v', key2=2)]``. The visible answer (``turn.content``: thinking removed) is
-graded; when it is empty and the turn carries native tool calls, those are graded as
-upstream grades a function-calling model's calls (``decode_ast`` for "FC" models).
-Reward 1.0 when the answer is correct, else 0.0; the verdict (``error_type``, ``error``)
-is in ``StepResult.info["verdict"]``.
-
-Grading (our implementation of upstream's ``eval_main.py`` / ``model_eval/checker.py``, in
-:mod:`lopd_jax.envs.acebench.checker`; its public names are re-exported here):
-
-* normal: all whitespace is removed from the answer, which is parsed with :mod:`ast` as a
-  list of calls with keyword arguments (:func:`decode_calls`; never ``eval``); the number of
-  calls and the multiset of API names must equal the answer's; each expected call must be
-  matched by a same-named call that passes :func:`check_call`: required params present, no
-  param outside the doc or the answer, the doc's type, and the value - strings compared
-  after upstream's normalisation (lower case, `` ,./-_*^`` removed) with the expected one a
-  substring of the given one, lists element-wise, dicts key by key (nested values compared
-  as ``str(expected) in str(given)``), lists of dicts item by item. As upstream, top-level
-  numbers and booleans are type-checked only (``strict_scalars=True`` also compares them);
-* special: the raw answer must contain ``Missing necessary parameters`` plus the API name
-  and every missing param (incomplete), ``There is incorrect value`` plus every wrong value
-  (error_param), or ``the limitations of the function`` (irrelevant);
-* ``normal_multi_turn_*``: each row is one task; :func:`aggregate` scores a conversation
-  (``..._<conv>_<item>``) 1 only when all its rows pass, as upstream's
-  ``multiplt_turn_accuracy``.
-
-The agent categories (``agent_multi_step``, ``agent_multi_turn``: multi-step episodes on
-upstream's scenario classes, graded on the end state and milestones, with a simulated user
-for multi-turn) are in :mod:`lopd_jax.envs.acebench.agent`; :class:`ACEBenchTaskSource`
-loads them beside the others and :class:`ACEBenchEnvironment` hands their episodes over.
+An episode is one assistant turn answering with calls as text (``[ApiName(key='v')]``;
+upstream's prompts, :mod:`lopd_jax.envs.acebench.prompts`); its visible answer, or its
+native tool calls when the answer is empty, is graded by :mod:`lopd_jax.envs.acebench.checker`
+(never ``eval``): reward 1.0 when correct, the verdict in ``StepResult.info["verdict"]``.
+:func:`aggregate` scores a multi-turn conversation 1 only when all its rows pass. The agent
+categories live in :mod:`lopd_jax.envs.acebench.agent`; :class:`ACEBenchTaskSource` loads
+them beside these. Data layout and grading rules, with every deviation from upstream:
+docs/evaluation.md, "ACEBench".
 """
 
 from __future__ import annotations

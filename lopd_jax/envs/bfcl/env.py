@@ -1,40 +1,16 @@
 """BFCL multi-turn environments on the ``bfcl-eval`` package's shipped data and API classes.
 
-Data: ``bfcl_eval/data/BFCL_v*_multi_turn_{base,miss_func,miss_param,long_context}.json``
-(one JSON object per line: ``question`` = list of turns, each a list of user messages;
-``initial_config`` per class; ``involved_classes``; for miss_func ``missed_function`` =
-{turn index: [names]}), ground truth in ``data/possible_answer/`` (per turn, a list of
-Python-syntax call strings), tool docs in ``data/multi_turn_func_doc/``. Only the API
-classes under ``bfcl_eval.eval_checker.multi_turn_eval.func_source_code`` are imported
-(their modules need only the standard library and ``mpmath``); bfcl's evaluation and
-model-handler code is not used.
+Data: the package's ``BFCL_v*_multi_turn_{base,miss_func,miss_param,long_context}.json``
+with their ground truth and tool docs; only its API classes are imported. An episode sends
+the user turns one at a time; the assistant's calls run against live instances of the
+involved classes, and each turn is checked as BFCL does (state check against the ground
+truth's instances, response check on the results). Reward: the fraction of turns passed
+(``reward_mode="fraction"``) or 1.0 only if all passed (``"all"``, BFCL's accuracy).
+miss_func tasks add the held-out functions' docs at their turn. Calls never raise.
 
-Episode: the first user turn is sent; the assistant's tool calls run against live
-instances of the involved classes, loaded from the task's ``initial_config``
-(``long_context=True`` for the long-context category). When the assistant answers in plain
-text the user turn is over: the turn's ground-truth calls run on a second set of
-instances, and the turn is checked as BFCL does - every public attribute of each
-model-driven instance must equal the ground-truth instance's (state check), and every
-ground-truth execution result must appear among the model's results so far (response
-check); a turn whose ground truth is empty passes only if the model made no call in it.
-Then the next user turn is sent (``role="user"`` observation); after the last one the
-episode ends. Reward = fraction of turns that passed (``reward_mode="fraction"``, the
-SPEC's "fraction of sub-checks") or 1.0 only if all passed (``"all"``, BFCL's accuracy).
-
-miss_func: the held-out functions are absent from the tools until their turn; that turn's
-user message (BFCL's "I have updated some more functions you can choose from. What about
-now?") carries their JSON docs, ``env.tools`` is updated and ``StepResult.info["tools"]``
-holds the new full list. Calls never raise: unknown names, bad arguments and exceptions
-inside the API come back as ``"Error: ..."`` tool messages.
-
-The API instances live in a worker process (:mod:`lopd_jax.envs.bfcl.worker`, taken from
-:mod:`lopd_jax.envs.workers.pool` at reset, given back when the episode ends): each call
-runs under a wall-clock limit (``call_timeout_s``, and ``step_timeout_s`` for all the calls
-of one step), the turn checks under ``check_timeout_s``, and ``mpmath`` / ``decimal``
-precision is restored after every call. A call over its limit kills the worker and is an
-error observation ("had no effect"); the next request starts a fresh worker and rebuilds
-the episode's state by replaying the calls that had succeeded and the ground truth of the
-turns already checked.
+The API instances live in a pooled worker process (:mod:`lopd_jax.envs.bfcl.worker`) under
+per-call, per-step and per-check time limits; a call over its limit kills the worker and
+the next request rebuilds the episode's state by replay (docs/sandbox.md, "Tool APIs").
 """
 
 from __future__ import annotations

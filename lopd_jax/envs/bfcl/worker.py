@@ -1,22 +1,14 @@
 """Worker side of the BFCL environment: the API instances live in an isolated process.
 
-:class:`BFCLHandler` runs inside an :class:`lopd_jax.envs.workers.isolation.Worker`
-(``lopd_jax.envs.bfcl.worker:BFCLHandler``). It holds the model-driven and the
-ground-truth instances of one episode and answers:
-
-* ``init`` ``{payload}``: fresh instances from the task's ``initial_config``; replies with
-  the model-side method names;
-* ``call`` ``{name, arguments}``: one model call; replies ``{"ok": True, "result": text}``
-  or ``{"ok": False, "error": text}`` (the exception inside the API);
-* ``check_turn`` ``{index, calls_this_turn}``: run the turn's ground truth and compare as
-  BFCL does (state check + response check); replies the turn's detail dict;
-* ``replay`` ``{payload, calls, turns}``: rebuild an episode on a fresh worker after the
-  previous one was killed (the model calls that had succeeded, then the ground truth of
-  the turns already checked).
-
-Every API call runs under :func:`lopd_jax.envs.workers.numeric_state.preserved_numeric_state`, so
-``mpmath.mp.dps`` / ``decimal`` precision set by one call never reaches the next; the
-caller bounds each request's wall time (the worker is killed on a time-out).
+:class:`BFCLHandler` runs inside an :class:`lopd_jax.envs.workers.isolation.Worker` and
+holds the model-driven and the ground-truth instances of one episode. Requests: ``init``
+(fresh instances from the task's ``initial_config``), ``call`` (one model call; the reply
+carries the result or the API's exception as text), ``check_turn`` (run the turn's ground
+truth and compare as BFCL does: state and response checks) and ``replay`` (rebuild an
+episode on a fresh worker after a kill: the calls that had succeeded, then the checked
+turns' ground truth). Every API call runs under
+:func:`lopd_jax.envs.workers.numeric_state.preserved_numeric_state`; the caller bounds each
+request's wall time.
 """
 
 from __future__ import annotations

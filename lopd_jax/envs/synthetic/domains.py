@@ -1,39 +1,16 @@
 """Domains and structural task families of the synthetic stateful tool-use environment.
 
-Each domain is a small state class whose public methods are the tools. Each family is a
-task template: it samples parameters and an initial state from a seeded RNG, renders a
-short instruction, knows the exact correct tool calls (the oracle) and the checks over the
-final state (and final answer) that score an episode. Everything is plain JSON-able data
-so a :class:`~lopd_jax.core.types.Task` payload rebuilds the task exactly.
+Each domain (bank, shop, hotel, dispatch) is a small state class whose public methods are
+the tools. Each family (``Task.family``, e.g. ``bank.transfer_report``) is a task template:
+it samples parameters and an initial state from a seeded RNG, renders a short instruction,
+knows the oracle tool calls and the checks over the final state that score an episode.
+Everything is JSON-able, so a task payload rebuilds the task exactly.
 
-Family ids (``Task.family``):
-
-========================  =======================================================  =====
-family                    instruction                                              calls
-========================  =======================================================  =====
-bank.deposit              Deposit 30 into bob's account.                           1
-bank.transfer_report      Transfer 20 from alice to bob, then tell me bob's ...    2
-bank.withdraw_if_enough   If carol has at least 50, withdraw 50 from carol.        1-2
-shop.restock_below        If we have fewer than 8 pens, restock 10 pens.           1-2
-shop.sell_report          Sell 3 cups, then tell me how many cups are left.        1
-shop.restock_two          Restock 5 pens and 10 lamps.                             2
-hotel.book_room           Book room 201 for mia.                                   1
-hotel.move_guest          Move mia from room 101 to room 202.                      2
-hotel.free_on_floor       Book a free room on floor 2 for leo and tell me ...      2
-========================  =======================================================  =====
-
-Opt-in families (:data:`OPT_IN_FAMILIES`; only when named in ``families``, never by default):
-
-========================  =======================================================  =====
-dispatch.ship             Ship order 417 for alice.                                1
-========================  =======================================================  =====
-
-``dispatch.ship`` has a *hidden rule*: every customer's orders must go through that
-customer's own hub (one of :data:`HUBS`), and the instruction does not say which. The rule
-is a fixed, seeded map customer -> hub per task source (:data:`HIDDEN_RULES`), shared by
-the training and held-out splits; the task source's warm-up tasks draw the hub at random
-per task instead, so a model warmed up on them can learn to read the hub from a privileged
-context but not the map itself. The miniature (``configs/miniature.py``) uses it.
+``dispatch.ship`` is opt-in (:data:`OPT_IN_FAMILIES`) and has a hidden rule: each customer
+ships through its own hub (:data:`HIDDEN_RULES`, a fixed seeded map the instruction never
+states), while the warm-up tasks draw the hub at random, so a warmed-up model can learn to
+read the hub from a privileged context but not the map. The CPU miniature is built on it
+(docs/miniature.md).
 """
 
 from __future__ import annotations

@@ -1,27 +1,17 @@
 """Synthetic EnvScaler-style stateful tool-use environment (CPU-friendly, procedurally built).
 
-Three domains (bank accounts, shop stock, hotel rooms), nine structural families (see
-:mod:`lopd_jax.envs.synthetic.domains` for the table). A task is a short instruction over a
-small random initial state; the tools are the methods of the domain's state class. Tasks
-need 1-3 tool calls and use a small vocabulary of entity names, so a tiny model can learn
-them in minutes.
+A task is a short instruction over a small random initial state of one domain (the
+families: :mod:`lopd_jax.envs.synthetic.domains`); the tools are the methods of the
+domain's state class, tasks need 1-3 calls and use a small vocabulary, so a tiny model can
+learn them in minutes. Reward: the fraction of the family's checks that pass, but 0
+unless at least one tool call ran and at least one goal check (one the untouched state
+fails) passes; reward 1.0 means the task is done (docs/miniature.md, "Reward, success and
+the no-tool baseline").
 
-Reward: the fraction of the family's checks (over the final state and, for "tell me"
-families, the final answer) that pass -- but 0 unless the episode made progress on the
-task: at least one tool call ran, and at least one *goal* check passes. A goal check is one
-the untouched initial state fails (the asked balance, stock, booking or reported number);
-"nothing else changed" is a guard, not a goal. When the right outcome is to change nothing
-(a conditional task whose condition does not hold), the goal is having looked the condition
-up (:data:`~lopd_jax.envs.synthetic.domains.VERIFY`). So answering without a tool call, or
-calls that only read or miss, score 0, and reward 1.0 (every check) means the task is done.
-
-Splits: every family draws instances from one seeded stream; an instance goes to
-"heldout" when a hash of its instruction text falls in the held-out bucket, so held-out
-instructions (entity / value combinations) never occur in training, while the families,
-tools and entity vocabulary are shared.
-
-``oracle_turns(task)`` gives the exact correct assistant turns (one tool call per turn,
-then a plain-text answer) for tests and supervised warm-up.
+Splits: an instance goes to "heldout" when a hash of its instruction falls in the held-out
+bucket, so held-out instructions never occur in training while families, tools and names
+are shared. ``oracle_turns(task)`` gives the exact correct assistant turns for tests and
+the supervised warm-up.
 """
 
 from __future__ import annotations

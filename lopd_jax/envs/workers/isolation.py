@@ -1,23 +1,14 @@
 """Run untrusted dataset code in a worker subprocess, one request at a time, with timeouts.
 
-:class:`Worker` starts ``python -I lopd_jax/envs/workers/isolation.py --worker ...`` in its own
-session (process group) and a fresh temporary working directory, and talks to it over a
-pipe with one JSON object per line. Inside the worker a *handler* object
-(``"package.module:ClassName"``, built with no arguments) answers each request dict with a
-reply dict. Every request has a wall-clock timeout; a worker that times out, crashes, is
-killed by a resource limit or writes garbage is killed (its whole process group) and the
-caller gets :class:`WorkerTimeout` / :class:`WorkerCrashed` -- never a hang.
-
-Inside the worker:
-
-* resource limits (:class:`ResourceLimits`: address space, CPU seconds, file size, open
-  files, no core dumps) are applied with :mod:`resource` before any dataset code runs;
-* the real stdin/stdout are moved to private descriptors and fds 0/1 point at
-  ``/dev/null`` / stderr, so ``print`` or ``input`` in dataset code cannot corrupt the
-  protocol;
-* ``lopd_jax`` and ``lopd_jax.envs`` are registered as bare namespace packages, so their
-  ``__init__`` (which may import JAX) never runs there: only the handler's own module and
-  what it imports are loaded.
+:class:`Worker` starts ``python -I`` on this file in its own session and a fresh temporary
+directory and talks to it over a pipe, one JSON object per line; inside, a handler object
+(``"package.module:ClassName"``) answers each request. Every request has a wall-clock
+timeout; a worker that times out, crashes, hits a resource limit or writes garbage is
+killed with its process group and the caller gets :class:`WorkerTimeout` /
+:class:`WorkerCrashed`, never a hang. Inside the worker, :class:`ResourceLimits` are
+applied before any dataset code runs, fds 0/1 are redirected so ``print`` or ``input``
+cannot corrupt the protocol, and ``lopd_jax`` is a bare namespace package so its
+``__init__`` (which may import JAX) never runs.
 
 This is fault isolation (hangs, crashes, memory blow-ups, stray output), not a security
 sandbox: the worker runs as the same user with the same file-system access.

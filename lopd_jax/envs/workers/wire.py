@@ -1,21 +1,14 @@
 """Plain-data wire format between the code sandbox and the trusted grader.
 
-Standard library only, and free of ``from __future__`` imports: the sandbox harness
-(:mod:`lopd_jax.envs.code.harness`) prepends this file's source to the program it runs, so
-the untrusted side encodes with exactly this code, and the trusted side decodes with it.
-
-:func:`wire_encode` turns a value into JSON-compatible data: ``None``, ``bool``, ``int``,
-``float`` (NaN / infinities as JSON's ``NaN`` / ``Infinity``), ``str`` and ``list`` map to
-themselves; ``tuple`` / ``set`` / ``frozenset`` / ``dict`` / ``complex`` / ``bytes`` become
-one-key objects ``{"t": [...]}``, ``{"s": [...]}``, ``{"fs": [...]}``, ``{"d": [[k, v],
-...]}``, ``{"c": [re, im]}``, ``{"b": "hex"}``. Only these exact types are accepted (a
-subclass, e.g. an ``int`` or ``str`` subclass with its own ``__eq__``, raises
-``TypeError``), so what the trusted side decodes can only be plain built-in data: no
-object coming out of :func:`wire_decode` has a custom ``__eq__``, ``__hash__`` or
-``__repr__``.
-
-:func:`wire_decode` is the inverse; it rejects anything not produced by the encoder and
-limits nesting (``WIRE_MAX_DEPTH``) and integer size (``WIRE_MAX_INT_DIGITS``).
+Standard library only and free of ``from __future__`` imports: the sandbox harness
+prepends this file's source to the program it runs, so both sides use exactly this code.
+:func:`wire_encode` maps ``None``, ``bool``, ``int``, ``float`` (with NaN and infinities),
+``str`` and ``list`` to themselves and ``tuple``, ``set``, ``frozenset``, ``dict``,
+``complex`` and ``bytes`` to one-key objects. Only these exact types are accepted (a
+subclass raises ``TypeError``), so nothing :func:`wire_decode` returns can carry a custom
+``__eq__``, ``__hash__`` or ``__repr__``. The decoder rejects anything the encoder would
+not produce and limits nesting (``WIRE_MAX_DEPTH``) and integer size
+(``WIRE_MAX_INT_DIGITS``); docs/sandbox.md.
 """
 
 WIRE_MAX_DEPTH = 100
