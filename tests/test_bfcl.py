@@ -1,11 +1,12 @@
 """BFCL multi-turn environment: ground-truth replay, tool hold-out, robustness."""
 
+import os
 import random
 
 import pytest
 
 pytest.importorskip("bfcl_eval", reason="bfcl-eval is not installed; install it with "
-                                        "`pip install --no-deps bfcl-eval`")
+                                        "`make bfcl`")
 
 from lopd_jax.envs.bfcl.env import BFCLTaskSource, ground_truth_turns  # noqa: E402
 from lopd_jax.core.types import AssistantTurn, ToolCall  # noqa: E402
@@ -163,3 +164,14 @@ def test_api_call_over_its_time_limit_is_an_error_and_the_state_survives():
     assert "lopd_probe" in r.observation[0]["content"], r.observation
     assert env.stats.tool_exceptions == 2
     env.close()
+
+
+def test_install_hint_names_the_pinned_release():
+    """The error a user sees without bfcl-eval names the release the Makefile pins."""
+    import re
+
+    from lopd_jax.envs.bfcl.env import INSTALL_HINT
+
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "Makefile")) as f:
+        pin = re.search(r"^BFCL_EVAL := (\S+)$", f.read(), re.M).group(1)
+    assert pin in INSTALL_HINT and "make bfcl" in INSTALL_HINT

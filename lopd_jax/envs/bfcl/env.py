@@ -59,7 +59,7 @@ SYSTEM_PROMPT = (
     "current turn. Keep calling functions until you have fulfilled the request; once you "
     "have no more functions to call, answer in plain text and the turn is complete.")
 
-INSTALL_HINT = "pip install --no-deps bfcl-eval"
+INSTALL_HINT = "make bfcl (or: pip install -e \".[bfcl]\" -c constraints.txt && pip install --no-deps bfcl-eval==2026.3.23)"
 WORKER_HANDLER = "lopd_jax.envs.bfcl.worker:BFCLHandler"
 # Wall-clock timeouts bound every request; no lifetime CPU cap (pooled workers live long).
 WORKER_LIMITS = ResourceLimits(memory_bytes=2 * 1024**3, cpu_seconds=None)
