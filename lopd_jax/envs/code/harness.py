@@ -57,6 +57,22 @@ _LIMIT_TEXT = ["%d s per test" % _PER_CALL_S]
 
 def _on_alarm(signum, frame):
     raise TimeoutError("time limit exceeded (%s)" % _LIMIT_TEXT[0])
+
+def plain_value(v, _depth=0):
+    # dict / list / tuple subclasses (Counter, defaultdict, namedtuple) as their base type,
+    # numpy scalars as Python scalars; anything else unchanged (the wire then refuses it)
+    if _depth > 100:
+        return v
+    d = _depth + 1
+    if isinstance(v, dict):
+        return {k: plain_value(x, d) for k, x in v.items()}
+    if isinstance(v, list):
+        return [plain_value(x, d) for x in v]
+    if isinstance(v, tuple):
+        return tuple(plain_value(x, d) for x in v)
+    if type(v).__module__ == "numpy" and getattr(v, "ndim", None) == 0:
+        return v.item()
+    return v
 '''
 
 _CALLS = r'''
@@ -161,14 +177,16 @@ _emit({"results": _results})
 '''
 
 
-def _fill(template: str, subs: dict[str, Any]) -> str:
+def fill(template: str, subs: dict[str, Any]) -> str:
+    """``template`` with each placeholder key replaced (once) by its value."""
     for key, value in subs.items():
         template = template.replace(key, value, 1)
     return template
 
 
-def _common(per_call_s: int) -> str:
-    return _WIRE_SOURCE + _fill(_COMMON, {"__PREFIX__": repr(RESULTS_PREFIX),
+def common_prelude(per_call_s: int) -> str:
+    """The wire code and the shared helpers every sandbox program starts with."""
+    return _WIRE_SOURCE + fill(_COMMON, {"__PREFIX__": repr(RESULTS_PREFIX),
                                           "__PER_CALL_S__": repr(int(per_call_s))})
 
 
@@ -188,7 +206,7 @@ def call_program(source: str, entry: str, calls: list, per_call_s: int,
     if time_limits is not None and len(time_limits) != len(calls):
         raise ValueError(f"time_limits has {len(time_limits)} entries for {len(calls)} calls")
     limits = None if time_limits is None else [float(x) for x in time_limits]
-    return _common(per_call_s) + _fill(_CALLS, {
+    return common_prelude(per_call_s) + fill(_CALLS, {
         "__SOURCE__": repr(source), "__ENTRY__": repr(entry),
         "__CLASS__": repr(method_class), "__CALLS__": repr(json.dumps(calls)),
         "__STOP__": repr(bool(stop_on_exception)), "__LIMITS__": repr(json.dumps(limits)),
@@ -198,7 +216,7 @@ def call_program(source: str, entry: str, calls: list, per_call_s: int,
 def stdin_program(source: str, inputs: list[str], per_call_s: int, cap_bytes: int) -> str:
     """A program that runs ``source`` once per input (fresh forked process, real fds 0/1/2)
     and reports each run's standard output (at most ``cap_bytes``)."""
-    return _common(per_call_s) + _fill(_STDIN, {
+    return common_prelude(per_call_s) + fill(_STDIN, {
         "__SOURCE__": repr(source), "__INPUTS__": repr(json.dumps(inputs)),
         "__CAP__": repr(int(cap_bytes))})
 

@@ -45,7 +45,7 @@ from lopd_jax.envs.base import HeldoutTaskSource
 from lopd_jax.envs.code.benchmark import GradedCodeEnvironment, read_rows, require
 from lopd_jax.envs.code.env import hide_paths
 from lopd_jax.envs.code.grading import _results_or_failure
-from lopd_jax.envs.code.harness import call_program, stdin_program
+from lopd_jax.envs.code.lcb_harness import lcb_program
 from lopd_jax.envs.code.sandbox import SandboxConfig, run_python
 from lopd_jax.envs.workers.wire import wire_decode, wire_encode
 from lopd_jax.core.types import Task
@@ -214,18 +214,17 @@ def result_matches(got: Any, want: Any) -> bool:
 def grade(payload: dict[str, Any], code: str, cfg: SandboxConfig, per_test_s: int = 6
           ) -> tuple[float, str, str, dict[str, int]]:
     """Grade ``code`` on the public then private tests: (reward, feedback, status, {})."""
-    tests, source = payload["tests"], IMPORT_STRING + "\n" + code
-    timeout_s = max(cfg.timeout_s, per_test_s * len(tests) * 0.5 + 10.0)
-    if payload["func_name"] is None:
+    tests, functional = payload["tests"], payload["func_name"] is not None
+    if functional:
+        cap, budget = 0, cfg.max_output_bytes * 4
+        inputs = [wire_encode(t["args"]) for t in tests]
+    else:
         cap = max(1 << 16, 4 * max(len(t["output"]) for t in tests) + 1024)
         budget = min(256 << 20, 2 * cap * len(tests) + (1 << 16))
-        program = stdin_program(source, [t["input"] for t in tests], per_test_s, cap)
-    else:
-        budget = cfg.max_output_bytes * 4
-        calls = [[wire_encode(t["args"]), wire_encode({})] for t in tests]
-        program = call_program(source, payload["func_name"], calls, per_test_s,
-                               method_class="Solution")
-    run_cfg = dataclasses.replace(cfg, timeout_s=timeout_s,
+        inputs = [t["input"] for t in tests]
+    program = lcb_program(code, IMPORT_STRING, payload["func_name"], inputs, per_test_s, cap)
+    # upstream's whole-run limit: (timeout + 1) per test + 5 s
+    run_cfg = dataclasses.replace(cfg, timeout_s=max(cfg.timeout_s, (per_test_s + 1) * len(tests) + 5.0),
                                   max_output_bytes=max(cfg.max_output_bytes, budget))
     result = run_python(program, config=run_cfg)
     entries, why = _results_or_failure(result)
@@ -237,7 +236,7 @@ def grade(payload: dict[str, Any], code: str, cfg: SandboxConfig, per_test_s: in
         entry = entries[i]
         if "exc" in entry:
             return 0.0, f"Tests failed: test {i}: {str(entry['exc'])[:1000]}", result.status, {}
-        if payload["func_name"] is None:
+        if not functional:
             got = entry.get("ok")
             ok = isinstance(got, str) and not entry.get("truncated") and stdout_matches(got, test["output"])
         else:
