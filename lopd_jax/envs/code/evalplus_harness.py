@@ -99,6 +99,11 @@ def _reference():
 
 
 def _candidate():
+    if any(name in _CODE for name in ("numpy", "scipy", "pandas")):
+        try:  # upstream's evaluator has numpy loaded before its guard; imports after it can fail
+            import numpy
+        except ImportError:
+            pass
     _guard()
     namespace = {}
     try:

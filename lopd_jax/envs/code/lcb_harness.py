@@ -115,6 +115,13 @@ def _run_stdin():
         out = _io.StringIO()
         out.close = lambda x: 1
         saved = (_sys.stdout, _sys.stdin, _builtins.open)
+        # upstream also patches read / readline / readlines on the stdin object in place
+        # before swapping it out, so code holding it (`from sys import stdin`) reads the test
+        lines = iter(text.split("\n"))
+        patched = {"read": lambda *a, _t=text: _t, "readline": lambda *a, _l=lines: next(_l),
+                   "readlines": lambda *a, _t=text: _t.split("\n")}
+        for name, value in patched.items():
+            setattr(saved[1], name, value)
         _sys.stdout, _sys.stdin = out, _Stdin(text)
         _builtins.open = _mock.mock_open(read_data=text)
         failure = None
@@ -128,6 +135,8 @@ def _run_stdin():
         finally:
             _signal.alarm(0)
             _sys.stdout, _sys.stdin, _builtins.open = saved
+            for name in patched:
+                saved[1].__dict__.pop(name, None)
         if failure is not None:
             results.append({"exc": _describe(failure)})
             break
