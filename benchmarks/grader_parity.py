@@ -27,9 +27,8 @@ import zipfile
 from concurrent.futures import ThreadPoolExecutor
 
 from lopd_jax.envs.code import evalplus as ours_ep
-from lopd_jax.envs.code import livecodebench as ours_lcb
-from lopd_jax.envs.code.benchmark import read_rows
-from lopd_jax.envs.code.sandbox import SandboxConfig
+from lopd_jax.envs.code import livecodebench as ours_lcb_mod
+from lopd_jax.envs.code.benchmark import grade_many, read_rows
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "grader_parity")
 
@@ -46,28 +45,35 @@ def load_corpus(data: str = DATA) -> dict:
             "evalplus_problems": os.path.join(data, "evalplus_problems.jsonl")}
 
 
-def ours(corpus: dict, workers: int) -> dict:
-    """Our verdicts: LiveCodeBench pass booleans, EvalPlus ``[base, plus]`` pairs."""
-    lcb_src = ours_lcb.LiveCodeBenchTaskSource(corpus["lcb_problems"])
-    lcb_tasks = {t.task_id: t.payload for t in lcb_src.all_tasks()}
-    ep_src = ours_ep.EvalPlusTaskSource(corpus["evalplus_problems"])
-    ep_tasks = {t.task_id: t.payload for t in ep_src.all_tasks()}
-    with ThreadPoolExecutor(workers) as pool:
-        lcb = list(pool.map(lambda it: ours_lcb.grade(lcb_tasks[it[0]], it[2], lcb_src.sandbox)[0] == 1.0,
-                            corpus["lcb"]))
+def ours_lcb(corpus: dict, workers: int = 2) -> list[bool]:
+    """Our LiveCodeBench verdicts (pass booleans), one per corpus program."""
+    source = ours_lcb_mod.LiveCodeBenchTaskSource(corpus["lcb_problems"])
+    tasks = {t.task_id: t.payload for t in source.all_tasks()}
+    items = [(tasks[q], code) for q, _, code in corpus["lcb"]]
+    return [r[0] == 1.0 for r in grade_many(ours_lcb_mod.grade, items, source.sandbox, workers,
+                                            progress=False)]
 
-        def one_ep(it):
-            _, _, _, v = ours_ep.grade(ep_tasks[it[0]], it[2], ep_src.sandbox)
-            return [bool(v["base_passed"]), bool(v["plus_passed"])]
-        ep = list(pool.map(one_ep, corpus["evalplus"]))
-    return {"lcb": lcb, "evalplus": ep}
+
+def ours_evalplus(corpus: dict, workers: int = 2) -> list[list[bool]]:
+    """Our EvalPlus verdicts (``[base, plus]``), one per corpus program."""
+    source = ours_ep.EvalPlusTaskSource(corpus["evalplus_problems"])
+    tasks = {t.task_id: t.payload for t in source.all_tasks()}
+    items = [(tasks[t], code) for t, _, code in corpus["evalplus"]]
+    return [[bool(r[3].get("base_passed")), bool(r[3].get("plus_passed"))]
+            for r in grade_many(ours_ep.grade, items, source.sandbox, workers, progress=False)]
+
+
+def expected_verdicts(data: str = DATA) -> dict:
+    """Upstream's recorded verdicts: ``{"lcb" | "evalplus": {"<task id> <idiom>": verdict}}``."""
+    with open(os.path.join(data, "expected.json"), encoding="utf-8") as f:
+        return json.load(f)
 
 
 def _lcb_samples(path: str) -> dict:
     out = {}
     for _, row in read_rows(path):
         tests = (json.loads(row["public_test_cases"])
-                 + ours_lcb.decode_private_tests(row["private_test_cases"], path))
+                 + ours_lcb_mod.decode_private_tests(row["private_test_cases"], path))
         out[row["question_id"]] = {"input_output": json.dumps({
             "inputs": [t["input"] for t in tests], "outputs": [t["output"] for t in tests],
             "fn_name": json.loads(row["metadata"]).get("func_name")})}
@@ -153,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     # evalplus forks from this process: run it before any thread pool exists
     theirs = {"evalplus": upstream_evalplus(corpus, args.evalplus)}
     theirs["lcb"] = upstream_lcb(corpus, args.lcb, args.workers)
-    mine = ours(corpus, args.workers)
+    mine = {"lcb": ours_lcb(corpus, args.workers), "evalplus": ours_evalplus(corpus, args.workers)}
     agree_total = n_total = 0
     for bench in ("lcb", "evalplus"):
         agree = 0
@@ -165,10 +171,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{bench}: {agree}/{len(corpus[bench])} verdicts agree")
         agree_total, n_total = agree_total + agree, n_total + len(corpus[bench])
     if args.record:
+        record = {b: {f"{item[0]} {item[1]}": v for item, v in zip(corpus[b], theirs[b])}
+                  for b in ("lcb", "evalplus")}
         with open(os.path.join(args.data, "expected.json"), "w", encoding="utf-8") as f:
-            json.dump({"upstream": {"lcb": [f"{q} {i}" for q, i, _ in corpus["lcb"]],
-                                    "evalplus": [f"{t} {i}" for t, i, _ in corpus["evalplus"]]},
-                       "lcb": theirs["lcb"], "evalplus": theirs["evalplus"]}, f, indent=0)
+            json.dump(record, f, indent=1)
     print(f"graders: {agree_total}/{n_total} verdicts agree")
     return 0 if agree_total == n_total else 1
 
