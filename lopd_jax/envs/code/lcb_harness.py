@@ -30,7 +30,7 @@ _INPUTS = _json.loads(__INPUTS__)
 _CAP = __CAP__
 if hasattr(_sys, "set_int_max_str_digits"):
     _sys.set_int_max_str_digits(__DIGITS__)
-_builtins.quit = None
+reliability_guard(_CODE, ("quit", "help"))
 
 class TimeoutException(Exception):
     pass

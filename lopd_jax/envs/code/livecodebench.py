@@ -1,30 +1,16 @@
-"""LiveCodeBench code generation (the ``code_generation_lite`` release), graded as upstream.
+"""LiveCodeBench code generation (``code_generation_lite``), graded as upstream grades it.
 
-Data: the release's JSON-lines files (``test.jsonl`` ... ``test6.jsonl`` of the Hugging Face
-dataset ``livecodebench/code_generation_lite``), one problem per line with
-``question_title``, ``question_content``, ``platform`` (leetcode / codeforces / atcoder),
-``question_id``, ``contest_id``, ``contest_date`` (ISO), ``starter_code``, ``difficulty``
-(easy / medium / hard), ``public_test_cases`` (a JSON string: a list of ``{"input",
-"output", "testtype"}``), ``private_test_cases`` (the same list as a JSON string, or, as
-the release stores it, base64 -> zlib -> pickle of that JSON string) and ``metadata`` (a
-JSON string; ``func_name`` for functional tests). Upstream's loader is
-``lcb_runner/benchmarks/code_generation.py``. The pickle is read by
-:func:`decode_private_tests` with an unpickler that refuses every global, so only plain
-pickled data loads, and the result must be a ``str``: a data file never runs code.
-
-Grading (upstream ``lcb_runner/evaluation/testing_util.py``): public then private tests,
-stopping at the first failure; the code is prefixed with upstream's ``import_string``.
-
-* ``stdin`` tests: the program runs once per test with the input on standard input
-  (fresh forked process); its output and the expected output are stripped, split into
-  lines and each line stripped; the line counts must agree and each line must match
-  exactly or, token by token, as ``decimal.Decimal`` values.
-* ``functional`` tests: ``metadata.func_name`` of ``Solution()`` (LeetCode) or of the
-  module is called with one JSON value per input line; a tuple result counts as a list;
-  the result must equal the JSON-decoded expected output.
-* Time limit: ``per_test_s`` (upstream's default ``timeout=6``) per test.
-
-Windows: ``v5`` and ``v6`` select problems by ``contest_date`` (see :data:`WINDOWS`).
+Pinned upstream: LiveCodeBench/LiveCodeBench commit ``28fef95ea8c9f7a547c8329f2cd3d32b92c1fa24``
+(``lcb_runner/evaluation/testing_util.py``, ``compute_code_generation_metrics.py``, timeout 6).
+Data: the release's ``test*.jsonl`` rows; ``private_test_cases`` is JSON or base64 -> zlib ->
+pickle of a JSON string, read by an unpickler that refuses every global; functional tests
+call ``metadata.func_name``. Each answer runs once in the sandbox the way upstream runs it
+(:mod:`.lcb_harness`); outputs are compared here: standard output line by line (stripped;
+equal text or equal ``Decimal`` tokens, same line count), return values by ``==`` on the
+JSON value (a tuple counts as a list); public then private tests, all must pass.
+Kept deviations (none changes a verdict of benchmarks/grader_parity.py's corpus): our
+sandbox's memory and time limits; return values cross as plain data (ints up to 4,000
+digits, dict subclasses as dicts). Windows ``v5`` / ``v6``: :data:`WINDOWS`.
 """
 
 from __future__ import annotations
