@@ -80,10 +80,9 @@ def _lcb_samples(path: str) -> dict:
     return out
 
 
-def upstream_lcb(corpus: dict, checkout: str, workers: int) -> list[bool]:
-    """LiveCodeBench's verdicts: ``evaluate_generations_by_problem`` from ``checkout``
-    (timeout 6), a program passing when every result is > 0 (``pass_k_utils``)."""
-    sys.path.insert(0, os.path.abspath(checkout))
+def upstream_lcb(corpus: dict, workers: int) -> list[bool]:
+    """LiveCodeBench's verdicts: ``evaluate_generations_by_problem`` of the checkout on
+    ``sys.path`` (timeout 6), a program passing when every result is > 0 (``pass_k_utils``)."""
     from lcb_runner.evaluation.compute_code_generation_metrics import evaluate_generations_by_problem
     samples = _lcb_samples(corpus["lcb_problems"])
 
@@ -114,10 +113,9 @@ def _deserializer(root: str):
     return namespace["mbpp_deserialize_inputs"]
 
 
-def upstream_evalplus(corpus: dict, path: str) -> list[list[bool]]:
-    """evalplus's verdicts (``[base, plus]``) from the wheel or unpacked package at ``path``."""
-    root = _evalplus_root(path)
-    sys.path.insert(0, root)
+def upstream_evalplus(corpus: dict, root: str) -> list[list[bool]]:
+    """evalplus's verdicts (``[base, plus]``) from the unpacked package at ``root`` (on
+    ``sys.path``)."""
     from evalplus.eval import PASS, untrusted_check
     from evalplus.eval._special_oracle import MBPP_OUTPUT_NOT_NONE_TASKS
     from evalplus.gen.util import trusted_exec
@@ -149,16 +147,21 @@ def upstream_evalplus(corpus: dict, path: str) -> list[list[bool]]:
 def main(argv: list[str] | None = None) -> int:
     """Grade the corpus both ways and print ``graders: A/B verdicts agree``."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--lcb", required=True, help="a LiveCodeBench checkout (holds lcb_runner/)")
-    ap.add_argument("--evalplus", required=True, help="an evalplus wheel or unpacked package root")
+    ap.add_argument("--lcb", dest="upstream_lcb", required=True,
+                    help="a LiveCodeBench checkout (holds lcb_runner/)")
+    ap.add_argument("--evalplus", dest="upstream_evalplus", required=True,
+                    help="an evalplus wheel or unpacked package root")
     ap.add_argument("--data", default=DATA)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--record", action="store_true", help="write upstream's verdicts to expected.json")
     args = ap.parse_args(argv)
     corpus = load_corpus(args.data)
+    args.upstream_evalplus = _evalplus_root(args.upstream_evalplus)
+    sys.path.insert(0, os.path.abspath(args.upstream_lcb))
+    sys.path.insert(0, args.upstream_evalplus)
     # evalplus forks from this process: run it before any thread pool exists
-    theirs = {"evalplus": upstream_evalplus(corpus, args.evalplus)}
-    theirs["lcb"] = upstream_lcb(corpus, args.lcb, args.workers)
+    theirs = {"evalplus": upstream_evalplus(corpus, args.upstream_evalplus)}
+    theirs["lcb"] = upstream_lcb(corpus, args.workers)
     mine = {"lcb": ours_lcb(corpus, args.workers), "evalplus": ours_evalplus(corpus, args.workers)}
     agree_total = n_total = 0
     for bench in ("lcb", "evalplus"):
