@@ -111,9 +111,12 @@ def test_reference_answers_score_100_and_missing_files_are_not_run(tmp_path):
 
     rows = {b.name: eval_suite.run_benchmark(b, _oracle_roll(answer), _args(tmp_path, limit=3))
             for b in eval_suite.suite_benchmarks("code")}
-    for name in ("LiveCodeBench v5", "LiveCodeBench v6", "HumanEval+", "HumanEval"):
+    for name in ("LiveCodeBench v5", "LiveCodeBench v6", "HumanEval"):
         assert rows[name]["status"] == "ok" and rows[name]["score"] == 100.0, rows[name]
-    assert rows["HumanEval+"]["per_category"] == {"plus": 100.0, "base": 100.0}
+    # evalplus 0.3.1 fails every find_zero answer (HumanEval/32 is one of the 3)
+    assert rows["HumanEval+"]["status"] == "ok" and rows["HumanEval+"]["score"] == 66.67
+    assert rows["HumanEval+"]["per_category"] == {"plus": 66.67, "base": 66.67}
+    assert rows["HumanEval+"]["data_files"] == [str(tmp_path / "HumanEvalPlus-v0.1.10.jsonl.gz")]
     assert rows["LiveCodeBench v5"]["per_category"] == {"easy": 100.0, "hard": 100.0}
     mbpp = rows["MBPP+"]
     assert mbpp["status"] == "not run" and "MbppPlus" in mbpp["missing_file"]
@@ -248,3 +251,32 @@ def test_task_sources_take_a_limit(tmp_path):
     for bad in (lambda: HumanEvalTaskSource(limit=0), lambda: EnvScalerTaskSource(**paths, limit=0)):
         with pytest.raises(ValueError, match="limit must be >= 1"):
             bad()
+
+
+def test_ambiguous_evalplus_folder_is_refused(tmp_path):
+    _write_data(tmp_path)
+    eval_suite.check_data_dir(str(tmp_path), "code")  # one full release: fine
+    mini = tmp_path / "HumanEvalPlus-Mini-v0.1.10.jsonl.gz"
+    mini.write_bytes((tmp_path / "HumanEvalPlus-v0.1.10.jsonl.gz").read_bytes())
+    with pytest.raises(eval_suite.AmbiguousData, match="Mini"):
+        eval_suite.check_data_dir(str(tmp_path), "code")
+    from lopd_jax.programs.evaluate import main
+    assert main(["--suite=code", "--model=tiny", f"--data_dir={tmp_path}"]) == 2
+    mini.unlink()
+    (tmp_path / "MbppPlus-NoExtreme-v0.2.0.jsonl.gz").write_bytes(b"")  # a subset alone is not ambiguous
+    eval_suite.check_data_dir(str(tmp_path), "code")
+    assert eval_suite.evalplus_file(str(tmp_path), "MbppPlus", "").endswith("MbppPlus-NoExtreme-v0.2.0.jsonl.gz")
+
+
+def test_ungradable_tasks_make_an_error_row(tmp_path):
+    row = {"task_id": "Mbpp/5", "prompt": "", "entry_point": "f", "atol": 0, "contract": "",
+           "canonical_solution": "import re\ndef f(s):\n    return re.search('a', s)\n",
+           "base_input": [["abc"]], "plus_input": []}
+    good = dict(test_evalplus.MBPP_ROWS[0])
+    with gzip.open(tmp_path / "MbppPlus-v0.2.0.jsonl.gz", "wt", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in (good, row))
+    bench = next(b for b in eval_suite.suite_benchmarks("code") if b.name == "MBPP+")
+    answer = lambda t: [_text(f"```python\n{t.payload['canonical_solution']}\n```")]  # noqa: E731
+    out = eval_suite.run_benchmark(bench, _oracle_roll(answer), _args(tmp_path))
+    assert out["status"] == "error" and out["score"] is None and out["ungraded"] == 1
+    assert out["ungraded_tasks"] == ["Mbpp/5"] and "1 of 2 problems could not be graded" in out["reason"]

@@ -89,6 +89,9 @@ def test_canonical_solutions_pass_base_and_plus(sources):
     for source in sources:
         for task in source.all_tasks():
             reward, stats = _episode(source, task, source.oracle_hint(task))
+            if task.task_id == "HumanEval/32":  # evalplus 0.3.1 fails every find_zero answer
+                assert reward == 0.0 and stats["base_passed"] == stats["plus_passed"] == 0
+                continue
             assert reward == 1.0 and stats["base_passed"] == stats["plus_passed"] == 1, task.task_id
     mbpp = sources[1].all_tasks()[0].payload
     assert mbpp["dataset"] == "mbpp" and isinstance(mbpp["base_input"][0][0], tuple)
@@ -194,3 +197,29 @@ def test_mbpp_special_oracles_581_and_558():
     assert output_matches([123, 56], 8, 8, 0, "mbpp", "digit_distance_nums")
     assert not output_matches([123, 56], 9, 8, 0, "mbpp", "digit_distance_nums")
     assert not output_matches([123, 56], "7", 8, 0, "mbpp", "digit_distance_nums")
+
+
+def test_corpus_gets_upstreams_verdicts():
+    """Every idiom of the parity corpus (base and plus verdicts) as evalplus 0.3.1 grades it:
+    Counter / defaultdict answers to a Counter reference, "output not none" tasks, the
+    tolerance carried across inputs, base and plus in separate runs, __main__ blocks that
+    never run, guarded builtins (open, exit), swallowed input()."""
+    from benchmarks.grader_parity import expected_verdicts, load_corpus, ours_evalplus
+    corpus, expected = load_corpus(), expected_verdicts()["evalplus"]
+    got = ours_evalplus(corpus)
+    wrong = [(f"{t} {i}", v, expected[f"{t} {i}"]) for (t, i, _), v in zip(corpus["evalplus"], got)
+             if v != expected[f"{t} {i}"]]
+    assert len(got) == len(expected) >= 60 and not wrong, wrong
+    assert expected["Mbpp/88 defaultdict"] == [True, True] and expected["HumanEval/901 module_call_counter"] == [True, True]
+    assert expected["HumanEval/900 int_off_by_one_after_float"] == [True, False]
+
+
+def test_uncomparable_reference_is_a_grader_error(tmp_path):
+    row = {"task_id": "HumanEval/7", "prompt": "def f(x):\n", "entry_point": "f", "atol": 0, "contract": "",
+           "canonical_solution": "    class Opaque:\n        pass\n    return Opaque()\n",
+           "base_input": [[1]], "plus_input": []}
+    source = EvalPlusTaskSource(_write(tmp_path / "HumanEvalPlus.jsonl", [row], gz=False))
+    reward, feedback, status, verdicts = grade(source.all_tasks()[0].payload, "def f(x):\n    return 1\n",
+                                               source.sandbox)
+    assert reward == 0.0 and status == "grader_error" and verdicts["grader_error"] == 1
+    assert "HumanEval/7" in feedback and "cannot be compared" in feedback

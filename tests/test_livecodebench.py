@@ -146,3 +146,19 @@ def test_malformed_rows_name_file_line_and_field(tmp_path, change, message):
         LiveCodeBenchTaskSource(str(path))
     assert not os.path.exists("/tmp/lopd_lcb_pickle_ran")
     assert decode_private_tests(json.dumps([_stdin("1", "1")]), "x") == [_stdin("1", "1")]
+
+
+def test_corpus_gets_upstreams_verdicts():
+    """Every idiom of the parity corpus as LiveCodeBench's grader (28fef95) judges it: its
+    stdin stand-in (open(0), sys.stdin.buffer.readline, iteration and readlines fail or
+    differ there), global in helpers, SystemExit ignored, 50,000-digit ints, __main__
+    handling, `class Solution` in the text."""
+    from benchmarks.grader_parity import expected_verdicts, load_corpus, ours_lcb
+    corpus, expected = load_corpus(), expected_verdicts()["lcb"]
+    got = ours_lcb(corpus)
+    wrong = [(f"{q} {i}", v) for (q, i, _), v in zip(corpus["lcb"], got) if v != expected[f"{q} {i}"]]
+    assert len(got) == len(expected) >= 80 and not wrong, wrong
+    for idiom, verdict in (("p_sum open0_read", False), ("p_sum global_in_helper", False),
+                           ("p_sum sys_exit_1_after_output", True), ("p_pow print_big_int", True),
+                           ("f_two main_block_reads_input", True), ("p_sum for_line_in_stdin", False)):
+        assert expected[idiom] is verdict, idiom

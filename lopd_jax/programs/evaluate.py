@@ -328,6 +328,7 @@ def suite(args: argparse.Namespace) -> dict[str, Any]:
     ``--model`` (or ``--composer_from``'s base + composer) and return the report."""
 
     start = time.perf_counter()
+    eval_suite.check_data_dir(args.data_dir, args.suite)  # an ambiguous folder: exit 2 before any work
     if args.enable_thinking is None:
         args.enable_thinking = eval_suite.SUITE_DEFAULTS["enable_thinking"]
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k)

@@ -1,36 +1,18 @@
-"""EvalPlus (HumanEval+ and MBPP+): the upstream release files, graded as EvalPlus does.
+"""EvalPlus (HumanEval+ and MBPP+) release files, graded as upstream grades them.
 
-Data: the release's JSON-lines files (``HumanEvalPlus.jsonl(.gz)``, ``MbppPlus.jsonl(.gz)``
-from https://github.com/evalplus/humanevalplus_release and
-https://github.com/evalplus/mbppplus_release), one problem per line with ``task_id``,
-``prompt``, ``entry_point``, ``canonical_solution``, ``base_input`` and ``plus_input``
-(lists of argument lists), ``atol`` (number) and ``contract`` (string; not used for
-grading, as upstream). MBPP+ inputs are converted to tuples / sets / complex numbers per
-task as upstream's ``mbpp_deserialize_inputs`` does (``evalplus/data/mbpp.py``).
-
-Grading (upstream ``evalplus/evaluate.py`` + ``evalplus/eval/__init__.py``):
-
-* Expected outputs come from running ``prompt + canonical_solution`` on every input in the
-  sandbox (once per problem, cached); its run time sets the time limits.
-* The candidate (HumanEval+: ``prompt`` then the answer's code, as HumanEval grading does;
-  MBPP+: the answer's code) runs on the
-  base inputs then the plus inputs in one sandboxed harness run; it sees the inputs only,
-  and its outputs come back as plain data (:mod:`lopd_jax.envs.workers.wire`).
-* Each output is compared here, outside the sandbox: ``out == exp``; MBPP's special
-  oracles (``are_equivalent``, ``sum_div``, ``surface_Area`` = Mbpp/581 within ``atol`` of
-  upstream's pyramid formula, ``digit_distance_nums`` = Mbpp/558 with zero-padded digits,
-  set-equal and not-None tasks) and HumanEval's
-  ``find_zero`` (``|poly(xs, out)| <= atol``); then, when not equal and ``atol`` is
-  non-zero (``1e-6`` is enforced for float expected values), same type, same length and
-  ``numpy.allclose(out, exp, rtol=1e-7, atol=atol)``.
-* Time limit per input: ``max(1.0, 4.0 x reference)`` seconds (evalplus 0.3.1's
-  ``DEFAULT_MIN_TIME_LIMIT`` and ``DEFAULT_GT_TIME_LIMIT_FACTOR``; upstream's main branch
-  raised the minimum to 4.0 in April 2025), where *reference* is the canonical solution's
-  time on that input, measured inside the sandbox (:func:`time_limits`); the whole run may
-  take ``min(60, sum of the limits)`` plus 5 s of start-up.
-* ``base`` passes when every base input passes; ``plus`` when every base and plus input
-  does. The episode reward is the plus verdict; ``env_stats`` holds ``base_passed`` and
-  ``plus_passed``.
+Pinned upstream: PyPI ``evalplus`` 0.3.1 (``evalplus/evaluate.py``, ``evalplus/eval/__init__.py``
+``untrusted_check``, ``evalplus/gen/util.py`` ``trusted_exec``; per-input time limit
+``max(1.0, 4.0 x reference time)``). Data: ``HumanEvalPlus*`` / ``MbppPlus*`` ``.jsonl(.gz)``
+rows; MBPP+ inputs get upstream's argument types (:func:`mbpp_inputs`). The answer's code
+is graded as it is (upstream's ``solution``). Reference and candidate run the base and the
+plus inputs in separate sandboxed runs (:mod:`.evalplus_harness`); outputs are compared
+here: ``==`` (dict subclasses as dicts), MBPP's special oracles, then ``numpy.allclose``
+with ``atol`` carried from input to input within a part. As in 0.3.1, no ``find_zero``
+(HumanEval/32) answer passes (its pass is never recorded; fixed upstream after 0.3.1). A
+reference whose outputs cannot be compared makes the task a ``grader_error``. ``base``
+passes when every base input does; ``plus`` when base and plus do (the reward). Kept
+deviations (none changes a verdict of benchmarks/grader_parity.py's corpus): our sandbox's
+limits; values cross as plain data (ints up to 4,000 digits, numpy scalars as Python ones).
 """
 
 from __future__ import annotations
@@ -46,8 +28,8 @@ from typing import Any
 from lopd_jax.envs.base import HeldoutTaskSource
 from lopd_jax.envs.code.benchmark import GradedCodeEnvironment, read_rows, require
 from lopd_jax.envs.code.env import hide_paths
-from lopd_jax.envs.code.grading import _results_or_failure, humaneval_body
-from lopd_jax.envs.code.harness import call_program
+from lopd_jax.envs.code.grading import _results_or_failure
+from lopd_jax.envs.code.evalplus_harness import evalplus_program
 from lopd_jax.envs.code.sandbox import SandboxConfig, run_python
 from lopd_jax.envs.workers.wire import wire_decode, wire_encode
 from lopd_jax.core.types import Task
@@ -154,51 +136,69 @@ def evalplus_instruction(prompt: str) -> str:
 # ---------------------------------------------------------------------------------------
 # Grading.
 
-def _calls(payload: dict[str, Any]) -> list:
-    return [[wire_encode(list(args)), wire_encode({})]
-            for args in payload["base_input"] + payload["plus_input"]]
+PARTS = ("base_input", "plus_input")
 
 
-def _run(body: str, payload: dict[str, Any], cfg: SandboxConfig, per_call_s: int, timeout_s: float,
-         time_limits: list[float] | None = None, timed: bool = False):
-    program = call_program(body, payload["entry_point"], _calls(payload), per_call_s,
-                           stop_on_exception=False, time_limits=time_limits, timed=timed)
+def _run_part(payload: dict[str, Any], part: str, code: str, cfg: SandboxConfig, timeout_s: float,
+              reference: bool, limits: list[float] | None = None):
+    inputs = [wire_encode(list(args)) for args in payload[part]]
+    not_none = payload["dataset"] == "mbpp" and payload["entry_point"] in MBPP_OUTPUT_NOT_NONE_TASKS
+    program = evalplus_program(code, payload["entry_point"], inputs, reference=reference,
+                               not_none=not_none, time_limits=limits)
     cfg = dataclasses.replace(cfg, timeout_s=timeout_s,
                               max_output_bytes=max(cfg.max_output_bytes, _OUTPUT_CAP))
     return run_python(program, config=cfg)
 
 
+class UngradableTask(RuntimeError):
+    """The reference solution cannot produce expected outputs: the task cannot be graded."""
+
+
 def expected_outputs(payload: dict[str, Any], cfg: SandboxConfig) -> dict[str, Any]:
-    """``{"outputs": [...], "ref_times": [seconds per input]}`` of the canonical solution
-    (cached per problem; each call timed inside the sandbox, as upstream's
-    ``trusted_exec(record_time=True)``); RuntimeError naming the task when it does not run
-    cleanly."""
+    """``{"outputs", "types", "ref_times"}`` of the canonical solution on the base then the
+    plus inputs (a separate run each, as upstream; cached per problem; each call timed
+    inside the sandbox, as upstream's ``trusted_exec(record_time=True)``); raises
+    :class:`UngradableTask` naming the task when it does not run cleanly."""
     key = hashlib.sha256(json.dumps([payload["task_id"], payload["prompt"],
-                                     payload["canonical_solution"], _calls(payload)]).encode()
-                         ).hexdigest()
+                                     payload["canonical_solution"],
+                                     wire_encode([list(a) for p in PARTS for a in payload[p]])]
+                                    ).encode()).hexdigest()
     with _expected_lock:
         lock = _key_locks.setdefault(key, threading.Lock())
     with lock:
         if key in _expected:
             return _expected[key]
-        n = len(payload["base_input"]) + len(payload["plus_input"])
-        result = _run(payload["prompt"] + payload["canonical_solution"], payload, cfg,
-                      per_call_s=60, timeout_s=max(cfg.timeout_s, 60.0 + 0.5 * n), timed=True)
-        entries, why = _results_or_failure(result)
-        if entries is None or len(entries) != n or any("exc" in e for e in entries):
-            bad = why or next((f"input {i}: {e['exc']}" for i, e in enumerate(entries or [])
-                               if "exc" in e), "results missing")
-            raise RuntimeError(f"{payload.get('file', '?')}: task {payload['task_id']}: the "
-                               f"canonical solution does not run: {bad}")
-        outputs = [wire_decode(e["ok"]) for e in entries]
-        _expected[key] = {"outputs": outputs, "ref_times": [float(e.get("t", 0.0)) for e in entries]}
-        return _expected[key]
+        out: dict[str, list] = {"outputs": [], "types": [], "ref_times": []}
+        for part in PARTS:
+            n = len(payload[part])
+            result = _run_part(payload, part, payload["prompt"] + payload["canonical_solution"], cfg,
+                               max(cfg.timeout_s, 60.0 + 0.5 * n), reference=True)
+            entries, why = _results_or_failure(result)
+            if entries is None or len(entries) != n or any("exc" in e for e in entries):
+                bad = why or next((f"input {i}: {e['exc']}" for i, e in enumerate(entries or [])
+                                   if "exc" in e), "results missing")
+                raise UngradableTask(f"{payload.get('file', '?')}: task {payload['task_id']}: the "
+                                      f"canonical solution cannot be compared ({part}): {bad}")
+            out["outputs"] += [wire_decode(e["ok"]) for e in entries]
+            out["types"] += [str(e.get("ty")) for e in entries]
+            out["ref_times"] += [float(e.get("t", 0.0)) for e in entries]
+        _expected[key] = out
+        return out
 
 
 def _is_floats(x: Any) -> bool:
     if isinstance(x, float):
         return True
-    return isinstance(x, (list, tuple)) and all(isinstance(i, float) for i in x)
+    return isinstance(x, (list, tuple)) and bool(x) and all(isinstance(i, float) for i in x)
+
+
+def next_atol(atol: float, exp: Any, dataset: str, entry_point: str) -> float:
+    """The tolerance upstream uses from this input on: an ``atol`` of 0 becomes ``1e-6``
+    at the first float expected value and stays so for the rest of the part (base or
+    plus); ``find_zero`` never changes it."""
+    if dataset == "humaneval" and entry_point == "find_zero":
+        return atol
+    return 1e-6 if atol == 0 and _is_floats(exp) else atol
 
 
 def _poly(xs: list, x: float) -> float:
@@ -219,9 +219,10 @@ def _digit_distance(num1: int, num2: int) -> int:
 
 
 def output_matches(inp: list, out: Any, exp: Any, atol: float, dataset: str,
-                   entry_point: str) -> bool:
+                   entry_point: str, same_type: bool | None = None) -> bool:
     """EvalPlus's comparison of one output (see the module docstring); ``out`` and ``exp``
-    are plain decoded data."""
+    are plain decoded data, ``same_type`` whether the original values had one type (None:
+    compare the decoded types)."""
     try:
         exact = out == exp
         if dataset == "mbpp":
@@ -239,11 +240,10 @@ def output_matches(inp: list, out: Any, exp: Any, atol: float, dataset: str,
                 exact = out == exp if isinstance(out, bool) else exp == (out is not None)
         if dataset == "humaneval" and entry_point == "find_zero":
             return abs(_poly(*inp, out)) <= atol
-        if atol == 0 and _is_floats(exp):
-            atol = 1e-6
+        atol = next_atol(atol, exp, dataset, entry_point)
         if exact or atol == 0:
             return bool(exact)
-        if type(out) is not type(exp):
+        if not (type(out) is type(exp) if same_type is None else same_type):
             return False
         if isinstance(exp, (list, tuple)) and len(out) != len(exp):
             return False
@@ -253,11 +253,32 @@ def output_matches(inp: list, out: Any, exp: Any, atol: float, dataset: str,
         return False
 
 
+def part_failure(payload: dict[str, Any], part: str, entries: list[dict[str, Any]],
+                 expected: list[Any], types: list[str]) -> int | None:
+    """The index of the first input of ``part`` that fails (None: all pass), comparing in
+    order with the tolerance carried from input to input as upstream does."""
+    atol = payload["atol"]
+    if payload["dataset"] == "humaneval" and payload["entry_point"] == "find_zero":
+        return 0  # FIND_ZERO_NEVER_PASSES
+    for i, (inp, exp) in enumerate(zip(payload[part], expected)):
+        entry = entries[i] if i < len(entries) else {"exc": "no result was reported"}
+        if "exc" in entry:
+            return i
+        try:
+            out = wire_decode(entry.get("ok"))
+        except (ValueError, TypeError, RecursionError, OverflowError):
+            return i
+        if not output_matches(inp, out, exp, atol, payload["dataset"], payload["entry_point"],
+                              same_type=entry.get("ty") == types[i]):
+            return i
+        atol = next_atol(atol, exp, payload["dataset"], payload["entry_point"])
+    return None
+
+
 def candidate_source(payload: dict[str, Any], code: str) -> str:
-    """The program graded: HumanEval+ keeps the prompt's helpers (the answer redefines
-    the entry point, or is its body: :func:`lopd_jax.envs.code.grading.humaneval_body`);
-    an MBPP+ prompt is only a docstring, so the answer's code runs as it is."""
-    return code if payload["dataset"] == "mbpp" else humaneval_body(payload, code)
+    """The program graded: the answer's code as it is, as upstream grades a sample's
+    ``solution`` (HumanEval+ and MBPP+ alike)."""
+    return code
 
 
 def time_limits(ref_times: list[float]) -> list[float]:
@@ -269,40 +290,40 @@ def time_limits(ref_times: list[float]) -> list[float]:
 def grade(payload: dict[str, Any], code: str, cfg: SandboxConfig
           ) -> tuple[float, str, str, dict[str, int]]:
     """Grade ``code``: (reward = plus verdict, feedback, sandbox status, {base_passed,
-    plus_passed})."""
-    ref = expected_outputs(payload, cfg)
-    n_base = len(payload["base_input"])
-    inputs = payload["base_input"] + payload["plus_input"]
-    limits = time_limits(ref["ref_times"])
-    timeout_s = max(cfg.timeout_s, min(60.0, sum(limits)) + 5.0)
-    result = _run(candidate_source(payload, code), payload, cfg, int(math.ceil(max(limits))), timeout_s,
-                  time_limits=limits)
-    entries, why = _results_or_failure(result)
-    verdicts = {"base_passed": 0, "plus_passed": 0}
-    if entries is None:
-        return 0.0, f"Tests failed: {why}", result.status, verdicts
-    first_bad = None
-    for i, (inp, exp) in enumerate(zip(inputs, ref["outputs"])):
-        entry = entries[i] if i < len(entries) else {"exc": "no result was reported"}
-        ok = "exc" not in entry
-        if ok:
-            try:
-                ok = output_matches(inp, wire_decode(entry.get("ok")), exp, payload["atol"],
-                                    payload["dataset"], payload["entry_point"])
-            except (ValueError, TypeError, RecursionError, OverflowError):
-                ok = False
-        if not ok:
-            first_bad = i
-            break
-    base_ok = first_bad is None or first_bad >= n_base
-    verdicts = {"base_passed": int(base_ok), "plus_passed": int(first_bad is None)}
-    if first_bad is None:
-        return 1.0, "All tests passed.", result.status, verdicts
-    part = "base" if first_bad < n_base else "plus"
-    what = entries[first_bad].get("exc") if first_bad < len(entries) else "no result"
-    return 0.0, (f"Tests failed: {part} input {first_bad}: "
-                 f"{str(inputs[first_bad])[:300]}: {str(what or 'wrong answer')[:500]}"
-                 ), result.status, verdicts
+    plus_passed, grader_error}); ``grader_error`` is 1 (and the status "grader_error") when
+    the reference solution cannot be compared, so the task cannot be graded at all."""
+    try:
+        ref = expected_outputs(payload, cfg)
+    except UngradableTask as e:
+        return 0.0, f"Not graded: {e}", "grader_error", {"base_passed": 0, "plus_passed": 0,
+                                                          "grader_error": 1}
+    source, offset, failures, status = candidate_source(payload, code), 0, {}, "ok"
+    for part in PARTS:
+        n = len(payload[part])
+        sl = slice(offset, offset + n)
+        offset += n
+        if not n:
+            continue
+        limits = time_limits(ref["ref_times"][sl])
+        # upstream's whole-run limit: min(60, sum of the limits) + 2 s; 5 s here for start-up
+        result = _run_part(payload, part, source, cfg, min(60.0, sum(limits)) + 5.0,
+                           reference=False, limits=limits)
+        status = result.status if result.status != "ok" else status
+        entries, why = _results_or_failure(result)
+        if entries is None:
+            failures[part] = (0, why)
+            continue
+        bad = part_failure(payload, part, entries, ref["outputs"][sl], ref["types"][sl])
+        if bad is not None:
+            what = entries[bad].get("exc") if bad < len(entries) else "no result was reported"
+            failures[part] = (bad, str(what or "wrong answer"))
+    verdicts = {"base_passed": int("base_input" not in failures), "plus_passed": int(not failures)}
+    if not failures:
+        return 1.0, "All tests passed.", status, verdicts
+    part, (i, what) = next(iter(failures.items()))
+    inp = payload[part][i] if i < len(payload[part]) else "?"
+    return 0.0, (f"Tests failed: {part.split('_')[0]} input {i}: {str(inp)[:300]}: {what[:500]}"
+                 ), status, verdicts
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,20 +1,18 @@
 """Programs that run *inside* the code sandbox: they hold inputs only, never expected outputs.
 
-The sandboxed program (:func:`call_program`, :func:`stdin_program`) runs the model's code
-on the test inputs and prints what came out as one ``RESULTS_PREFIX`` + JSON line, values
-in the plain-data wire format of :mod:`lopd_jax.envs.workers.wire`. It knows no pass marker and no
-expected output: the verdict is computed outside the sandbox (by the trusted checker for
-HumanEval, in the parent process for TACO). Whatever the model's code does to the harness
-(replace its functions, read its frames, print a fake results line and exit) it can at
-most report *some* outputs, which is what answering the task means anyway; the trusted
-side decodes them into plain built-in data only, so no custom ``__eq__`` survives.
+A sandboxed program (:func:`call_program`, :func:`stdin_program`, and the upstream-faithful
+ones of :mod:`.lcb_harness` and :mod:`.evalplus_harness`, all built on
+:func:`common_prelude`) runs the model's code on the test inputs and prints one
+``RESULTS_PREFIX`` + JSON line, values in the plain-data wire format of
+:mod:`lopd_jax.envs.workers.wire`. It knows no pass marker and no expected output: the
+verdict is computed outside the sandbox. Whatever the code does to the harness it can at
+most report *some* outputs; the trusted side decodes plain built-in data only, so no
+custom ``__eq__`` survives.
 
-Result entries (one per input, in order; the run stops at a time-out and, unless told
-otherwise, at the first exception):
-``{"ok": <wire value>}`` (a return value, or for stdin programs the captured standard
-output as a string, ``"truncated": true`` when over the per-test cap), or ``{"exc":
-"text"}`` (an exception, time limit, crash or unserializable value). Set-up failures
-(the code does not compile, defines no entry point) are ``{"error": "text"}``.
+Result entries, one per input in order: ``{"ok": <wire value>}`` (a return value, or a
+captured standard output string, ``"truncated": true`` when over the cap) or ``{"exc":
+"text"}``; a run stops at a time-out and, unless told otherwise, at the first exception.
+Set-up failures (the code does not compile, defines no entry point) are ``{"error": "text"}``.
 """
 
 from __future__ import annotations
@@ -57,6 +55,43 @@ _LIMIT_TEXT = ["%d s per test" % _PER_CALL_S]
 
 def _on_alarm(signum, frame):
     raise TimeoutError("time limit exceeded (%s)" % _LIMIT_TEXT[0])
+
+def reliability_guard(code, builtin_names):
+    # what upstream's reliability_guard disables (LiveCodeBench and EvalPlus alike, bar the
+    # builtins named); numpy is loaded first, as it is in upstream's grading process
+    import builtins, shutil, subprocess
+    if any(name in code for name in ("numpy", "scipy", "pandas")):
+        try:
+            import numpy
+        except ImportError:
+            pass
+    for name in builtin_names:
+        setattr(builtins, name, None)
+    for name in ("kill", "system", "putenv", "remove", "removedirs", "rmdir", "fchdir", "setuid",
+                 "fork", "forkpty", "killpg", "rename", "renames", "truncate", "replace", "unlink",
+                 "fchmod", "fchown", "chmod", "chown", "chroot", "lchflags", "lchmod", "lchown",
+                 "getcwd", "chdir"):
+        setattr(_os, name, None)
+    shutil.rmtree = shutil.move = shutil.chown = None
+    subprocess.Popen = None
+    for name in ("ipdb", "joblib", "resource", "psutil", "tkinter"):
+        _sys.modules[name] = None
+
+def plain_value(v, _depth=0):
+    # dict / list / tuple subclasses (Counter, defaultdict, namedtuple) as their base type,
+    # numpy scalars as Python scalars; anything else unchanged (the wire then refuses it)
+    if _depth > 100:
+        return v
+    d = _depth + 1
+    if isinstance(v, dict):
+        return {k: plain_value(x, d) for k, x in v.items()}
+    if isinstance(v, list):
+        return [plain_value(x, d) for x in v]
+    if isinstance(v, tuple):
+        return tuple(plain_value(x, d) for x in v)
+    if type(v).__module__ == "numpy" and getattr(v, "ndim", None) == 0:
+        return v.item()
+    return v
 '''
 
 _CALLS = r'''
@@ -161,14 +196,16 @@ _emit({"results": _results})
 '''
 
 
-def _fill(template: str, subs: dict[str, Any]) -> str:
+def fill(template: str, subs: dict[str, Any]) -> str:
+    """``template`` with each placeholder key replaced (once) by its value."""
     for key, value in subs.items():
         template = template.replace(key, value, 1)
     return template
 
 
-def _common(per_call_s: int) -> str:
-    return _WIRE_SOURCE + _fill(_COMMON, {"__PREFIX__": repr(RESULTS_PREFIX),
+def common_prelude(per_call_s: int) -> str:
+    """The wire code and the shared helpers every sandbox program starts with."""
+    return _WIRE_SOURCE + fill(_COMMON, {"__PREFIX__": repr(RESULTS_PREFIX),
                                           "__PER_CALL_S__": repr(int(per_call_s))})
 
 
@@ -188,7 +225,7 @@ def call_program(source: str, entry: str, calls: list, per_call_s: int,
     if time_limits is not None and len(time_limits) != len(calls):
         raise ValueError(f"time_limits has {len(time_limits)} entries for {len(calls)} calls")
     limits = None if time_limits is None else [float(x) for x in time_limits]
-    return _common(per_call_s) + _fill(_CALLS, {
+    return common_prelude(per_call_s) + fill(_CALLS, {
         "__SOURCE__": repr(source), "__ENTRY__": repr(entry),
         "__CLASS__": repr(method_class), "__CALLS__": repr(json.dumps(calls)),
         "__STOP__": repr(bool(stop_on_exception)), "__LIMITS__": repr(json.dumps(limits)),
@@ -198,7 +235,7 @@ def call_program(source: str, entry: str, calls: list, per_call_s: int,
 def stdin_program(source: str, inputs: list[str], per_call_s: int, cap_bytes: int) -> str:
     """A program that runs ``source`` once per input (fresh forked process, real fds 0/1/2)
     and reports each run's standard output (at most ``cap_bytes``)."""
-    return _common(per_call_s) + _fill(_STDIN, {
+    return common_prelude(per_call_s) + fill(_STDIN, {
         "__SOURCE__": repr(source), "__INPUTS__": repr(json.dumps(inputs)),
         "__CAP__": repr(int(cap_bytes))})
 

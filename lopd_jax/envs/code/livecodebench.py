@@ -1,30 +1,16 @@
-"""LiveCodeBench code generation (the ``code_generation_lite`` release), graded as upstream.
+"""LiveCodeBench code generation (``code_generation_lite``), graded as upstream grades it.
 
-Data: the release's JSON-lines files (``test.jsonl`` ... ``test6.jsonl`` of the Hugging Face
-dataset ``livecodebench/code_generation_lite``), one problem per line with
-``question_title``, ``question_content``, ``platform`` (leetcode / codeforces / atcoder),
-``question_id``, ``contest_id``, ``contest_date`` (ISO), ``starter_code``, ``difficulty``
-(easy / medium / hard), ``public_test_cases`` (a JSON string: a list of ``{"input",
-"output", "testtype"}``), ``private_test_cases`` (the same list as a JSON string, or, as
-the release stores it, base64 -> zlib -> pickle of that JSON string) and ``metadata`` (a
-JSON string; ``func_name`` for functional tests). Upstream's loader is
-``lcb_runner/benchmarks/code_generation.py``. The pickle is read by
-:func:`decode_private_tests` with an unpickler that refuses every global, so only plain
-pickled data loads, and the result must be a ``str``: a data file never runs code.
-
-Grading (upstream ``lcb_runner/evaluation/testing_util.py``): public then private tests,
-stopping at the first failure; the code is prefixed with upstream's ``import_string``.
-
-* ``stdin`` tests: the program runs once per test with the input on standard input
-  (fresh forked process); its output and the expected output are stripped, split into
-  lines and each line stripped; the line counts must agree and each line must match
-  exactly or, token by token, as ``decimal.Decimal`` values.
-* ``functional`` tests: ``metadata.func_name`` of ``Solution()`` (LeetCode) or of the
-  module is called with one JSON value per input line; a tuple result counts as a list;
-  the result must equal the JSON-decoded expected output.
-* Time limit: ``per_test_s`` (upstream's default ``timeout=6``) per test.
-
-Windows: ``v5`` and ``v6`` select problems by ``contest_date`` (see :data:`WINDOWS`).
+Pinned upstream: LiveCodeBench/LiveCodeBench commit ``28fef95ea8c9f7a547c8329f2cd3d32b92c1fa24``
+(``lcb_runner/evaluation/testing_util.py``, ``compute_code_generation_metrics.py``, timeout 6).
+Data: the release's ``test*.jsonl`` rows; ``private_test_cases`` is JSON or base64 -> zlib ->
+pickle of a JSON string, read by an unpickler that refuses every global; functional tests
+call ``metadata.func_name``. Each answer runs once in the sandbox the way upstream runs it
+(:mod:`.lcb_harness`); outputs are compared here: standard output line by line (stripped;
+equal text or equal ``Decimal`` tokens, same line count), return values by ``==`` on the
+JSON value (a tuple counts as a list); public then private tests, all must pass.
+Kept deviations (none changes a verdict of benchmarks/grader_parity.py's corpus): our
+sandbox's memory and time limits; return values cross as plain data (ints up to 4,000
+digits, dict subclasses as dicts). Windows ``v5`` / ``v6``: :data:`WINDOWS`.
 """
 
 from __future__ import annotations
@@ -45,7 +31,7 @@ from lopd_jax.envs.base import HeldoutTaskSource
 from lopd_jax.envs.code.benchmark import GradedCodeEnvironment, read_rows, require
 from lopd_jax.envs.code.env import hide_paths
 from lopd_jax.envs.code.grading import _results_or_failure
-from lopd_jax.envs.code.harness import call_program, stdin_program
+from lopd_jax.envs.code.lcb_harness import lcb_program
 from lopd_jax.envs.code.sandbox import SandboxConfig, run_python
 from lopd_jax.envs.workers.wire import wire_decode, wire_encode
 from lopd_jax.core.types import Task
@@ -214,18 +200,17 @@ def result_matches(got: Any, want: Any) -> bool:
 def grade(payload: dict[str, Any], code: str, cfg: SandboxConfig, per_test_s: int = 6
           ) -> tuple[float, str, str, dict[str, int]]:
     """Grade ``code`` on the public then private tests: (reward, feedback, status, {})."""
-    tests, source = payload["tests"], IMPORT_STRING + "\n" + code
-    timeout_s = max(cfg.timeout_s, per_test_s * len(tests) * 0.5 + 10.0)
-    if payload["func_name"] is None:
+    tests, functional = payload["tests"], payload["func_name"] is not None
+    if functional:
+        cap, budget = 0, cfg.max_output_bytes * 4
+        inputs = [wire_encode(t["args"]) for t in tests]
+    else:
         cap = max(1 << 16, 4 * max(len(t["output"]) for t in tests) + 1024)
         budget = min(256 << 20, 2 * cap * len(tests) + (1 << 16))
-        program = stdin_program(source, [t["input"] for t in tests], per_test_s, cap)
-    else:
-        budget = cfg.max_output_bytes * 4
-        calls = [[wire_encode(t["args"]), wire_encode({})] for t in tests]
-        program = call_program(source, payload["func_name"], calls, per_test_s,
-                               method_class="Solution")
-    run_cfg = dataclasses.replace(cfg, timeout_s=timeout_s,
+        inputs = [t["input"] for t in tests]
+    program = lcb_program(code, IMPORT_STRING, payload["func_name"], inputs, per_test_s, cap)
+    # upstream's whole-run limit: (timeout + 1) per test + 5 s
+    run_cfg = dataclasses.replace(cfg, timeout_s=max(cfg.timeout_s, (per_test_s + 1) * len(tests) + 5.0),
                                   max_output_bytes=max(cfg.max_output_bytes, budget))
     result = run_python(program, config=run_cfg)
     entries, why = _results_or_failure(result)
@@ -237,7 +222,7 @@ def grade(payload: dict[str, Any], code: str, cfg: SandboxConfig, per_test_s: in
         entry = entries[i]
         if "exc" in entry:
             return 0.0, f"Tests failed: test {i}: {str(entry['exc'])[:1000]}", result.status, {}
-        if payload["func_name"] is None:
+        if not functional:
             got = entry.get("ok")
             ok = isinstance(got, str) and not entry.get("truncated") and stdout_matches(got, test["output"])
         else:
