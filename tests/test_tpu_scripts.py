@@ -160,10 +160,17 @@ def test_run_sh_returns_once_every_worker_is_under_way(slice_env):
             "echo \"[lopd] devices: 8 x cpu (cpu; 4 local), process $i of 2\"\n"
             "if [ $i = 0 ]; then echo '[lopd] built the model and system in 1.0s on 8 device(s)'; fi\n"
             "echo \"args: $*\"\n"
-            "sleep 4\n")
+            "sleep 2\n")
     env = {**env, "PROJECT": "p", "VENV": _venv(tmp, fake)}
     proc = _run("run.sh", env, "--config=qwen3_8b", "--workdir=gs://b/runs/r 1", "stages.lopd_steps=2")
     assert proc.returncode == 0, (proc.stdout, proc.stderr)
     assert "all 2 workers" in proc.stdout
     log = (tmp / "worker1" / "lopd-jax" / "logs" / "train-worker-1.log").read_text()
     assert "args: -m lopd_jax.train --config=qwen3_8b --workdir=gs://b/runs/r 1 stages.lopd_steps=2" in log
+    shown = _run("logs.sh", env, "train", "5")
+    assert shown.returncode == 0 and "logs/train-worker-0.log" in shown.stdout and "process 1 of 2" in shown.stdout
+    # any other program is waited for until every worker exits
+    proc = _run("run.sh", env, "--program=export", "--workdir=gs://b/runs/r", "--out=gs://b/e")
+    assert proc.returncode == 0 and "all 2 workers exited 0" in proc.stdout, (proc.stdout, proc.stderr)
+    assert "args: -m lopd_jax.export --workdir=gs://b/runs/r --out=gs://b/e" in \
+        (tmp / "worker0" / "lopd-jax" / "logs" / "export-worker-0.log").read_text()
