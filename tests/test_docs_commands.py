@@ -21,6 +21,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -213,9 +214,16 @@ def test_documented_command_runs(block, checkout):
     bin_dir = os.path.dirname(sys.executable) if extra else runtime_venv()
     script = with_args(block.text, block.options.get("args", ""))
     timeout = int(block.options.get("timeout", DEFAULT_TIMEOUT))
-    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=checkout, env=user_env(bin_dir),
-                          capture_output=True, text=True, timeout=timeout)
-    out = proc.stdout + proc.stderr
+    # its own process group, so a timeout ends every program the block started
+    proc = subprocess.Popen(["bash", "-euo", "pipefail", "-c", script], cwd=checkout, env=user_env(bin_dir),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"{block.where} ran past timeout={timeout} s (the marker's timeout= or args= "
+                    f"shorten it):\n{script}\n--- output ---\n{out[-3000:]}")
     assert proc.returncode == 0, f"{block.where} exited {proc.returncode}:\n{script}\n--- output ---\n{out[-5000:]}"
 
 
