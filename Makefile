@@ -62,10 +62,11 @@ test-deps: $(VENV)/.test $(VENV)/.tpu $(VENV)/.bfcl smollm2
 demo: $(VENV)/.runtime
 	$(BIN)/python -m lopd_jax.demo --workdir=$(WORKDIR) $(ARGS)
 
+# tests/test_docs_commands.py also builds .venv-docs (runtime install only) for the documented commands
 test: test-deps
 	@$(BIN)/python -c "import jax, flax, transformers, torch; print('jax', jax.__version__, 'flax', flax.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__)"
 	@rc=0; $(BIN)/python -m pytest -q tests || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
 clean:
-	rm -rf $(VENV) *.egg-info
+	rm -rf $(VENV) .venv-docs *.egg-info

@@ -27,7 +27,8 @@ def paper_config(name: str, *, source: str = "envscaler", workdir: str,
 
     Set ``model.hf_path`` to the Hugging Face checkpoint (local or gs://) for a real run;
     without it the architecture is built with random weights (compile checks). Task files
-    go in ``env.kwargs`` (e.g. ``env.kwargs.train_path=...`` for EnvScaler).
+    go in ``env.kwargs``; for EnvScaler, in the layout docs/data.md gives
+    (``env.kwargs.train_path=data/envscaler/train.jsonl``, ``heldout_path``, ``env_items_path``).
     """
     return TrainConfig(
         # fp32 parameters: AdamW steps of lr 1e-5 vanish below bf16 resolution

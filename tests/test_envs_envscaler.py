@@ -47,8 +47,8 @@ def no_children():
 
 @pytest.fixture(scope="module")
 def source():
-    return EnvScalerTaskSource(os.path.join(FIX, "tasks_train.json"),
-                               os.path.join(FIX, "tasks_heldout.jsonl"), ENV_ITEMS)
+    return EnvScalerTaskSource(os.path.join(FIX, "train.json"),
+                               os.path.join(FIX, "heldout.jsonl"), ENV_ITEMS)
 
 
 def test_loading_splits_and_registry(source):
@@ -60,13 +60,13 @@ def test_loading_splits_and_registry(source):
     assert all(t.env_id == "envscaler" for t in train + heldout)
     assert train[0].instruction == "Lend the book Dune (B1) to member M1."
     via = registry.get_task_source("envscaler", heldout_path=os.path.join(
-        FIX, "tasks_heldout.jsonl"), env_items_path=ENV_ITEMS)
+        FIX, "heldout.jsonl"), env_items_path=ENV_ITEMS)
     assert [t.task_id for t in via.tasks("heldout")] == ["lib_return_001"]
     assert via.tasks("train") == []
 
 
 def test_bad_records_fail_with_clear_errors(tmp_path):
-    good = json.load(open(os.path.join(FIX, "tasks_train.json")))
+    good = json.load(open(os.path.join(FIX, "train.json")))
     path = tmp_path / "t.json"
     path.write_text(json.dumps(good))
     with pytest.raises(ValueError, match="no env_class_code and env_id 'env_library'"):

@@ -128,7 +128,7 @@ def test_suite_command_on_a_tiny_model_writes_both_reports(tmp_path):
     data.mkdir()
     _write_data(data)
     (data / "envscaler").mkdir()
-    for name in ("tasks_heldout.jsonl", "env_items.json"):  # the EnvScaler-format fixture
+    for name in ("heldout.jsonl", "env_items.json"):  # the EnvScaler-format fixture
         (data / "envscaler" / name).write_bytes(open(os.path.join(ROOT, "tests", "fixtures", "envscaler", name), "rb").read())
     out = tmp_path / "out"
     out.mkdir()
@@ -243,7 +243,7 @@ def test_task_sources_take_a_limit(tmp_path):
     """--suite_limit reaches HumanEval and EnvScaler through their own ``limit`` argument."""
     assert [t.task_id for t in HumanEvalTaskSource(limit=2).tasks("heldout")] == ["HumanEval/0", "HumanEval/1"]
     folder = os.path.join(ROOT, "tests", "fixtures", "envscaler")
-    row = json.loads(open(os.path.join(folder, "tasks_heldout.jsonl")).readline())
+    row = json.loads(open(os.path.join(folder, "heldout.jsonl")).readline())
     (tmp_path / "two.jsonl").write_text("".join(json.dumps({**row, "task_id": f"t{i}"}) + "\n" for i in range(2)))
     paths = dict(heldout_path=str(tmp_path / "two.jsonl"), env_items_path=os.path.join(folder, "env_items.json"))
     assert [t.task_id for t in EnvScalerTaskSource(**paths).tasks("heldout")] == ["t0", "t1"]

@@ -173,7 +173,7 @@ def formats():
 def _sources():
     out = {"synthetic": SyntheticTaskSource(n_train_per_family=2, n_heldout_per_family=1),
            "envscaler": EnvScalerTaskSource(
-               os.path.join(ENVSCALER_FIX, "tasks_train.json"),
+               os.path.join(ENVSCALER_FIX, "train.json"),
                env_items_path=os.path.join(ENVSCALER_FIX, "env_items.json"),
                call_timeout_s=1.0, start_timeout_s=4.0, score_timeout_s=2.0),
            "code": HumanEvalTaskSource(sandbox=SandboxConfig(timeout_s=1.5))}

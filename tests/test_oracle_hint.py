@@ -36,8 +36,8 @@ def test_synthetic_hint_replays_to_full_reward():
 
 def test_envscaler_hint_lists_the_checklist():
     fix = os.path.join(HERE, "fixtures", "envscaler")
-    src = EnvScalerTaskSource(os.path.join(fix, "tasks_train.json"),
-                              os.path.join(fix, "tasks_heldout.jsonl"), os.path.join(fix, "env_items.json"))
+    src = EnvScalerTaskSource(os.path.join(fix, "train.json"),
+                              os.path.join(fix, "heldout.jsonl"), os.path.join(fix, "env_items.json"))
     task = src.tasks("train")[0]
     hint = src.oracle_hint(task)
     items = [c["check_item"] for c in task.payload["scenario"]["checklist_with_func"]]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create a v5e / v5p slice through a queued resource and wait until it is ACTIVE.
-#   PROJECT=p ZONE=z TPU_NAME=n ACCELERATOR_TYPE=v5p-32 ./tpu_scripts/create.sh
+#   ./tpu_scripts/create.sh        (settings: tpu_scripts/slice.env, or override from the environment)
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 

@@ -29,6 +29,10 @@ from lopd_jax.envs.workers.numeric_state import preserved_numeric_state
 from lopd_jax.core.types import Message, Task, ToolSchema
 
 ENV_ID = "envscaler"
+# The one layout of EnvScaler files (docs/data.md, "EnvScaler scenarios"): a run's
+# env.kwargs point at DIR/envscaler/<file>, and the evaluation suite reads the held-out
+# scenarios and env items from its --data_dir the same way.
+TRAIN_FILE, HELDOUT_FILE, ENV_ITEMS_FILE = "train.jsonl", "heldout.jsonl", "env_items.json"
 MAX_RESULT_CHARS = 100_000
 HANDLER = "lopd_jax.envs.envscaler:ScenarioHandler"
 _ENV_FIELDS = ("env_class_code", "environment_introduction", "constraints_rules", "tools",

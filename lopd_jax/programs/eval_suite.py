@@ -28,7 +28,7 @@ from lopd_jax.envs.acebench.env import (AGENT_CATEGORIES, NORMAL_CATEGORIES, SPE
                                     ACEBenchTaskSource, aggregate, aggregate_counts)
 from lopd_jax.envs.bfcl.env import CATEGORIES, BFCLTaskSource
 from lopd_jax.envs.code.env import HumanEvalTaskSource
-from lopd_jax.envs.envscaler import EnvScalerTaskSource
+from lopd_jax.envs.envscaler import ENV_ITEMS_FILE, HELDOUT_FILE, EnvScalerTaskSource
 from lopd_jax.envs.code.evalplus import EvalPlusTaskSource
 from lopd_jax.envs.code.livecodebench import LiveCodeBenchTaskSource
 from lopd_jax.io import files
@@ -137,9 +137,9 @@ def _bfcl(data_dir: str, limit: int | None, user=None):
 
 def _envscaler(data_dir: str, limit: int | None, user=None):
     folder = os.path.join(data_dir, "envscaler")
-    heldout = _find(folder, ["tasks_heldout.jsonl", "tasks_heldout.json"],
-                    "the EnvScaler release (scenario files in EnvScaler format; see docs/evaluation.md)")
-    items = os.path.join(folder, "env_items.json")
+    heldout = _find(folder, [HELDOUT_FILE],
+                    "the EnvScaler release (scenario files in EnvScaler format; see docs/data.md)")
+    items = os.path.join(folder, ENV_ITEMS_FILE)
     return EnvScalerTaskSource(heldout_path=heldout, env_items_path=items if os.path.isfile(items) else None,
                                limit=limit)
 
