@@ -31,7 +31,7 @@ def write_checkpoint(path: str, layers: int, hidden: int, vocab: int) -> dict:
 
     from models import hf_mapping
     from models.config import qwen3
-    from models.decoder import projection_shapes
+    from models.layer import projection_shapes
     from models.hf_config import to_hf_config
 
     cfg = qwen3(hidden, 3 * hidden, layers, 16, 8, tie=False, vocab=vocab, head_dim=128)

@@ -30,7 +30,8 @@ from lopd_jax.core.shapes import bucket
 from lopd_jax.settings.sections import SamplingParams
 from models.decoder import Decoder, KVCache
 from models.partitioning import Rules
-from lopd_jax.rollout.decode_step import decode_step, from_layers, layer_weights, to_layers
+from lopd_jax.rollout.decode_step import decode_step, from_layers, to_layers
+from models.layer import layer_weights
 from lopd_jax.rollout.sampling import processed_logprobs, sample_logits, stop_string_cut
 
 __all__ = ["BucketConfig", "DecodeCache", "Generation", "Sampler", "SamplingParams", "bucket",

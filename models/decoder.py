@@ -1,29 +1,26 @@
 """The decoder-only transformer serving Qwen3, Olmo-3 and Llama (``flax.nnx``).
 
-Layer parameters are stacked along a leading ``layers`` axis and the layers run under
-``jax.lax.scan`` (compile time independent of depth) with a configurable remat policy.
-Inputs are token ids or input embeddings (for latent splicing); the call can return the
-final hidden states without the LM head (for chunked losses and the experience encoder),
-and can read / write a KV cache for prefill and one-token decode steps.
+Layer parameters are stacked along a leading ``layers`` axis and the layers
+(:func:`models.layer.decoder_layer`) run under ``jax.lax.scan`` (compile time independent
+of depth) with a configurable remat policy. Inputs are token ids or input embeddings (for
+latent splicing); the call can return the final hidden states without the LM head (for
+chunked losses and the experience encoder), and can read / write a dense KV cache
+(:class:`KVCache`) for prefill and one-token decode steps.
 """
 
 from __future__ import annotations
 
-import functools
-import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
-from jax.ad_checkpoint import checkpoint_name
 
-from models import attention as attn_lib
-from models.config import LORA_TARGETS, ModelConfig
-from models.lora import LoRAParam, init_lora_pair, lora_delta, merged_weight
+from models.config import ModelConfig
+from models.layer import (decoder_layer, dense_cache_attention, layer_tables, projection_shapes, rms_norm,
+                          rope_tables, sequence_attention, stacked_weights)
+from models.lora import init_lora_pair, merged_weight
 from models.partitioning import Rules, constrain
-from models.rope import apply_rope, cos_sin, inv_frequencies
 
 
 class KVCache(NamedTuple):
@@ -34,46 +31,12 @@ class KVCache(NamedTuple):
     lengths: jax.Array
 
 
-def projection_shapes(cfg: ModelConfig) -> dict[str, tuple[tuple, tuple, tuple, tuple]]:
-    """name -> (in_shape, out_shape, in_logical_axes, out_logical_axes) per projection."""
-    d, f, h, kv, hd = cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    return {
-        "q": ((d,), (h, hd), ("embed",), ("heads", "head_dim")),
-        "k": ((d,), (kv, hd), ("embed",), ("kv_heads", "head_dim")),
-        "v": ((d,), (kv, hd), ("embed",), ("kv_heads", "head_dim")),
-        "o": ((h, hd), (d,), ("heads", "head_dim"), ("embed",)),
-        "gate": ((d,), (f,), ("embed",), ("mlp",)),
-        "up": ((d,), (f,), ("embed",), ("mlp",)),
-        "down": ((f,), (d,), ("mlp",), ("embed",)),
-    }
-
-
-def rms_norm(x, weight, eps, weight_first: bool):
-    """RMSNorm in fp32; ``weight_first`` multiplies before casting back (Olmo-3 style)."""
-    dtype = x.dtype
-    xf = x.astype(jnp.float32)
-    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
-    if weight_first:
-        return (weight.astype(jnp.float32) * xf).astype(dtype)
-    return weight.astype(dtype) * xf.astype(dtype)
-
-
 _REMAT = {
     "full": jax.checkpoint_policies.nothing_saveable,
     "dots": jax.checkpoint_policies.checkpoint_dots,
     "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
     "save_attn_out": jax.checkpoint_policies.save_only_these_names("attn_out"),
 }
-
-
-@functools.lru_cache(maxsize=64)
-def layer_tables(cfg: ModelConfig):
-    """Static per-layer tables: sliding windows [L] (0 = full), RoPE table index [L],
-    inverse frequencies [n_types, hd/2] and cos/sin scaling [n_types]."""
-    windows = np.asarray([cfg.sliding_window if t == "sliding_attention" else 0 for t in cfg.layer_types], np.int32)
-    rope_index = np.asarray([cfg.rope_type_names.index(t) for t in cfg.layer_types], np.int32)
-    tables = [inv_frequencies(cfg.rope_by_type[t], cfg.head_dim) for t in cfg.rope_type_names]
-    return windows, rope_index, np.stack([t[0] for t in tables]), np.asarray([t[1] for t in tables], np.float32)
 
 
 class Decoder(nnx.Module):
@@ -165,6 +128,10 @@ class Decoder(nnx.Module):
         dtype = dtype or c.jnp_dtype
         return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch,), jnp.int32))
 
+    def final_hidden(self, x: jax.Array) -> jax.Array:
+        """The last layer's output [..., D] through the final RMS norm."""
+        return rms_norm(x, self.final_norm[...], self.cfg.rms_norm_eps, self.cfg.rmsnorm_weight_first)
+
     # ----- forward -----
     def __call__(self, input_ids=None, *, inputs_embeds=None, positions=None, attention_mask=None,
                  lora: bool = False, return_hidden: bool = False, cache: KVCache | None = None,
@@ -194,34 +161,24 @@ class Decoder(nnx.Module):
         if attention_mask is None:
             attention_mask = jnp.ones((B, S), bool)
         attention_mask = attention_mask.astype(bool)
-        # splash masks and causal_plain's skipped tiles are index-based: exact only for default
-        # positions and no cache
-        impl = cfg.attention_impl
-        if impl == "splash" and (positions is not None or cache is not None):
-            impl = "blockwise" if cache is None else "plain"
-        if impl == "causal_plain" and (positions is not None or cache is not None):
-            impl = "plain"
+        default_positions = positions is None and cache is None
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S))
             if cache is not None:
                 positions = positions + cache.lengths[:, None]
         positions = positions.astype(jnp.int32)
 
-        windows, rope_index, inv_freq, rope_scale = layer_tables(cfg)
-        cos, sin = jax.vmap(lambda f, s: cos_sin(positions, f, s))(
-            jnp.asarray(inv_freq), jnp.asarray(rope_scale))  # [n_types, B, S, hd]
+        windows, rope_index, _, _ = layer_tables(cfg)
+        cos, sin = rope_tables(cfg, positions)  # [n_types, B, S, hd]
 
-        if cache is None:
-            k_pos, k_valid, new_lengths = positions, attention_mask, None
-        else:
+        if cache is not None:
             T = cache.k.shape[2]
             written = jnp.max(jnp.where(attention_mask, positions + 1, 0), axis=1)
             new_lengths = jnp.maximum(cache.lengths, written)
             k_pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
             k_valid = k_pos < new_lengths[:, None]
 
-        layer_params = self._layer_params(lora)
-        xs = {"p": layer_params, "window": jnp.asarray(windows), "rope": jnp.asarray(rope_index),
+        xs = {"p": stacked_weights(self, lora), "window": jnp.asarray(windows), "rope": jnp.asarray(rope_index),
               "idx": jnp.arange(cfg.num_layers)}
 
         def body(carry, layer):
@@ -229,15 +186,18 @@ class Decoder(nnx.Module):
             # passing it as scanned input/output would copy the full cache every step.
             h, ck_all, cv_all = carry
             rng = None if dropout_rng is None else jax.random.fold_in(dropout_rng, layer["idx"])
-            ck = cv = None
-            if ck_all is not None:
+            if ck_all is None:
+                attend = sequence_attention(cfg, positions, attention_mask, layer["window"],
+                                            default_positions=default_positions, rules=self.rules)
+            else:
                 ck = jax.lax.dynamic_index_in_dim(ck_all, layer["idx"], 0, keepdims=False)
                 cv = jax.lax.dynamic_index_in_dim(cv_all, layer["idx"], 0, keepdims=False)
-            h, new_k, new_v = self._layer(h, layer["p"], cos[layer["rope"]], sin[layer["rope"]], positions,
-                                          k_pos, k_valid, layer["window"], lora, rng, ck, cv, impl)
+                attend = dense_cache_attention(ck, cv, positions, k_pos, k_valid, layer["window"])
+            h, kv = decoder_layer(cfg, h, layer["p"], cos[layer["rope"]], sin[layer["rope"]], attend, lora=lora,
+                                  rng=rng, rules=self.rules, flat=self.rules is None)
             if ck_all is not None:
-                ck_all = jax.lax.dynamic_update_index_in_dim(ck_all, new_k, layer["idx"], 0)
-                cv_all = jax.lax.dynamic_update_index_in_dim(cv_all, new_v, layer["idx"], 0)
+                ck_all = jax.lax.dynamic_update_index_in_dim(ck_all, kv[0], layer["idx"], 0)
+                cv_all = jax.lax.dynamic_update_index_in_dim(cv_all, kv[1], layer["idx"], 0)
             return (h, ck_all, cv_all), None
 
         if cfg.remat_policy != "none" and cache is None:
@@ -250,85 +210,8 @@ class Decoder(nnx.Module):
                 carry, _ = body(carry, jax.tree.map(lambda a: a[i], xs))
         x, ck_all, cv_all = carry
 
-        h = rms_norm(x, self.final_norm[...], cfg.rms_norm_eps, cfg.rmsnorm_weight_first)
+        h = self.final_hidden(x)
         out = h if return_hidden else constrain(self.logits(h), ("act_batch", "act_seq", "act_vocab"), self.rules)
         if cache is None:
             return out
         return out, KVCache(ck_all, cv_all, new_lengths)
-
-    def _layer_params(self, lora: bool) -> dict:
-        names = list(projection_shapes(self.cfg)) + ["attn_norm", "mlp_norm"]
-        if self.cfg.qk_norm != "none":
-            names += ["q_norm", "k_norm"]
-        p = {n: getattr(self, n)[...] for n in names}
-        if lora:
-            for n in self.cfg.lora.targets:
-                p[f"lora_{n}_a"] = getattr(self, f"lora_{n}_a")[...]
-                p[f"lora_{n}_b"] = getattr(self, f"lora_{n}_b")[...]
-        return p
-
-    def _proj(self, name, x, p, n_in, lora, rng):
-        dt = self.cfg.jnp_dtype
-        w = p[name].astype(dt)
-        if self.rules is None:
-            # Unsharded: one 2-D matmul over the flattened tokens. XLA:CPU then takes the
-            # weight gradient x^T dy without writing dy transposed (tensordot over [B, S]
-            # made it copy the SiLU gradient transposed in every layer: 1.15x slower step).
-            # Sharded models keep the tensordot, so no reshape merges sharded axes.
-            k = math.prod(w.shape[:n_in])
-            y = (x.reshape(-1, k) @ w.reshape(k, -1)).reshape(*x.shape[:x.ndim - n_in], *w.shape[n_in:])
-        else:
-            in_axes = tuple(range(x.ndim - n_in, x.ndim))
-            y = jnp.tensordot(x, w, axes=(in_axes, tuple(range(n_in))))
-        if lora and f"lora_{name}_a" in p:
-            lc = self.cfg.lora
-            if rng is not None:
-                rng = jax.random.fold_in(rng, LORA_TARGETS.index(name))
-            y = y + lora_delta(x, p[f"lora_{name}_a"], p[f"lora_{name}_b"], n_in, lc.scale,
-                               lc.dropout, rng).astype(y.dtype)
-        return y
-
-    def _layer(self, x, p, cos, sin, positions, k_pos, k_valid, window, lora, rng, ck, cv, impl):
-        cfg = self.cfg
-        eps, wf = cfg.rms_norm_eps, cfg.rmsnorm_weight_first
-        B, S, _ = x.shape
-        H, KV, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        pre = cfg.norm_placement == "pre"
-
-        a_in = rms_norm(x, p["attn_norm"], eps, wf) if pre else x
-        q = self._proj("q", a_in, p, 1, lora, rng)  # [B, S, H, hd]
-        k = self._proj("k", a_in, p, 1, lora, rng)
-        v = self._proj("v", a_in, p, 1, lora, rng)
-        if cfg.qk_norm == "per_head":
-            q = rms_norm(q, p["q_norm"], eps, wf)
-            k = rms_norm(k, p["k_norm"], eps, wf)
-        elif cfg.qk_norm == "full":
-            q = rms_norm(q.reshape(B, S, H * hd), p["q_norm"], eps, wf).reshape(B, S, H, hd)
-            k = rms_norm(k.reshape(B, S, KV * hd), p["k_norm"], eps, wf).reshape(B, S, KV, hd)
-        q = constrain(apply_rope(q, cos, sin), ("act_batch", "act_seq", "act_heads", None), self.rules)
-        k = apply_rope(k, cos, sin)
-
-        new_k = new_v = None
-        if ck is not None:
-            bidx = jnp.arange(B)[:, None]
-            new_k = ck.at[bidx, positions].set(k.astype(ck.dtype), mode="drop")
-            new_v = cv.at[bidx, positions].set(v.astype(cv.dtype), mode="drop")
-            k, v = new_k.astype(q.dtype), new_v.astype(q.dtype)
-
-        qg = q.reshape(B, S, KV, H // KV, hd)
-        o = attn_lib.attention(qg, k, v, positions, k_pos, k_valid, window, 1.0 / math.sqrt(hd),
-                               impl=impl if ck is None else "plain",
-                               block_q=cfg.attention_block_q, block_kv=cfg.attention_block_kv,
-                               windows=tuple(int(w) for w in layer_tables(cfg)[0]), rules=self.rules)
-        o = checkpoint_name(o.reshape(B, S, H, hd), "attn_out")
-        o = self._proj("o", o, p, 2, lora, rng)
-        x = x + o if pre else x + rms_norm(o, p["attn_norm"], eps, wf)
-        x = constrain(x, ("act_batch", "act_seq", "act_embed"), self.rules)
-
-        m_in = rms_norm(x, p["mlp_norm"], eps, wf) if pre else x
-        g = self._proj("gate", m_in, p, 1, lora, rng)
-        u = self._proj("up", m_in, p, 1, lora, rng)
-        hmid = constrain(jax.nn.silu(g) * u, ("act_batch", "act_seq", "act_mlp"), self.rules)
-        m = self._proj("down", hmid, p, 1, lora, rng)
-        x = x + m if pre else x + rms_norm(m, p["mlp_norm"], eps, wf)
-        return constrain(x, ("act_batch", "act_seq", "act_embed"), self.rules), new_k, new_v

@@ -10,7 +10,8 @@ from flax import nnx
 
 from models.config import LoraConfig, named_config
 from models.decoder import Decoder
-from lopd_jax.rollout.decode_step import decode_step, from_layers, layer_weights, to_layers
+from lopd_jax.rollout.decode_step import decode_step, from_layers, to_layers
+from models.layer import layer_weights
 from benchmarks.static_sampler import BucketConfig, Sampler
 from lopd_jax.settings.sections import SamplingParams
 

@@ -24,7 +24,7 @@ from models.config import named_config
 from models.decoder import Decoder
 from models.paged_attention import (attend, combine_kv, paged_attention, ragged_kernel_attention, resolve_backend,
                                     write_kv)
-from lopd_jax.rollout.decode_step import layer_weights
+from models.layer import layer_weights
 from lopd_jax.rollout.paged_step import empty_pools, paged_forward, paged_forward_scan
 
 B, KV, G, hd, PS, NP, PPS = 3, 2, 2, 16, 4, 24, 6
@@ -259,7 +259,7 @@ AOT = textwrap.dedent("""
     from jax.sharding import AxisType
     from models.config import named_config
     from models.decoder import Decoder
-    from lopd_jax.rollout.decode_step import layer_weights
+    from models.layer import layer_weights
     from lopd_jax.rollout.paged_step import paged_forward
     cfg = named_config("olmo3_7b", dtype="bfloat16", param_dtype="bfloat16")
     cfg = cfg.replace(num_layers=2, layer_types=("sliding_attention", "full_attention"))

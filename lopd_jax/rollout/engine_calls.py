@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lopd_jax.rollout.decode_step import layer_weights
+from models.layer import layer_weights
 from lopd_jax.rollout.layout import attention_mesh, pool_sharding
 from lopd_jax.rollout.paged_step import paged_forward
 from lopd_jax.rollout.sampling import sample_logits

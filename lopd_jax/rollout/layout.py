@@ -1,30 +1,19 @@
 """The sampling layout: bf16 weights, tensor-parallel x data-parallel, LoRA merged.
 
-The trainer keeps fp32 master weights sharded FSDP-style (every matrix split along
-``embed`` over the ``fsdp`` axis), which suits the backward pass and not decoding: every
-decode step would all-gather each layer's weights. The engine decodes instead on an
-**inference mesh** ``(data, tensor)`` over the same chips:
+The trainer keeps fp32 master weights sharded FSDP-style (split along ``embed`` over
+``fsdp``), which suits the backward pass and not decoding: every decode step would
+all-gather each layer's weights. The engine decodes instead on an **inference mesh**
+``(data, tensor)`` over the same chips: bf16 weights with the projections split over
+``tensor`` along heads / KV heads / MLP, the embedding and LM head along the vocabulary,
+norms replicated; the page pool's KV heads over ``tensor`` (:func:`pool_sharding`). Rows
+and pages are not split over ``data`` (each ``data`` replica runs every row,
+:func:`attention_mesh`): that would need the scheduler to keep an episode's pages and slot
+in one data shard, since the kernel path reads shard-local pages.
 
-* weights in bf16, the projections split over ``tensor`` along heads / KV heads / MLP
-  (columns of q, k, v, gate, up; rows of o, down), the embedding and LM head along the
-  vocabulary, norms replicated; replicated over ``data``;
-* the page pool's KV heads over ``tensor`` (:func:`pool_sharding`); rows (slots) and
-  pages are not split over ``data``: each ``data`` replica holds the whole pool's heads of
-  its tensor column and runs every row (:func:`attention_mesh`), so ``data > 1`` buys no
-  speed yet. It only arises when a process has more chips than the model has KV heads (on
-  v5p, 4 chips per host, every paper model runs ``data 1 x tensor 4`` per host): splitting
-  pages over ``data`` needs the scheduler to keep each episode's pages and its slot in one
-  data shard (the kernel path reads shard-local pages).
-
-Each process's engine (:class:`lopd_jax.rollout.engine.Engine`) runs on such a mesh of its own local
-devices; :func:`local_params` brings the trainer's params there (merged, cast) with one
-collective when they span processes, each chip receiving only its tensor shard.
-
-Once per RL step the engine's :func:`local_params` (with :func:`global_merge` when the
-params span processes) runs one jitted call from the trainer's params to the engine's: the
-student LoRA folded into its base kernels (:func:`models.lora.merged_weight`, in fp32), a
-cast to the sampling dtype, and the reshard (XLA's collectives). :func:`reshard_cost` gives
-its bytes and roofline time.
+Once per RL step :func:`local_params` (with :func:`global_merge` when the params span
+processes) runs one jitted call from the trainer's params to the engine's: the student
+LoRA folded into its base kernels (in fp32), a cast to the sampling dtype and the reshard;
+:func:`reshard_cost` gives its bytes and roofline time.
 """
 
 from __future__ import annotations
@@ -42,7 +31,8 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from lopd_jax.settings.errors import ConfigError
 from models.config import ModelConfig
-from models.decoder import Decoder, projection_shapes
+from models.decoder import Decoder
+from models.layer import projection_shapes
 from models.lora import merged_weight
 from models.partitioning import Rules, split_state, tree_shardings
 
