@@ -94,6 +94,7 @@ def test_overrides_parse_each_type():
 @pytest.mark.parametrize("override, message", [
     ("steps.margn=0.1", r"unknown key 'steps.margn'.*did you mean margin"),
     ("stepz.margin=0.1", r"no field 'stepz'.*did you mean steps"),
+    ("lopd_steps=8", r"no field 'lopd_steps'; did you mean stages\.lopd_steps"),  # the section is named
     ("model.dtype=bf16", r"model.dtype='bf16': choose one of \['float32', 'bfloat16', 'float16'\]"),
     ("steps.top_m=1.5", r"steps.top_m='1.5': expected an int"),
     ("steps.margin=big", r"steps.margin='big': expected a float"),

@@ -56,7 +56,8 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from lopd_jax.programs.compile_buckets import memory_line
-from lopd_jax.programs.compile_check import run_config, topology_devices, verdict
+from lopd_jax.programs.compile_check import (EXIT_BAD_ARGS, EXIT_CANNOT_COMPILE, CannotCompileHere, run_config,
+                                             topology_devices, verdict)
 from models.decoder import Decoder
 from train import mesh as mesh_lib
 from models.partitioning import split_state, tree_shardings
@@ -353,7 +354,10 @@ def main(argv=None) -> int:
         r = run(args)
     except ValueError as e:  # ConfigError is a ValueError
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_ARGS
+    except CannotCompileHere as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_CANNOT_COMPILE
     print_report(r)
     return verdict(r, args.json)
 
