@@ -247,3 +247,14 @@ def test_train_help_lists_the_named_configs(capsys):
     for name in ("tiny", "miniature", "qwen3_4b", "qwen3_8b", "olmo3_7b"):
         assert f"\n  {name} " in text
     assert "--allow_config_change" in text and "docs/data.md" in text
+
+
+def test_shipped_demo_start_resumes_under_the_current_configs():
+    """The demo's starting point was saved with its config; the run that continues it
+    (lopd_jax.demo.train_command) must not be refused for a key the configs changed since."""
+    from lopd_jax.programs.demo import START_DIR, start_args
+    from lopd_jax.settings.run_config import check_resume, load_run_config
+
+    config, overrides = start_args(START_DIR)
+    current = apply_overrides(load_config(config), [*overrides, "seed=0"])
+    check_resume(load_run_config(START_DIR), current, allow=("seed",))
