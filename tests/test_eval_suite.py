@@ -226,10 +226,12 @@ def test_suite_reports_differ_per_model_and_a_missing_data_dir_says_how(tmp_path
     export = tmp_path / "workdirs" / "tiny" / "export"
     export.mkdir(parents=True)
     (tmp_path / "workdirs" / "tiny" / "config.json").write_text("{}")
-    a = parse_args(["--suite=all", f"--model={export}", f"--data_dir={tmp_path}"]).out_dir
-    b = parse_args(["--suite=code", f"--composer_from={export.parent}", f"--data_dir={tmp_path}"]).out_dir
-    assert a == str(tmp_path / "reports" / "all-tiny_export") and b == str(tmp_path / "reports" / "code-tiny_base_composer")
-    assert parse_args(["--suite=all", f"--model={export}", f"--data_dir={tmp_path}", "--out_dir=mine"]).out_dir == "mine"
+    data = f"--data_dir={tmp_path}"
+    a = parse_args(["--suite=all", f"--model={export}", data]).out_dir
+    b = parse_args(["--suite=code", f"--composer_from={export.parent}", data]).out_dir
+    assert a == str(tmp_path / "reports" / "all-tiny_export")
+    assert b == str(tmp_path / "reports" / "code-tiny_base_composer")
+    assert parse_args(["--suite=all", f"--model={export}", data, "--out_dir=mine"]).out_dir == "mine"
     with pytest.raises(SystemExit) as e:
         parse_args(["--suite=all", "--model=tiny", f"--data_dir={tmp_path}/bench"])
     err = capsys.readouterr().err
@@ -247,7 +249,8 @@ def test_suite_with_a_composer_run(tmp_path_factory, tmp_path):
     _write_data(data)
     assert main([f"--composer_from={workdir}", "--suite=code", f"--data_dir={data}", "--suite_limit=1",
                  "--max_turn_tokens=8", "--max_total_tokens=2048", "--batch_size=2"]) == 0
-    report = json.loads((data / "reports" / f"code-{os.path.basename(workdir)}_base_composer" / "report.json").read_text())
+    out = data / "reports" / f"code-{os.path.basename(workdir)}_base_composer"  # the default --out_dir
+    report = json.loads((out / "report.json").read_text())
     assert report["model"].startswith("composer run ")
     rows = {r["benchmark"]: r for r in report["rows"]}
     assert rows["HumanEval+"]["status"] == "ok" and rows["LiveCodeBench v5"]["status"] == "ok"

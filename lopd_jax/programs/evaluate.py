@@ -34,8 +34,8 @@ trajectories are gathered and process 0 prints and writes the results.
 Tables 1 and 2 (EnvScaler, BFCL-v3, ACEBench; LiveCodeBench v5/v6, HumanEval+, MBPP+,
 HumanEval) with the same policy (``--model`` or ``--composer_from``) and writes
 ``report.md`` / ``report.json`` to ``--out_dir`` (default ``DATA_DIR/reports/SUITE-MODEL``;
-:func:`suite`, :mod:`lopd_jax.programs.eval_suite`, ``docs/evaluation.md``); greedy pass@1 unless ``--temperature`` / ``--suite_samples`` say
-otherwise.
+:func:`suite`, :mod:`lopd_jax.programs.eval_suite`, ``docs/evaluation.md``); greedy pass@1
+unless ``--temperature`` / ``--suite_samples`` say otherwise.
 
 Argument parsing lives in :func:`build_parser` / :func:`parse_args` so training-config and
 checkpoint options (``--config``, ``--checkpoint``) can be added there later.
