@@ -14,7 +14,7 @@ undoes that, as ``transformers``' GGUF loader does (``LlamaTensorProcessor``).
 Supported: architecture ``llama``; tensor types F32, F16 and every block quantization the
 installed ``gguf`` package can dequantize (Q4_0, Q4_1, Q8_0, the K-quants, ...). Anything
 else raises :class:`UnsupportedGGUFError` naming the architecture or the tensor types.
-The tokenizer and chat template come from the file too (:mod:`models.gguf_tokenizer`).
+The tokenizer and chat template come from the file too (:mod:`models.gguf_vocab`).
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ def test_tokenizer_from_gguf(tok):
 
 def test_tokenizer_is_built_without_torch(tmp_path):
     """The runtime install has no PyTorch, and transformers' own GGUF reader needs it: with
-    torch hidden, hf_tokenizer still reads the file (models.gguf_tokenizer)."""
+    torch hidden, hf_tokenizer still reads the file (models.gguf_vocab)."""
     import subprocess
     import sys
 
@@ -169,3 +169,18 @@ def test_tiny_config_with_a_gguf_takes_the_files_tokenizer(tmp_path):
     with pytest.raises(ConfigError, match="model.tokenizer=tiny has no chat tokens for family 'llama'.*"
                                           "model.tokenizer=auto"):
         run_tokenizer(apply_overrides(cfg, ["model.tokenizer=tiny"]), "llama", None)
+
+
+def test_a_missing_package_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, capsys):
+    """Without the gguf package a GGUF run exits 2 naming the package; nothing is written."""
+    import sys
+
+    from lopd_jax.programs.train import main
+
+    monkeypatch.setitem(sys.modules, "gguf", None)
+    workdir = tmp_path / "w"
+    assert main(["--config=tiny", f"--workdir={workdir}", f"model.hf_path={PATH}", "model.name=none",
+                 "model.vocab_size=none"]) == 2
+    err = capsys.readouterr().err
+    assert "needs the `gguf` package: pip install gguf" in err and "Traceback" not in err
+    assert not workdir.exists()

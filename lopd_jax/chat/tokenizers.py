@@ -29,7 +29,7 @@ from lopd_jax.chat.templates import OLMO3_CHAT_TEMPLATE, QWEN3_CHAT_TEMPLATE
 from lopd_jax.io.files import download_dir
 from lopd_jax.io.paths import is_url
 from models.gguf import is_gguf_path
-from models.gguf_tokenizer import gguf_tokenizer
+from models.gguf_vocab import gguf_tokenizer
 
 # Qwen2/Qwen3 pre-tokenizer split (single digits, unlike cl100k's \p{N}{1,3}).
 QWEN_PRETOKENIZE_REGEX = (
@@ -269,7 +269,7 @@ def hf_tokenizer(path: str | os.PathLike):
     (``gs://``): a URL's non-weight files (tokenizer, chat template and config files) are
     first copied into a temporary directory, since ``transformers`` reads local files only.
     A local ``.gguf`` file gives the tokenizer and chat template stored in it
-    (:func:`models.gguf_tokenizer.gguf_tokenizer`)."""
+    (:func:`models.gguf_vocab.gguf_tokenizer`)."""
     import transformers  # heavy: loads only when a tokenizer is read from files
 
     path = os.fspath(path)

@@ -238,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         cfg = resolve_config(argv)
-    except ConfigError as e:
+    except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     error = initialize_from_flags(build_parser().parse_args(argv))

@@ -35,8 +35,10 @@ PRE_SPLITS = {"llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": _
 def read_tokenizer_fields(path: str | os.PathLike) -> dict[str, Any]:
     """The ``tokenizer.*`` metadata of a GGUF file, keys without the ``tokenizer.`` prefix
     (``ggml.tokens``, ``ggml.merges``, ``ggml.token_type``, ``ggml.bos_token_id``, ``chat_template``...)."""
-    import gguf  # optional: only .gguf files need it
-
+    try:
+        import gguf  # optional: only .gguf files need it
+    except ImportError as e:
+        raise ImportError("reading a .gguf file needs the `gguf` package: pip install gguf") from e
     reader = gguf.GGUFReader(os.fspath(path))
     return {k[len("tokenizer."):]: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
 
