@@ -19,8 +19,9 @@ from models.config import LoraConfig
 
 CONFIG = TrainConfig(
     # 896 >= the tiny tokenizer's ids (BPE trained on the built-in corpus plus the training prompts,
-    # about 890 with the chat and latent tokens; see train.run_context.domain_corpus)
-    model=ModelSection(name="tiny_qwen3", vocab_size=896, tokenizer="tiny", dtype="float32",
+    # about 890 with the chat and latent tokens; see train.run_context.domain_corpus). tokenizer=auto:
+    # that tiny tokenizer for this tiny model, the checkpoint's own with model.hf_path=...
+    model=ModelSection(name="tiny_qwen3", vocab_size=896, tokenizer="auto", dtype="float32",
                        param_dtype="float32", attention_impl="plain", remat_policy="none"),
     composer=ComposerConfig(num_latents=4, depth=2, n_ret=2, ff_mult=2,
                             lora=LoraConfig(rank=4, alpha=8.0, dropout=0.0), max_experience_tokens=256),

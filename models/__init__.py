@@ -14,7 +14,7 @@ _LAZY = {
     "load_peft_adapter": "models.hf_import",
     "save_pretrained": "models.hf_export",
     "save_peft_adapter": "models.peft_export",
-    "gguf_tokenizer": "models.gguf",
+    "gguf_tokenizer": "models.gguf_vocab",
     "GGUFStorage": "models.gguf",
 }
 

@@ -14,7 +14,7 @@ undoes that, as ``transformers``' GGUF loader does (``LlamaTensorProcessor``).
 Supported: architecture ``llama``; tensor types F32, F16 and every block quantization the
 installed ``gguf`` package can dequantize (Q4_0, Q4_1, Q8_0, the K-quants, ...). Anything
 else raises :class:`UnsupportedGGUFError` naming the architecture or the tensor types.
-The tokenizer and chat template come from the file too (:func:`gguf_tokenizer`).
+The tokenizer and chat template come from the file too (:mod:`models.gguf_vocab`).
 """
 
 from __future__ import annotations
@@ -213,16 +213,6 @@ class GGUFStorage(Storage):
         for t in self.reader.tensors:
             out[t.tensor_type.name] = out.get(t.tensor_type.name, 0) + 1
         return out
-
-
-def gguf_tokenizer(path: str | os.PathLike):
-    """The ``transformers`` tokenizer stored in a GGUF file (vocabulary, merges, special
-    tokens and chat template), built by ``transformers``' GGUF tokenizer converter."""
-    import transformers  # heavy: only a GGUF tokenizer needs it
-
-    path = os.fspath(path)
-    return transformers.AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(path)),
-                                                      gguf_file=os.path.basename(path))
 
 
 def generation_config(store: GGUFStorage) -> dict:

@@ -82,6 +82,36 @@ def test_compile_check_rejects_unknown_topology(capsys):
     assert "unknown topology" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("topology", ["v5p-33", "v5e-3", "cpu:0", "cpu:x", "v5p"])
+def test_compile_check_refuses_a_topology_by_name(topology, capsys):
+    """Not a slice name (v5p-33 is no 16-chip slice) or no device count: exit 2, the name quoted."""
+    from lopd_jax.programs.compile_check import EXIT_BAD_ARGS, main
+
+    assert main(["--config=tiny", f"--topology={topology}", "--dry_run"]) == EXIT_BAD_ARGS
+    assert f"unknown topology {topology!r}" in capsys.readouterr().err
+
+
+def test_compile_check_exit_codes_are_distinct_and_in_help(tmp_path):
+    """Without libtpu (a stand-in package that fails to import, put first on the path) a TPU
+    topology cannot compile here: exit 3 with the way on, not 1 (\"does not fit\")."""
+    from lopd_jax.programs.compile_check import EXIT_CODES, exit_codes_epilog
+
+    assert sorted(EXIT_CODES) == [0, 1, 2, 3] and all(f"  {c}  " in exit_codes_epilog() for c in EXIT_CODES)
+    fake = tmp_path / "no_libtpu" / "libtpu"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('libtpu hidden by the test')\n")
+    # (importing JAX here set TPU_LIBRARY_PATH, which would find the real libtpu)
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS") and not k.startswith("TPU_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(fake.parent), ROOT, env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-m", "lopd_jax.compile_check", "--config=tiny", "--topology=v5p-8",
+                           "--dry_run"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "make tpu" in proc.stderr and "Traceback" not in proc.stderr
+    help_text = subprocess.run([sys.executable, "-m", "lopd_jax.compile_check", "--help"], cwd=ROOT, env=env,
+                               capture_output=True, text=True, timeout=300).stdout
+    assert "exit status:" in help_text and "cannot compile here" in help_text
+
+
 def test_cpu_topology_names_the_device_count_it_needs():
     """In a process whose JAX already started with 8 CPU devices, cpu:16 says what to set
     (a fresh ``python -m lopd_jax.compile_check --topology=cpu:N`` sets it itself)."""

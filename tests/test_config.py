@@ -94,6 +94,7 @@ def test_overrides_parse_each_type():
 @pytest.mark.parametrize("override, message", [
     ("steps.margn=0.1", r"unknown key 'steps.margn'.*did you mean margin"),
     ("stepz.margin=0.1", r"no field 'stepz'.*did you mean steps"),
+    ("lopd_steps=8", r"no field 'lopd_steps'; did you mean stages\.lopd_steps"),  # the section is named
     ("model.dtype=bf16", r"model.dtype='bf16': choose one of \['float32', 'bfloat16', 'float16'\]"),
     ("steps.top_m=1.5", r"steps.top_m='1.5': expected an int"),
     ("steps.margin=big", r"steps.margin='big': expected a float"),
@@ -246,3 +247,14 @@ def test_train_help_lists_the_named_configs(capsys):
     for name in ("tiny", "miniature", "qwen3_4b", "qwen3_8b", "olmo3_7b"):
         assert f"\n  {name} " in text
     assert "--allow_config_change" in text and "docs/data.md" in text
+
+
+def test_shipped_demo_start_resumes_under_the_current_configs():
+    """The demo's starting point was saved with its config; the run that continues it
+    (lopd_jax.demo.train_command) must not be refused for a key the configs changed since."""
+    from lopd_jax.programs.demo import START_DIR, start_args
+    from lopd_jax.settings.run_config import check_resume, load_run_config
+
+    config, overrides = start_args(START_DIR)
+    current = apply_overrides(load_config(config), [*overrides, "seed=0"])
+    check_resume(load_run_config(START_DIR), current, allow=("seed",))

@@ -217,8 +217,28 @@ def test_suite_flags_are_checked(tmp_path):
             parse_args(bad)
         assert e.value.code == 2
     args = parse_args(["--suite=code", "--model=tiny", f"--data_dir={tmp_path}"])
-    assert args.temperature == 0.0 and args.out_dir == str(tmp_path)
+    assert args.temperature == 0.0 and args.out_dir == str(tmp_path / "reports" / "code-tiny")
     assert parse_args(["--model=tiny"]).temperature == 0.7
+
+
+def test_suite_reports_differ_per_model_and_a_missing_data_dir_says_how(tmp_path, capsys):
+    """The README's two suite lines (an export, then a run's base + composer) write two reports;
+    a --data_dir that does not exist exits 2 naming how to fill it."""
+    from lopd_jax.programs.evaluate import parse_args
+
+    export = tmp_path / "workdirs" / "tiny" / "export"
+    export.mkdir(parents=True)
+    (tmp_path / "workdirs" / "tiny" / "config.json").write_text("{}")
+    data = f"--data_dir={tmp_path}"
+    a = parse_args(["--suite=all", f"--model={export}", data]).out_dir
+    b = parse_args(["--suite=code", f"--composer_from={export.parent}", data]).out_dir
+    assert a == str(tmp_path / "reports" / "all-tiny_export")
+    assert b == str(tmp_path / "reports" / "code-tiny_base_composer")
+    assert parse_args(["--suite=all", f"--model={export}", data, "--out_dir=mine"]).out_dir == "mine"
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--suite=all", "--model=tiny", f"--data_dir={tmp_path}/bench"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "does not exist. Create it (mkdir -p" in err and "Rows and data files" in err
 
 
 def test_suite_with_a_composer_run(tmp_path_factory, tmp_path):
@@ -232,7 +252,8 @@ def test_suite_with_a_composer_run(tmp_path_factory, tmp_path):
     _write_data(data)
     assert main([f"--composer_from={workdir}", "--suite=code", f"--data_dir={data}", "--suite_limit=1",
                  "--max_turn_tokens=8", "--max_total_tokens=2048", "--batch_size=2"]) == 0
-    report = json.loads((data / "report.json").read_text())
+    out = data / "reports" / f"code-{os.path.basename(workdir)}_base_composer"  # the default --out_dir
+    report = json.loads((out / "report.json").read_text())
     assert report["model"].startswith("composer run ")
     rows = {r["benchmark"]: r for r in report["rows"]}
     assert rows["HumanEval+"]["status"] == "ok" and rows["LiveCodeBench v5"]["status"] == "ok"

@@ -135,3 +135,14 @@ def test_miniature_config_and_hint_fraction_validation():
     assert from_dict(to_dict(cfg)) == cfg
     with pytest.raises(ConfigError, match="warmup_hint_fraction"):
         StagesSection(warmup_hint_fraction=1.5)
+
+
+def test_premise_workdir_defaults_to_the_configs(capsys):
+    """``--config`` without ``--workdir`` uses the config's workdir (as ``lopd_jax.train``); with
+    neither, one line says what to pass. Set-up errors only: nothing runs."""
+    from lopd_jax.programs.premise import main
+
+    assert main([]) == 2
+    assert "pass --workdir=W" in capsys.readouterr().err
+    assert main(["--config=tiny", "stages.lopd_stesp=1"]) == 2  # resolved as train resolves it
+    assert "did you mean lopd_steps" in capsys.readouterr().err

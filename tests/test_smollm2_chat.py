@@ -64,6 +64,43 @@ def test_tokenizer_from_gguf(tok):
     assert "<|im_start|>" in tok.chat_template and DEFAULT_SYSTEM in tok.chat_template
 
 
+def test_tokenizer_is_built_without_torch(tmp_path):
+    """The runtime install has no PyTorch, and transformers' own GGUF reader needs it: with
+    torch hidden, hf_tokenizer still reads the file (models.gguf_vocab)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from lopd_jax.chat.tokenizers import hf_tokenizer\n"
+            f"tok = hf_tokenizer({PATH!r})\n"
+            "print(len(tok), tok('<|im_start|>user')['input_ids'])\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[0] == "49152" and "[1, 4093]" in proc.stdout
+
+
+def test_tokenizer_equals_transformers_gguf_reader(tok):
+    """Ours against transformers' GGUF tokenizer (which needs torch, in the test extra):
+    vocabulary, special tokens, chat template, ids and decoding."""
+    pytest.importorskip("torch")
+    import os
+
+    import transformers
+
+    ref = transformers.AutoTokenizer.from_pretrained(os.path.dirname(PATH), gguf_file=os.path.basename(PATH))
+    assert tok.get_vocab() == ref.get_vocab() and tok.chat_template == ref.chat_template
+    assert [tok.bos_token, tok.eos_token, tok.unk_token, tok.pad_token] == \
+        [ref.bos_token, ref.eos_token, ref.unk_token, ref.pad_token]
+    assert tok.all_special_ids == ref.all_special_ids
+    texts = [GEN[0], GEN[2], " leading  spaces\n\n\ttab", "digits 1234567 and 3.14159", "emoji 🤗 Köln ÿ",
+             "<|im_start|>user\nhi<|im_end|>\n<|endoftext|>", "<repo_name>x<empty_output>y"]
+    for text in texts:
+        ids = tok(text)["input_ids"]
+        assert ids == ref(text)["input_ids"], text
+        assert tok.decode(ids) == ref.decode(ids) and \
+            tok.decode(ids, skip_special_tokens=True) == ref.decode(ids, skip_special_tokens=True)
+
+
 @pytest.mark.parametrize("name", sorted(CONVERSATIONS))
 @pytest.mark.parametrize("gen", [False, True])
 def test_render_equals_file_template(tok, fmt, name, gen):
@@ -118,3 +155,32 @@ def test_run_config_takes_a_gguf_file(tmp_path):
     with pytest.raises(ConfigError, match="no such GGUF file"):
         resolve_config(["--config=tiny", f"model.hf_path={tmp_path}/absent.gguf", "model.name=none", "model.vocab_size=none"])
     assert dataclasses.is_dataclass(cfg)
+
+
+def test_tiny_config_with_a_gguf_takes_the_files_tokenizer(tmp_path):
+    """docs/smollm2.md's ``--config=tiny model.hf_path=<gguf> model.name=none model.vocab_size=none``:
+    model.tokenizer=auto follows the checkpoint; the tiny tokenizer asked for a llama says the fix."""
+    from lopd_jax.settings.overrides import apply_overrides
+    from train.run_context import run_tokenizer
+
+    cfg = resolve_config(["--config=tiny", f"--workdir={tmp_path}/w", f"model.hf_path={PATH}", "model.name=none",
+                          "model.vocab_size=none"])
+    assert cfg.model.tokenizer == "auto" and len(run_tokenizer(cfg, "llama", None)) == 49152
+    with pytest.raises(ConfigError, match="model.tokenizer=tiny has no chat tokens for family 'llama'.*"
+                                          "model.tokenizer=auto"):
+        run_tokenizer(apply_overrides(cfg, ["model.tokenizer=tiny"]), "llama", None)
+
+
+def test_a_missing_package_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, capsys):
+    """Without the gguf package a GGUF run exits 2 naming the package; nothing is written."""
+    import sys
+
+    from lopd_jax.programs.train import main
+
+    monkeypatch.setitem(sys.modules, "gguf", None)
+    workdir = tmp_path / "w"
+    assert main(["--config=tiny", f"--workdir={workdir}", f"model.hf_path={PATH}", "model.name=none",
+                 "model.vocab_size=none"]) == 2
+    err = capsys.readouterr().err
+    assert "needs the `gguf` package: pip install gguf" in err and "Traceback" not in err
+    assert not workdir.exists()

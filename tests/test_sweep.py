@@ -100,3 +100,35 @@ def test_sweep_skips_finished_runs_and_reports(tmp_path, capsys):
         assert os.path.getsize(os.path.join(root, fig)) > 1000
     shared = json.load(open(os.path.join(root, sweep.SHARED_FILE)))
     assert len(shared) == 2  # one pre-stage source per seed (composer cold start: none in these runs)
+
+
+# The shortest run of every stage on the tiny config (one task per family, one step each)
+SHORT_RUN = ["stages.warmup_steps=1", "stages.warmup_batch=2", "stages.cold_start_steps=1",
+             "stages.cold_start_batch=2", "stages.lopd_steps=1", "stages.eval_tasks=1", "stages.eval_every=0",
+             "env.tasks_per_step=1", "env.kwargs.n_train_per_family=1", "env.kwargs.n_heldout_per_family=1",
+             "bank.min_reward=0.0", "checkpoint.every_steps=1", "composer.max_experience_tokens=64",
+             "rollout.max_env_steps=1", "rollout.max_turn_tokens=16"]
+
+
+def test_sweep_runs_its_children_end_to_end(tmp_path):
+    """``python -m lopd_jax.sweep`` started from another directory: the training child and the
+    Base + Composer child run in the checkout and finish, and the report is written."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                                if "force_host_platform_device_count" not in f)  # one device: faster here
+    root = tmp_path / "sweep"
+    proc = subprocess.run([sys.executable, "-m", "lopd_jax.sweep", "--config=tiny", "--arms=lopd", "--seeds=0",
+                           f"--workdir={root}", *SHORT_RUN], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=900)
+    wd = sweep.RunSpec("lopd", 0, (), tuple(SHORT_RUN)).workdir(str(root))
+    log = open(os.path.join(wd, "train.log")).read() if os.path.exists(os.path.join(wd, "train.log")) else ""
+    assert proc.returncode == 0, proc.stderr[-2000:] + log[-3000:]
+    assert sweep.finished(wd) and "1/1 lopd seed 0" in proc.stderr and "ran in" in proc.stderr
+    assert os.path.exists(os.path.join(wd, "export", "model.safetensors"))
+    assert "reward_mean" in json.load(open(os.path.join(wd, "base_composer.json")))  # the second child
+    res = json.load(open(os.path.join(root, "results.json")))
+    assert [(r["name"], r["seed"]) for r in res["records"]] == [("lopd", 0)]
+    assert "| lopd | 1 |" in open(os.path.join(root, "results.md")).read()

@@ -178,7 +178,7 @@ class Checkpointer:
         if step is None:
             step = self.latest_step()
             if step is None:
-                raise CheckpointError(f"no complete checkpoint in {self.directory}; start from scratch.")
+                raise CheckpointError(f"no complete checkpoint in {self.directory}.")
         else:
             self.wait()
             if step not in self.all_steps():
@@ -198,14 +198,30 @@ class Checkpointer:
         try:
             out = self._mgr.restore(step, args=ocp.args.Composite(**{STATE: state_args, META: ocp.args.JsonRestore()}))
         except Exception as e:
-            raise CheckpointError(f"restoring step {step} from {self.directory} failed: {e}. If the state "
-                                  "layout changed, pass the matching abstract_state.") from e
+            raise CheckpointError(self.unreadable(step, e)) from e
         return out[STATE], _decode(out[META])
+
+    def unreadable(self, step: int, error: BaseException) -> str:
+        """The message for checkpoint ``step`` that cannot be read: the step, the cause's first
+        line, and the way on (move it aside to resume from the previous one; nothing is deleted)."""
+        cause = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        cause = cause if len(cause) <= 300 else cause[:300] + " ..."
+        earlier = [s for s in self.all_steps() if s < step]
+        back = (f"the previous checkpoint, step {earlier[-1]}" if earlier
+                else "the start of this stage (there is no earlier checkpoint)")
+        path = os.path.join(self.directory, str(step))
+        return (f"checkpoint step {step} in {self.directory} cannot be read ({type(error).__name__}: {cause}). "
+                f"If it is partial or corrupt (a full disk, an interrupted copy), move it out of the way and "
+                f"rerun to resume from {back}: mv {path} {self.directory}-step{step}.unreadable (or delete it). "
+                "If the code or config changed the state's layout, restore it with the matching version instead.")
 
     def read_metadata(self, step: int | None = None) -> dict[str, Any]:
         """Only the JSON metadata of ``step`` (default: latest); reads no arrays."""
         step = self._resolve(step)
-        out = self._mgr.restore(step, args=ocp.args.Composite(**{META: ocp.args.JsonRestore()}))
+        try:
+            out = self._mgr.restore(step, args=ocp.args.Composite(**{META: ocp.args.JsonRestore()}))
+        except Exception as e:
+            raise CheckpointError(self.unreadable(step, e)) from e
         return _decode(out[META])
 
     def wait(self) -> None:
@@ -259,10 +275,16 @@ def preemption_agreed() -> bool:
     return bool(np.any(multihost_utils.process_allgather(np.array(local))))
 
 
+def request_preemption() -> None:
+    """Set the preemption flag from this process (e.g. its Ctrl-C handler): the step loops
+    then save and stop at the next step, as on SIGTERM."""
+    _PREEMPTED.set()
+
+
 def clear_preemption() -> None:
     """Reset the preemption flag (tests, or after a handled preemption)."""
     _PREEMPTED.clear()
 
 
 __all__ = ["Checkpointer", "CheckpointError", "abstract_tree", "install_preemption_handler",
-           "preemption_requested", "preemption_agreed", "clear_preemption"]
+           "preemption_requested", "preemption_agreed", "request_preemption", "clear_preemption"]

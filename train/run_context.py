@@ -18,8 +18,9 @@ import numpy as np
 from flax import nnx
 
 from lopd_jax.chat.formats import make_chat_format
-from lopd_jax.chat.tokenizers import _builtin_corpus, hf_tokenizer, qwen3_tokenizer, tiny_tokenizer
+from lopd_jax.chat.tokenizers import TINY_FAMILIES, _builtin_corpus, hf_tokenizer, qwen3_tokenizer, tiny_tokenizer
 from lopd_jax.envs.registry import get_task_source
+from lopd_jax.settings.errors import ConfigError
 from models import from_pretrained
 from models.decoder import Decoder
 from train import distributed, mesh as mesh_lib
@@ -55,6 +56,10 @@ def run_tokenizer(cfg, family: str, source_fn):
     if kind == "auto":
         kind = "hf" if m.hf_path else ("tiny" if (m.name or "").startswith("tiny") else family)
     if kind == "tiny":
+        if family not in TINY_FAMILIES:
+            raise ConfigError(f"model.tokenizer=tiny has no chat tokens for family {family!r} (it serves the "
+                              f"random-init tiny models: {sorted(TINY_FAMILIES)}); with model.hf_path set "
+                              "model.tokenizer=auto, which reads the checkpoint's own tokenizer.")
         # as many base tokens as the model's vocabulary leaves room for (the corpus may give fewer)
         return tiny_tokenizer(family, vocab_size=max(512, (m.vocab_size or 512) - 32),
                               corpus=domain_corpus(source_fn(), cfg.env.train_split, family))

@@ -116,11 +116,21 @@ class Run:
     def student(self, step: int | None = None):
         """The student parameters of training-stage (``lopd``) checkpoint ``step`` (default:
         the newest), in the arm's state layout (:func:`abstract_train_state`)."""
+        directory = os.path.join(self.cfg.checkpoint_dir, "lopd")  # as ctx.ckpt_dir, without building ctx
+        if not files.exists(directory):  # checked before theta0 and Orbax (which would create it)
+            raise CheckpointError(self._no_student(directory))
         self.theta0()  # a LoRA student sits on theta0: the warm-up result, when there was one
         abstract, shardings = abstract_train_state(self.ctx.system, self.cfg)
-        with Checkpointer(self.ctx.ckpt_dir("lopd")) as ck:
+        with Checkpointer(directory) as ck:
+            if ck.latest_step() is None:
+                raise CheckpointError(self._no_student(directory))
             state, _ = ck.restore(step, abstract_tree(abstract, shardings))
         return state["student"]
+
+    def _no_student(self, directory: str) -> str:
+        return (f"the run in {self.workdir} has no student checkpoint yet (none in {directory}): its training "
+                f"stage has not saved a step. Run or resume the training (python -m lopd_jax.train with the "
+                f"run's --config and --workdir={self.workdir}), then export.")
 
     def composer(self, stage: str = "auto") -> tuple[dict, str, int]:
         """``(composer, stage, step)``: the composer ``{"lora", "compressor"}`` of the newest

@@ -80,42 +80,44 @@ def run_steps(ctx: RunContext, stage: str, state, num_steps: int, step_fn: Calla
     """
     c = ctx.cfg.checkpoint
     ckpt = Checkpointer(ctx.ckpt_dir(stage), every_steps=c.every_steps, keep=c.keep, async_save=c.async_save)
-    start, latest = 0, None
-    found = restore_newest(ckpt, state, shardings)
-    if found is not None:
-        state, restored_meta, latest = found
-        if on_restore is not None:
-            on_restore(state, restored_meta)
-        start = latest
-        log(f"{stage}: resumed from step {start}")
-    preempted = False
-    meta = lambda s: {"stage": stage, "step": s, **(extra_meta(s) if extra_meta else {})}  # noqa: E731
-    guard = NonFiniteTracker(ctx.cfg.steps.max_nonfinite_skips, stage)
-    with Progress(num_steps, stage, initial=start) as bar:
-        for s in range(start, num_steps):
-            t0 = time.perf_counter()
-            batch = put_batch(ctx.system, batch_fn(s))
-            t1 = time.perf_counter()
-            state, metrics = step_fn(state, batch)
-            metrics = {k: float(v) for k, v in jax.device_get(metrics).items() if np.ndim(v) == 0}
-            t2 = time.perf_counter()
-            metrics["batch_seconds"], metrics["train_seconds"] = t1 - t0, t2 - t1
-            if "nonfinite" in metrics:  # skipped updates; stops after steps.max_nonfinite_skips in a row
-                metrics["skipped_steps"] = float(guard.update(metrics, s + 1))
-            if on_metrics is not None:
-                metrics.update(on_metrics(s, metrics))
-            if writer is not None:
-                writer.write(s + 1, stage, metrics)
-            bar.update(1)
-            done = s + 1
-            if ckpt.save(done, state, meta(done), force=done == num_steps) and writer is not None:
-                writer.flush()  # a gs:// metrics object then holds every checkpointed step's record
-            if done < num_steps and preemption_agreed():
-                ckpt.save(done, state, meta(done), force=True)
-                preempted = True
-                log(f"{stage}: preempted at step {done}; checkpoint saved -- rerun the same command to resume")
-                break
-    if latest is not None and latest >= num_steps:
-        log(f"{stage}: all {num_steps} steps already done")
-    ckpt.close()
+    try:  # closed on every exit (an error, Ctrl-C): Orbax's threads must stop before the interpreter
+        start, latest = 0, None
+        found = restore_newest(ckpt, state, shardings)
+        if found is not None:
+            state, restored_meta, latest = found
+            if on_restore is not None:
+                on_restore(state, restored_meta)
+            start = latest
+            log(f"{stage}: resumed from step {start}")
+        preempted = False
+        meta = lambda s: {"stage": stage, "step": s, **(extra_meta(s) if extra_meta else {})}  # noqa: E731
+        guard = NonFiniteTracker(ctx.cfg.steps.max_nonfinite_skips, stage)
+        with Progress(num_steps, stage, initial=start) as bar:
+            for s in range(start, num_steps):
+                t0 = time.perf_counter()
+                batch = put_batch(ctx.system, batch_fn(s))
+                t1 = time.perf_counter()
+                state, metrics = step_fn(state, batch)
+                metrics = {k: float(v) for k, v in jax.device_get(metrics).items() if np.ndim(v) == 0}
+                t2 = time.perf_counter()
+                metrics["batch_seconds"], metrics["train_seconds"] = t1 - t0, t2 - t1
+                if "nonfinite" in metrics:  # skipped updates; stops after steps.max_nonfinite_skips in a row
+                    metrics["skipped_steps"] = float(guard.update(metrics, s + 1))
+                if on_metrics is not None:
+                    metrics.update(on_metrics(s, metrics))
+                if writer is not None:
+                    writer.write(s + 1, stage, metrics)
+                bar.update(1)
+                done = s + 1
+                if ckpt.save(done, state, meta(done), force=done == num_steps) and writer is not None:
+                    writer.flush()  # a gs:// metrics object then holds every checkpointed step's record
+                if done < num_steps and preemption_agreed():
+                    ckpt.save(done, state, meta(done), force=True)
+                    preempted = True
+                    log(f"{stage}: preempted at step {done}; checkpoint saved -- rerun the same command to resume")
+                    break
+        if latest is not None and latest >= num_steps:
+            log(f"{stage}: all {num_steps} steps already done")
+    finally:
+        ckpt.close()
     return state, preempted

@@ -28,7 +28,8 @@ from transformers import PreTrainedTokenizerFast
 from lopd_jax.chat.templates import OLMO3_CHAT_TEMPLATE, QWEN3_CHAT_TEMPLATE
 from lopd_jax.io.files import download_dir
 from lopd_jax.io.paths import is_url
-from models.gguf import gguf_tokenizer, is_gguf_path
+from models.gguf import is_gguf_path
+from models.gguf_vocab import gguf_tokenizer
 
 # Qwen2/Qwen3 pre-tokenizer split (single digits, unlike cl100k's \p{N}{1,3}).
 QWEN_PRETOKENIZE_REGEX = (
@@ -78,6 +79,8 @@ _TINY_FAMILIES: dict[str, dict[str, Any]] = {
         "eos": "<|endoftext|>", "pad": "<|pad|>", "template": OLMO3_CHAT_TEMPLATE,
     },
 }
+TINY_FAMILIES = frozenset(_TINY_FAMILIES)
+"""The chat-format families :func:`tiny_tokenizer` serves."""
 
 _TINY_CORPUS = """\
 You are a helpful assistant. Answer the question and call tools when they help.
@@ -266,7 +269,7 @@ def hf_tokenizer(path: str | os.PathLike):
     (``gs://``): a URL's non-weight files (tokenizer, chat template and config files) are
     first copied into a temporary directory, since ``transformers`` reads local files only.
     A local ``.gguf`` file gives the tokenizer and chat template stored in it
-    (:func:`models.gguf.gguf_tokenizer`)."""
+    (:func:`models.gguf_vocab.gguf_tokenizer`)."""
     import transformers  # heavy: loads only when a tokenizer is read from files
 
     path = os.fspath(path)

@@ -67,6 +67,8 @@ def prepare_topology(argv) -> None:
     topology = p.parse_known_args(argv)[0].topology
     if topology is None or not topology.startswith("cpu:"):
         os.environ.setdefault("JAX_PLATFORMS", "")  # the TPU plugin compiles for the topology
+    elif not topology[4:].isdigit() or int(topology[4:]) < 1:
+        return  # not a device count: the program refuses the topology by name
     elif "jax" not in sys.modules:  # cpu:N: simulate N host devices (the flag must precede JAX's start)
         flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "force_host_platform_device_count" not in f]
         os.environ["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={topology[4:]}"])

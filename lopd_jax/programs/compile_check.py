@@ -16,8 +16,10 @@ remaps one logical sharding axis on top of the config's rules.
 
 Uses JAX's AOT path with ``libtpu`` installed and no chips (``jax.experimental.topologies``),
 abstract shapes and no weights. Prints per-chip memory (arguments, outputs, temporaries,
-total vs HBM) and analytic model FLOPs per step; exits 1 when the step does not fit in
-HBM, 2 on a bad config. ``--topology=cpu:8`` does the same on simulated CPU devices.
+total vs HBM) and analytic model FLOPs per step. ``--topology=cpu:8`` does the same on
+simulated CPU devices. Exit status (:data:`EXIT_CODES`): 0 fits, 1 does not fit in HBM,
+2 bad arguments or config (an unknown topology included), 3 cannot compile here (no
+``libtpu`` for a TPU topology: ``make tpu``).
 
 Then, for every training step the config runs (warm-up, cold start, the arm's LOPD / GRPO /
 text-distillation step; ``--steps`` picks some), :mod:`lopd_jax.programs.compile_buckets` compiles
@@ -84,30 +86,48 @@ TOPOLOGY_SHAPES = {  # chips -> physical topology
 }
 
 
+EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_BAD_ARGS, EXIT_CANNOT_COMPILE = 0, 1, 2, 3
+EXIT_CODES = {EXIT_FITS: "the step fits (or --dry_run resolved everything)",
+              EXIT_DOES_NOT_FIT: "the step does not fit in the topology's HBM",
+              EXIT_BAD_ARGS: "bad arguments or config (unknown topology, key or value)",
+              EXIT_CANNOT_COMPILE: "cannot compile here: no libtpu for a TPU topology (make tpu), or JAX lacks "
+                                   "jax.experimental.topologies"}
+
+
+class CannotCompileHere(RuntimeError):
+    """This host cannot compile for the asked topology (libtpu or JAX's topology API missing)."""
+
+
+def known_topologies() -> list[str]:
+    """Every TPU topology name ``--topology`` accepts (``v5p-32``, ``v5e-64``, ...)."""
+    return [f"{g}-{c * CORES_PER_CHIP[g]}" for g in TOPOLOGY_SHAPES for c in TOPOLOGY_SHAPES[g]]
+
+
 def topology_devices(topology: str):
-    """Devices for ``v5p-32`` style TPU names (AOT, no chips) or ``cpu:N``; returns (devices, kind, hbm)."""
+    """Devices for ``v5p-32`` style TPU names (AOT, no chips) or ``cpu:N``; returns (devices, kind, hbm).
+    ValueError names an unknown topology; :class:`CannotCompileHere` a host without libtpu."""
 
     if topology.startswith("cpu:"):
-        n = int(topology.split(":")[1])
+        count = topology.split(":", 1)[1]
+        if not count.isdigit() or int(count) < 1:
+            raise ValueError(f"unknown topology {topology!r}: cpu:N needs a device count N >= 1, e.g. cpu:8")
+        n = int(count)
         devs = jax.devices("cpu")
         if len(devs) < n:  # the command line (lopd_jax.compile_check) sets the flag first
             raise ValueError(f"--topology={topology} needs {n} CPU devices but JAX started with {len(devs)}; "
                              f"start the process with XLA_FLAGS=--xla_force_host_platform_device_count={n}")
         return devs[:n], "cpu", None
-    try:
-        gen, count = topology.split("-")
-        chips = int(count) // CORES_PER_CHIP[gen]
-        shape = TOPOLOGY_SHAPES[gen][chips]
-    except (ValueError, KeyError):
-        known = ", ".join(f"{g}-{c * CORES_PER_CHIP[g]}" for g in TOPOLOGY_SHAPES for c in TOPOLOGY_SHAPES[g])
-        raise ValueError(f"unknown topology {topology!r}; known: {known}, cpu:N") from None
+    if topology not in known_topologies():  # exact names: v5p-33 is no 16-chip slice
+        raise ValueError(f"unknown topology {topology!r}; known: {', '.join(known_topologies())}, cpu:N")
+    gen, count = topology.split("-")
+    shape = TOPOLOGY_SHAPES[gen][int(count) // CORES_PER_CHIP[gen]]
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", topology)
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # no chips: nothing to lock
     try:
         from jax.experimental import topologies  # TPU topologies only; some jax builds lack it
     except ImportError as e:  # pragma: no cover
-        raise SystemExit(f"jax.experimental.topologies unavailable: {e}")
+        raise CannotCompileHere(f"jax.experimental.topologies unavailable in this JAX build: {e}") from None
     name = {"v5e": "v5e", "v6e": "v6e", "v5p": "v5p", "v4": "v4"}[gen]
     dims = [int(x) for x in shape.split("x")]
     bounds = (min(dims[0], 2), min(dims[1], 2), 1)  # hosts of up to 2x2 chips
@@ -116,8 +136,9 @@ def topology_devices(topology: str):
                                             chip_config_name="default", chips_per_host_bounds=bounds,
                                             num_slices=1)
     except Exception as e:
-        raise SystemExit(f"could not build the {topology} topology ({e}). Install libtpu for this JAX: "
-                         f"pip install -c constraints.txt -e \".[tpu]\" (make tpu)")
+        raise CannotCompileHere(f"could not build the {topology} topology ({e}). Install libtpu for this JAX: "
+                                f"pip install -c constraints.txt -e \".[tpu]\" (make tpu), or check on "
+                                "simulated CPU devices with --topology=cpu:N") from None
     return list(desc.devices), gen, HBM_GIB[gen]
 
 
@@ -379,12 +400,18 @@ def verdict(report: dict, path: str | None) -> int:
     """Print whether ``report`` fits, write it (:func:`write_report`); exit status 0 fits, 1 not."""
     print("  fits" if report["fits"] else "  DOES NOT FIT")
     write_report(report, path)
-    return 0 if report["fits"] else 1
+    return EXIT_FITS if report["fits"] else EXIT_DOES_NOT_FIT
+
+
+def exit_codes_epilog() -> str:
+    """The ``--help`` text listing :data:`EXIT_CODES`."""
+    return "exit status:\n" + "\n".join(f"  {code}  {what}" for code, what in EXIT_CODES.items())
 
 
 def parse_args(argv=None):
     """Command-line arguments of the compile check."""
-    p = argparse.ArgumentParser(prog="python -m lopd_jax.compile_check", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m lopd_jax.compile_check", description=__doc__.split("\n\n")[0],
+                                epilog=exit_codes_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
 
     names = sorted(m.name for m in pkgutil.iter_modules(configs.__path__) if not m.name.startswith("_"))
     p.add_argument("--config", default="qwen3_8b",
@@ -413,7 +440,10 @@ def main(argv=None) -> int:
         report = run(args)
     except ValueError as e:  # ConfigError is a ValueError
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_ARGS
+    except CannotCompileHere as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_CANNOT_COMPILE
     if report.get("dry_run"):
         mesh = report["mesh"]
         print(f"dry run  config={report['config']} ({report['model']})  topology={report['topology']} "
@@ -429,7 +459,7 @@ def main(argv=None) -> int:
               f"batch={report['batch']} x {report['seq']} tokens: DOES NOT FIT -- XLA needs "
               f"{m['temporaries']:.1f} GiB of temporaries per chip (HBM {report['hbm_gib']} GiB)")
         write_report(report, args.json)
-        return 1
+        return EXIT_DOES_NOT_FIT
     mesh = report["mesh"]
     padded = "per_chip_gib" in report
     print(f"{'padded LOPD step' if padded else 'steps'}  config={report['config']} ({report['model']})  "

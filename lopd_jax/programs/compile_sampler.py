@@ -27,7 +27,8 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from lopd_jax.programs.compile_buckets import HBM_BANDWIDTH, ICI_BANDWIDTH, memory_line
-from lopd_jax.programs.compile_check import run_config, topology_devices, verdict
+from lopd_jax.programs.compile_check import (EXIT_BAD_ARGS, EXIT_CANNOT_COMPILE, CannotCompileHere, run_config,
+                                             topology_devices, verdict)
 from lopd_jax.programs.compile_rl_step import print_report as print_rl_report, report as rl_report
 from models.decoder import Decoder
 from train import mesh as mesh_lib
@@ -321,17 +322,20 @@ def print_report(r: dict) -> None:
 
 
 def rl_step_main(args) -> int:
-    """``--rl_step``: the RL-step model's table and verdict line (exit 2 on a bad argument)."""
+    """``--rl_step``: the RL-step model's table and verdict line (exit codes as :func:`main`'s)."""
     if not 0 < args.mfu <= 1 or args.rl_steps < 4 or args.rl_seeds < 1:
         print(f"error: --mfu in (0, 1], --rl_steps >= 4, --rl_seeds >= 1 (got {args.mfu}, {args.rl_steps}, "
               f"{args.rl_seeds})", file=sys.stderr)
-        return 2
+        return EXIT_BAD_ARGS
     try:
         cfg = run_config(args)
         rep = rl_report(cfg, args.topology, args.mfu, args.env_steps, args.rl_steps, args.rl_seeds)
     except ValueError as e:  # ConfigError is a ValueError
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_ARGS
+    except CannotCompileHere as e:  # the topology needs libtpu
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_CANNOT_COMPILE
     print_rl_report(rep, args.config, args.topology)
     if args.json:
         with open(args.json, "w") as f:
@@ -349,7 +353,10 @@ def main(argv=None) -> int:
         r = run(args)
     except ValueError as e:  # ConfigError is a ValueError
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_ARGS
+    except CannotCompileHere as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_CANNOT_COMPILE
     print_report(r)
     return verdict(r, args.json)
 

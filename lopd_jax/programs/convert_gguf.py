@@ -18,7 +18,8 @@ import sys
 from typing import Sequence
 
 from lopd_jax.io.paths import resolve_path, smollm2_path
-from models.gguf import GGUFStorage, UnsupportedGGUFError, generation_config, gguf_tokenizer
+from models.gguf import GGUFStorage, UnsupportedGGUFError, generation_config
+from models.gguf_vocab import gguf_tokenizer
 from models.hf_export import save_pretrained
 from models.hf_import import from_pretrained
 

@@ -33,9 +33,9 @@ trajectories are gathered and process 0 prints and writes the results.
 ``--suite=tool_use|code|all --data_dir=DIR`` (instead of ``--env``) runs the paper's
 Tables 1 and 2 (EnvScaler, BFCL-v3, ACEBench; LiveCodeBench v5/v6, HumanEval+, MBPP+,
 HumanEval) with the same policy (``--model`` or ``--composer_from``) and writes
-``report.md`` / ``report.json`` to ``--out_dir`` (:func:`suite`, :mod:`lopd_jax.programs.eval_suite`,
-``docs/evaluation.md``); greedy pass@1 unless ``--temperature`` / ``--suite_samples`` say
-otherwise.
+``report.md`` / ``report.json`` to ``--out_dir`` (default ``DATA_DIR/reports/SUITE-MODEL``;
+:func:`suite`, :mod:`lopd_jax.programs.eval_suite`, ``docs/evaluation.md``); greedy pass@1
+unless ``--temperature`` / ``--suite_samples`` say otherwise.
 
 Argument parsing lives in :func:`build_parser` / :func:`parse_args` so training-config and
 checkpoint options (``--config``, ``--checkpoint``) can be added there later.
@@ -48,6 +48,7 @@ import copy
 import dataclasses
 import json
 import os
+import re
 import sys
 import time
 from typing import Any, Sequence
@@ -117,7 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--suite", default=None, choices=("tool_use", "code", "all"),
                    help="run the benchmark suite and write report.md / report.json (instead of --env)")
     s.add_argument("--data_dir", default=None, help="folder of the benchmark data files (see docs/evaluation.md)")
-    s.add_argument("--out_dir", default=None, help="where report.md / report.json go (default: --data_dir)")
+    s.add_argument("--out_dir", default=None,
+                   help="where report.md / report.json go (default: DATA_DIR/reports/SUITE-MODEL, one folder per "
+                        "suite and model)")
     s.add_argument("--suite_samples", type=int, default=1, help="samples per problem (pass@k, unbiased)")
     s.add_argument("--suite_limit", type=int, default=None,
                    help="the first N problems of each benchmark (and of each BFCL subset); default all")
@@ -179,16 +182,34 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def _check_suite_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """The --suite options' checks (exit 2 with a message)."""
-    if args.data_dir is None or "://" in args.data_dir or not os.path.isdir(args.data_dir):
-        parser.error(f"--suite needs --data_dir, an existing local folder (got {args.data_dir!r}); "
-                     "see docs/evaluation.md for the files it holds")
+    if args.data_dir is None or "://" in args.data_dir:
+        parser.error(f"--suite needs --data_dir, a local folder of benchmark files (got {args.data_dir!r}); "
+                     "see docs/evaluation.md, \"Rows and data files\"")
+    if not os.path.isdir(args.data_dir):
+        parser.error(f"--data_dir={args.data_dir!r} does not exist. Create it (mkdir -p {args.data_dir}) and place "
+                     "the benchmark files there: docs/evaluation.md, \"Rows and data files\", names each file and "
+                     "where upstream publishes it (EnvScaler, ACEBench, LiveCodeBench, HumanEval+, MBPP+). "
+                     "HumanEval and BFCL come from installed packages; a row whose files are missing is "
+                     "reported as not run.")
     if args.env is not None or args.env_kwargs is not None or args.out is not None:
         parser.error("--env, --env_kwargs and --out do not apply with --suite (see --data_dir, --out_dir)")
     if args.suite_samples < 1 or (args.suite_limit is not None and args.suite_limit < 1):
         parser.error("--suite_samples and --suite_limit must be >= 1")
     if args.grading_workers < 1:
         parser.error("--grading_workers must be >= 1")
-    args.out_dir = args.out_dir or args.data_dir
+    args.out_dir = args.out_dir or default_out_dir(args)
+
+
+def default_out_dir(args: argparse.Namespace) -> str:
+    """``<data_dir>/reports/<suite>-<model>``: one folder per suite and evaluated model, so the
+    reports of two invocations (a checkpoint, a run's base + composer) do not overwrite each other."""
+    if args.composer_from is not None:
+        tag = f"{os.path.basename(os.path.normpath(args.composer_from))}_base_composer"
+    else:
+        parts = os.path.normpath(args.model).split(os.sep)
+        tag = "_".join(p for p in parts[-2:] if p not in ("", ".", ".."))
+    tag = re.sub(r"[^A-Za-z0-9._-]+", "_", tag).strip("_") or "model"
+    return os.path.join(args.data_dir, "reports", f"{args.suite}-{tag}")
 
 
 def rollout_batch(engine, params, fmt, make_env, tasks, rng, config, sampling, latents_for=None,

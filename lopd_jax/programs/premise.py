@@ -11,6 +11,7 @@ oracle demonstration (:func:`oracle_logprob`), beside the no-tool baseline.
 
     python -m lopd_jax.premise --config=miniature --workdir=W [key=value ...]
     python -m lopd_jax.premise --workdir=W        # a run that has finished its cold start
+    python -m lopd_jax.premise --config=tiny      # in the config's workdir, as lopd_jax.train
 
 Without a finished cold start in ``W`` the run's first stages run there first. The table
 is printed and written to ``W/premise.json`` (docs/miniature.md, "The premise check").
@@ -32,7 +33,7 @@ from lopd_jax.envs.privileged import HintedTaskSource
 from lopd_jax.io import files
 from lopd_jax.method.eval_stats import behaviour_stats, no_tool_baseline
 from lopd_jax.programs.composer_eval import latent_context, load_composer_run
-from lopd_jax.programs.train import resolve_config, run_training
+from lopd_jax.programs.train import USER_ERRORS, resolve_config, run_training
 from lopd_jax.settings.sections import SamplingParams
 from train import warmup
 from train.batches import cold_start_batch
@@ -48,7 +49,9 @@ RESULT_FILE = "premise.json"
 def build_parser() -> argparse.ArgumentParser:
     """The command-line options."""
     p = argparse.ArgumentParser(prog="python -m lopd_jax.premise", description=__doc__.split("\n\n")[0])
-    p.add_argument("--workdir", required=True, help="the run directory (created by --config when missing)")
+    p.add_argument("--workdir", default=None,
+                   help="the run directory (created by --config when missing); default with --config: the "
+                        "config's workdir, as for lopd_jax.train")
     p.add_argument("--config", default=None, help="run the first stages of this config in --workdir first")
     p.add_argument("--split", default="heldout", choices=("train", "heldout"))
     p.add_argument("--num_tasks", type=int, default=None, help="first N tasks of the split (default: all)")
@@ -168,6 +171,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
+        if args.workdir is None:
+            if args.config is None:
+                print("error: pass --workdir=W (a run past its cold start) or --config=NAME (its first stages run "
+                      "in the config's workdir, or in --workdir)", file=sys.stderr)
+                return 2
+            args.workdir = resolve_config([f"--config={args.config}", *args.overrides]).workdir
+            print(f"workdir: {args.workdir} (the config's; --workdir=W to choose)", file=sys.stderr)
         if not _cold_start_done(args.workdir):
             if args.config is None:
                 print(f"{args.workdir!r} has no finished cold start; pass --config=NAME to run it there first",
@@ -183,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, lp in oracle_logprob(run, tasks).items():
             rows[name]["oracle_logprob"] = lp
         no_tool = no_tool_baseline(run.ctx.source.make_env, tasks)
-    except ValueError as e:  # ConfigError is a ValueError
+    except (ValueError, *USER_ERRORS) as e:  # ConfigError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(format_table(rows, no_tool), flush=True)

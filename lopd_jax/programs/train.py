@@ -11,10 +11,13 @@ more than one host. Elsewhere N cooperating processes are started with
 variables ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``); see
 ``docs/pods.md``.
 
-Exit status: 0 done (or preempted with a checkpoint saved: rerun to resume); 2 a bad
-config, unknown key, bad value or missing path (nothing compiled or written); 3 the run
-stopped with an explanation (e.g. the experience bank came out empty, or too many
-consecutive steps had non-finite gradients).
+Exit status: 0 done (or preempted with a checkpoint saved: rerun to resume); 2 a problem
+the user fixes, named in one line: a bad config, unknown key, bad value, missing path or
+package, a checkpoint missing a shard, a partial or corrupt newest checkpoint (the message
+names its step and how to resume from the one before); 3 the run stopped with an
+explanation (e.g. the experience bank came out empty, or too many consecutive steps had
+non-finite gradients); 130 interrupted (Ctrl-C): the message gives the command that resumes.
+A new run that stops before it saved anything removes the files it wrote.
 """
 
 from __future__ import annotations
@@ -24,8 +27,11 @@ import dataclasses
 import importlib
 import os
 import pkgutil
+import shlex
 import shutil
+import signal
 import sys
+import threading
 from typing import Sequence
 
 import jax
@@ -41,9 +47,11 @@ from configs import load_config
 from lopd_jax.settings.overrides import apply_overrides
 from lopd_jax.settings.run_config import CONFIG_FILE, flatten, save_run_config
 from lopd_jax.settings.task_data import check_task_data, resolve_data_paths
-from models.gguf import is_gguf_path
+from models.gguf import UnsupportedGGUFError, is_gguf_path
+from models.hf_import import CheckpointMismatchError
 from train import distributed, loop
 from train.arms import resolve_arm
+from train.checkpoint import CheckpointError, request_preemption
 from train.launch import add_launch_flags, initialize_from_flags
 from train.nonfinite import NonFiniteError
 
@@ -156,31 +164,73 @@ def run_training(cfg, allow_config_change: Sequence[str] = ()):
     with :func:`train.loop.run`; returns its result. Programs that train (this one, sweeps)
     call this rather than ``train.loop.run`` so every run directory holds its config.
 
-    ``allow_config_change``: dotted keys that may differ from a saved config. A
-    :class:`lopd_jax.settings.errors.ConfigError` raised while a *new* run starts removes what this
-    call wrote (its config.json, and the workdir if it created it), so the corrected
-    command starts clean."""
+    ``allow_config_change``: dotted keys that may differ from a saved config. Any exit of a
+    *new* run before it has something to resume from (:func:`has_progress`) -- a config error,
+    a missing shard, Ctrl-C -- removes what this call wrote (the workdir if it created it,
+    else the entries it added), so the corrected command starts clean."""
 
     first = jax.process_index() == 0
     existed = _exists(cfg.workdir)
+    before = set(os.listdir(cfg.workdir)) if existed and not is_url(cfg.workdir) else None
     # refuses a workdir that holds a run of another config; process 0 checks and writes
     resumed = save_run_config(cfg, allow=allow_config_change) if first else True
     distributed.sync("run_config")
     try:
         return loop.run(cfg, resumed=resumed)
-    except ConfigError:
-        if first and not resumed:
-            _undo_new_run(cfg.workdir, existed)
+    except BaseException:  # an error or Ctrl-C: a new run with nothing to resume from leaves nothing behind
+        if first and not resumed and not has_progress(cfg):
+            _undo_new_run(cfg.workdir, existed, before)
         raise
 
 
-def _undo_new_run(workdir: str, existed: bool) -> None:
-    """Remove what a new run wrote before a config error: the workdir it created, else its config.json."""
+def has_progress(cfg) -> bool:
+    """Whether the run of ``cfg`` has anything to resume from: a finished stage
+    (``stages.json``) or a step directory in a stage's checkpoints."""
+    if _exists(_join(cfg.workdir, "stages.json")):
+        return True
+    if is_url(cfg.checkpoint_dir):
+        return _exists(cfg.checkpoint_dir)
+    root = cfg.checkpoint_dir
+    stages = os.listdir(root) if os.path.isdir(root) else []
+    return any(name.isdigit() for st in stages if os.path.isdir(os.path.join(root, st))
+               for name in os.listdir(os.path.join(root, st)))
+
+
+def _undo_new_run(workdir: str, existed: bool, before: set[str] | None) -> None:
+    """Remove what a new run wrote before it stopped: the workdir it created, else the entries
+    it added (``before``: the workdir's entries beforehand; None on gs://: its config.json)."""
 
     if not existed and not is_url(workdir):
         shutil.rmtree(workdir, ignore_errors=True)
+    elif before is not None:
+        for name in set(os.listdir(workdir)) - before:
+            path = os.path.join(workdir, name)
+            shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
     else:
         files.epath_of(_join(workdir, CONFIG_FILE)).unlink(missing_ok=True)
+
+
+# problems the user fixes (a config, a path, a package, a checkpoint): one line, exit 2
+USER_ERRORS = (ConfigError, CheckpointError, CheckpointMismatchError, UnsupportedGGUFError, FileNotFoundError,
+               ImportError)
+
+
+def _swallows_exceptions(frame) -> bool:
+    """Whether ``frame`` runs inside a garbage-collection callback or ``__del__``, where Python
+    prints an exception and ignores it (JAX runs one on every collection)."""
+    while frame is not None:
+        if frame.f_code.co_name in ("__del__", "_xla_gc_callback"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _resume_hint(cfg, argv: Sequence[str] | None) -> str:
+    """What to run after Ctrl-C: the same command (it resumes), or say that nothing was kept."""
+    command = shlex.join(["python", "-m", "lopd_jax.train", *(sys.argv[1:] if argv is None else argv)])
+    if has_progress(cfg):
+        return f"The checkpoints are kept; resume with the same command:\n  {command}"
+    return f"Nothing was saved yet (this run's files were removed); start again with:\n  {command}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -188,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         cfg = resolve_config(argv)
-    except ConfigError as e:
+    except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     error = initialize_from_flags(build_parser().parse_args(argv))
@@ -196,17 +246,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(f"[lopd] {describe_devices()}", file=sys.stderr, flush=True)
+    interrupted = threading.Event()
+
+    def on_ctrl_c(signum, frame):  # noqa: ARG001  (signal handler signature)
+        interrupted.set()
+        request_preemption()  # the step loops save and stop at their next step
+        if not _swallows_exceptions(frame):  # else Python would print the traceback and carry on
+            raise KeyboardInterrupt
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, on_ctrl_c) if main_thread else None
     try:
         allow = [k for k in build_parser().parse_args(argv).allow_config_change.split(",") if k]
         result = run_training(cfg, allow_config_change=allow)
-    except ConfigError as e:  # e.g. a resumed workdir holding another config
+    except USER_ERRORS as e:  # e.g. a resumed workdir holding another config, a missing shard
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        result = loop.PREEMPTED
     except (EmptyBankError, NonFiniteError) as e:
         print(f"stopped: {e}\nTo rerun in this workdir with a changed setting (the finished stages are kept), "
               f"add --allow_config_change=KEY for each key you change, e.g. --allow_config_change=bank.min_reward.",
               file=sys.stderr)
         return 3
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    if interrupted.is_set():
+        print(f"\ninterrupted. {_resume_hint(cfg, argv)}", file=sys.stderr)
+        return 130
     if result == loop.PREEMPTED:
         print("preempted: state saved; rerun the same command to resume.", file=sys.stderr)
     else:

@@ -116,13 +116,38 @@ def _loose(s: str) -> Any:
             return s
 
 
+def _dotted_fields(obj: Any, prefix: str = "") -> list[str]:
+    """Every dotted field name under dataclass ``obj`` (sections and their fields)."""
+    out = []
+    for f in dataclasses.fields(obj):
+        out.append(prefix + f.name)
+        v = getattr(obj, f.name)
+        if dataclasses.is_dataclass(v):
+            out += _dotted_fields(v, f"{prefix}{f.name}.")
+    return out
+
+
+def _suggest(obj: Any, head: str) -> list[str]:
+    """Dotted keys of ``obj`` the user may have meant by ``head``: fields of any section
+    named ``head`` (``lopd_steps`` -> ``stages.lopd_steps``), then those with close names."""
+    dotted = _dotted_fields(obj)
+    exact = [d for d in dotted if d.rsplit(".", 1)[-1] == head]
+    by_last = {}
+    for d in dotted:
+        by_last.setdefault(d.rsplit(".", 1)[-1], d)
+    close = [by_last[n] for n in difflib.get_close_matches(head, list(by_last), n=3)]
+    return list(dict.fromkeys(exact + close))[:3]
+
+
 def _set(obj: Any, parts: list[str], text: str, key: str) -> Any:
     """A copy of dataclass ``obj`` with the dotted field ``parts`` set from ``text``."""
     names = [f.name for f in dataclasses.fields(obj)]
     head = parts[0]
     if head not in names:
-        close = difflib.get_close_matches(head, names, n=3)
-        where = key[: len(key) - len(".".join(parts))].rstrip(".") or "the config"
+        where = key[: len(key) - len(".".join(parts))].rstrip(".")
+        # inside a section: its own close names; at the top: the full dotted key of any depth
+        close = difflib.get_close_matches(head, names, n=3) if where else _suggest(obj, head)
+        where = where or "the config"
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise ConfigError(f"unknown key {key!r}: {where} has no field {head!r}{hint} (fields: {names})")
     cur, tp = getattr(obj, head), typing.get_type_hints(type(obj))[head]
