@@ -133,16 +133,16 @@ def test_drift_settings_are_checked():
         SyntheticTaskSource(families=["bank"], drift_every=2)
 
 
-def test_miniature_drift_config_resolves_with_the_scaled_schedule(tmp_path):
+def test_miniature_drift_config_resolves(tmp_path):
     from configs import load_config
     from lopd_jax.envs.registry import get_task_source
     from lopd_jax.programs.train import resolve_config
 
     base = load_config("miniature")
     cfg = resolve_config(["--config=miniature_drift", f"--workdir={tmp_path}"])
-    assert cfg.env.kwargs["drift_steps"] == [8] and cfg.stages.schedule_scale == "auto"
-    assert cfg.steps.eta_beta == pytest.approx(base.steps.eta_beta * PAPER_LOPD_STEPS / cfg.stages.lopd_steps)
+    assert cfg.env.kwargs["drift_steps"] == [8] and cfg.steps == base.steps
     source = get_task_source(cfg.env.source, **cfg.env.kwargs)
     assert source.drift.index(7) == 0 and source.drift.index(8) == 1
-    plain = resolve_config(["--config=miniature", f"--workdir={tmp_path}"])
-    assert plain.steps == base.steps
+    auto = resolve_config(["--config=miniature_drift", f"--workdir={tmp_path}", "stages.schedule_scale=auto"])
+    assert auto.steps.eta_beta == pytest.approx(base.steps.eta_beta * PAPER_LOPD_STEPS / cfg.stages.lopd_steps)
+    assert auto.steps.composer_lr == pytest.approx(base.steps.composer_lr * PAPER_LOPD_STEPS / cfg.stages.lopd_steps)
