@@ -146,7 +146,7 @@ class TextArm:
         self.group_size = group_size(cfg)
         self.width = cfg.arms.context_tokens
         self.ema_decay = cfg.arms.ema_decay if self.arm == "sdft" else None
-        self._hints: dict[str, str] = {}
+        self._hints: dict[tuple[str, int], str] = {}
         self.by_family: dict[str, list] = {}
         for t in ctx.train_tasks:
             self.by_family.setdefault(t.family, []).append(t)
@@ -156,10 +156,12 @@ class TextArm:
 
     # ----- contexts -----
     def hint(self, task) -> str:
-        """The task's oracle hint (the task source's ``oracle_hint``), cached."""
-        if task.task_id not in self._hints:
-            self._hints[task.task_id] = self.ctx.source.oracle_hint(task)
-        return self._hints[task.task_id]
+        """The task's oracle hint (the task source's ``oracle_hint``), cached per task and
+        drift of its hidden rule (a drifting source changes a task's solution)."""
+        key = (task.task_id, task.payload.get("drift_index", 0))
+        if key not in self._hints:
+            self._hints[key] = self.ctx.source.oracle_hint(task)
+        return self._hints[key]
 
     def demonstration(self, task, step: int, row: int) -> str:
         """SDFT's demonstration: another training task of ``task``'s family (drawn from
@@ -168,6 +170,7 @@ class TextArm:
         if not pool:
             pool = [t for t in self.ctx.train_tasks if t.task_id != task.task_id] or [task]
         other = random.Random(f"{self.ctx.cfg.seed}/{step}/{row}").choice(pool)
+        other = self.ctx.source.at_step([other], step)[0]
         return f"Task: {other.instruction}\nSolution:\n{self.hint(other)}"
 
     def contexts(self, step: int, trajs: Sequence) -> tuple[list[str | None], list[int | None]]:

@@ -205,7 +205,7 @@ def run(cfg, resumed: bool = False) -> str | dict:
         # 6. held-out evaluation after
         if not ledger.done("eval_after"):
             t0 = time.perf_counter()
-            ev = evaluate_policy(ctx, student)
+            ev = evaluate_policy(ctx, student, step=cfg.stages.lopd_steps)
             writer.write(cfg.stages.lopd_steps, "eval_after", ev)
             writer.flush()  # before the ledger says done: a gs:// metrics object then has it
             ledger.mark("eval_after", seconds=time.perf_counter() - t0, **ev)

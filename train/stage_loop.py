@@ -32,15 +32,17 @@ def log(msg: str) -> None:
         print(f"[lopd] {msg}", file=sys.stderr, flush=True)
 
 
-def evaluate_policy(ctx: RunContext, params) -> dict[str, Any]:
-    """Greedy rollouts of the held-out tasks: mean reward, success rate and Table-3 stats."""
+def evaluate_policy(ctx: RunContext, params, step: int = 0) -> dict[str, Any]:
+    """Greedy rollouts of the held-out tasks as they stand after ``step`` training steps
+    (the task source's ``at_step``): mean reward, success rate and Table-3 stats."""
     r = ctx.cfg.rollout
     greedy = SamplingParams(temperature=0.0, top_p=r.top_p, top_k=r.top_k)
     key = jax.random.fold_in(jax.random.key(ctx.cfg.seed), EVAL_RNG_OFFSET)
     B = ctx.cfg.env.tasks_per_step
     trajs, t0 = [], time.perf_counter()
-    for i in range(0, len(ctx.eval_tasks), B):  # split across hosts, every trajectory gathered everywhere
-        trajs += ctx.rollout_split(params, ctx.eval_tasks[i:i + B], jax.random.fold_in(key, i), greedy,
+    tasks = ctx.source.at_step(ctx.eval_tasks, step)
+    for i in range(0, len(tasks), B):  # split across hosts, every trajectory gathered everywhere
+        trajs += ctx.rollout_split(params, tasks[i:i + B], jax.random.fold_in(key, i), greedy,
                                    gather=True)[0]
     stats = behaviour_stats(trajs)
     out = {k: v for k, v in stats.items() if isinstance(v, (int, float))}

@@ -63,7 +63,7 @@ def training_step_record(ctx: RunContext, writer, label: str, step: int, metrics
     metrics.pop("mean_reward", None)
     done = step + 1
     if cfg.stages.eval_every and done % cfg.stages.eval_every == 0 and done < cfg.stages.lopd_steps:
-        ev = evaluate_policy(ctx, policy_params())
+        ev = evaluate_policy(ctx, policy_params(), step=done)
         writer.write(done, "eval", ev)
         log(f"{label} step {done}: held-out reward {ev['reward_mean']:.3f}")
     return extra
@@ -115,10 +115,11 @@ class TrainingStage:
 
     # ----- the step loop's callbacks -----
     def step_tasks(self, s: int) -> list:
-        """Step ``s``'s tasks, each repeated ``group_size`` times (the iterator must be at ``s``)."""
+        """Step ``s``'s tasks as they stand at ``s`` (the task source's ``at_step``), each
+        repeated ``group_size`` times (the iterator must be at ``s``)."""
         if self.tasks.step != s:
             raise RuntimeError(f"the task iterator is at step {self.tasks.step}, the loop at {s}")
-        return [t for t in next(self.tasks) for _ in range(self.group_size)]
+        return [t for t in self.ctx.source.at_step(next(self.tasks), s) for _ in range(self.group_size)]
 
     def student_params(self) -> dict:
         """The sampler's parameters of the current student."""

@@ -24,7 +24,7 @@ import json
 import re
 import types
 import typing
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from lopd_jax.chat.call_limits import arguments_limit_error
 from lopd_jax.core.types import AssistantTurn, Message, StepResult, Task, ToolCall, ToolSchema
@@ -413,6 +413,12 @@ class TaskSource(abc.ABC):
     @abc.abstractmethod
     def make_env(self) -> Environment:
         """A fresh environment for one episode."""
+
+    def at_step(self, tasks: Sequence[Task], step: int) -> list[Task]:
+        """``tasks`` as they stand at training step ``step`` (0-based LOPD step; held-out
+        evaluation after ``n`` steps asks for step ``n``). A source whose tasks change over
+        training (the drifting synthetic miniature) re-targets them; default: unchanged."""
+        return list(tasks)
 
     def oracle_hint(self, task: Task) -> str:
         """The task's reference solution or oracle hint as plain text.

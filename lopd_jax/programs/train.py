@@ -45,6 +45,7 @@ from lopd_jax.method.bank import EmptyBankError
 from lopd_jax.settings.errors import ConfigError
 from configs import load_config
 from lopd_jax.settings.overrides import apply_overrides
+from lopd_jax.settings.schedule_scale import apply_schedule_scale
 from lopd_jax.settings.run_config import CONFIG_FILE, flatten, save_run_config
 from lopd_jax.settings.task_data import check_task_data, resolve_data_paths
 from models.gguf import UnsupportedGGUFError, is_gguf_path
@@ -138,7 +139,7 @@ def resolve_config(argv: Sequence[str] | None = None):
     args = build_parser().parse_args(argv)
     cfg = load_config(args.config)
     overrides = list(args.overrides) + ([f"workdir={args.workdir}"] if args.workdir else [])
-    cfg = resolve_data_paths(resolve_paths(apply_overrides(cfg, overrides)))
+    cfg = apply_schedule_scale(resolve_data_paths(resolve_paths(apply_overrides(cfg, overrides))))
     m, b = cfg.model, cfg.bank
     if m.hf_path:
         check_checkpoint_path(m.hf_path)

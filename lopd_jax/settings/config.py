@@ -35,6 +35,7 @@ from lopd_jax.method.composer import ComposerConfig
 from lopd_jax.settings.arm_config import ARMS, ArmSection
 from lopd_jax.settings.length_model import LengthConfig
 from lopd_jax.settings.sections import EngineConfig, MeshConfig, RolloutConfig, SamplingParams, StepConfig
+from lopd_jax.settings.schedule_scale import schedule_factor
 from models.config import ATTENTION_IMPLS, REMAT_POLICIES, named_config
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -245,6 +246,9 @@ class StagesSection:
     linear ramp over the first 5% of the steps, then cosine decay to 10% of ``warmup_lr``).
     ``warmup_hint_token_weight``: loss weight, in the hinted copies, of the supervised tokens
     only the hint supplies (:func:`train.warmup.weigh_hint_tokens`; 1: unweighted).
+    ``schedule_scale``: ``"none"`` or ``"auto"`` (``steps.eta_beta`` and ``steps.composer_lr``
+    scaled to ``lopd_steps`` when the run's config is resolved:
+    :mod:`lopd_jax.settings.schedule_scale`).
     """
 
     warmup_steps: int = 0
@@ -258,8 +262,10 @@ class StagesSection:
     lopd_steps: int = 50
     eval_tasks: int | None = None
     eval_every: int = 10
+    schedule_scale: str = "none"
 
     def __post_init__(self):
+        schedule_factor(self.schedule_scale, self.lopd_steps)  # checks the mode
         for k in ("warmup_steps", "cold_start_steps", "lopd_steps", "eval_every"):
             if getattr(self, k) < 0:
                 raise ConfigError(f"stages.{k}={getattr(self, k)} must be >= 0.")

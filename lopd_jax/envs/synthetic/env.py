@@ -16,6 +16,7 @@ the supervised warm-up.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import random
@@ -24,6 +25,7 @@ from typing import Any, Sequence
 from lopd_jax.envs.base import TaskSource, Toolbox, ToolUseEnvironment, check_split
 from lopd_jax.envs.synthetic.domains import (ALL_DOMAINS, ALL_FAMILIES, DOMAINS, FAMILIES, HIDDEN_RULES, VERIFY,
                                              Family)
+from lopd_jax.envs.synthetic.drift import drift_schedule
 from lopd_jax.core.types import AssistantTurn, Message, Task, ToolCall, ToolSchema
 
 ENV_ID = "synthetic"
@@ -65,6 +67,11 @@ class SyntheticTaskSource(TaskSource):
         hint: what :meth:`oracle_hint` shows: ``"turns"`` (every tool call, then the final
             answer) or ``"calls"`` (the tool calls alone: a model that copies the last lines
             of a note then copies a call, not the answer that ends the episode unshipped).
+        drift_every, drift_steps, drift_fraction: the drifting variant
+            (:class:`lopd_jax.envs.synthetic.drift.DriftSchedule`): the hidden map changes
+            at LOPD steps ``drift_every, 2*drift_every, ...`` or at ``drift_steps``, each
+            time for ``drift_fraction`` of its keys; :meth:`at_step` gives the tasks at a
+            step. Default: no drift.
 
     Families with a hidden rule (``dispatch.ship``: customer -> hub) take the rule's target
     from one seeded map per source, shared by ``train`` and ``heldout`` (:meth:`hidden_rule`).
@@ -75,7 +82,8 @@ class SyntheticTaskSource(TaskSource):
     def __init__(self, n_train_per_family: int = 48, n_heldout_per_family: int = 16,
                  seed: int = 0, families: Sequence[str] | None = None,
                  heldout_fraction: float = 0.25, tool_descriptions: bool = True,
-                 n_warmup_per_family: int = 0, hint: str = "turns"):
+                 n_warmup_per_family: int = 0, hint: str = "turns", drift_every: int = 0,
+                 drift_steps: Sequence[int] | None = None, drift_fraction: float = 0.5):
         """See the class docstring."""
         if hint not in HINT_STYLES:
             raise ValueError(f"hint={hint!r}: choose one of {HINT_STYLES} (the oracle hint's text: "
@@ -91,6 +99,10 @@ class SyntheticTaskSource(TaskSource):
         self.tool_descriptions = tool_descriptions
         self.n_warmup = n_warmup_per_family
         self.hint = hint
+        self.drift = drift_schedule(drift_every, drift_steps, drift_fraction)
+        if self.drift.enabled and not any(f in HIDDEN_RULES for f in self.families):
+            raise ValueError(f"drift_every / drift_steps need a family with a hidden rule "
+                             f"({list(HIDDEN_RULES)}); families here: {self.families}")
         self._cache: dict[str, list[Task]] | None = None
         self._warmup: list[Task] | None = None
 
@@ -99,6 +111,35 @@ class SyntheticTaskSource(TaskSource):
         for a family without one."""
         rule = HIDDEN_RULES.get(family_id)
         return None if rule is None else rule.draw(random.Random(f"lopd-hidden-rule:{self.seed}:{family_id}"))
+
+    def hidden_rule_at(self, family_id: str, step: int) -> dict[str, str] | None:
+        """The family's hidden map in force at LOPD step ``step`` (:meth:`hidden_rule` after
+        the drifts so far); None for a family without one."""
+        base = self.hidden_rule(family_id)
+        if base is None or not self.drift.enabled:
+            return base
+        return self.drift.rule_at(HIDDEN_RULES[family_id], base, step, seed=self.seed, family_id=family_id)
+
+    def at_step(self, tasks: Sequence[Task], step: int) -> list[Task]:
+        """``tasks`` at LOPD step ``step``: without drift unchanged; with drift, each task of a
+        hidden-rule family gets the target of the map in force (same id and instruction, so
+        retrieval still finds the bank's older successes, whose hints may now be stale)."""
+        if not self.drift.enabled:
+            return list(tasks)
+        maps: dict[str, dict[str, str] | None] = {}
+        out = []
+        for task in tasks:
+            fid = task.payload.get("family")
+            if fid not in HIDDEN_RULES:
+                out.append(task)
+                continue
+            if fid not in maps:
+                maps[fid] = self.hidden_rule_at(fid, step)
+            rule, params = HIDDEN_RULES[fid], dict(task.payload["params"])
+            params[rule.target] = maps[fid][params[rule.key]]
+            out.append(dataclasses.replace(task, payload={**task.payload, "params": params,
+                                                          "drift_index": self.drift.index(step)}))
+        return out
 
     def _split_of(self, instruction: str) -> str:
         digest = hashlib.sha256(f"{self.seed}:{instruction}".encode()).digest()
