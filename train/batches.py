@@ -22,6 +22,7 @@ from lopd_jax.method.bank import Experience, ExperienceBank, encoder_input_text
 from train import distributed
 from lopd_jax.rollout.episodes import Trajectory, training_arrays
 from lopd_jax.core.shapes import bucket
+from lopd_jax.core.text import content_ids
 
 EXP_LEN_MINIMUM = 64  # smallest experience-length bucket when inputs are not cut
 
@@ -38,7 +39,7 @@ def experience_arrays(ctx, instructions: Sequence[str], retrieved: Sequence[Sequ
     cap = ctx.cfg.composer.max_experience_tokens
     n = ctx.cfg.composer.n_ret if n_ret is None else n_ret
     B = len(instructions)
-    rows = [[ctx.tokenizer.encode(encoder_input_text(task, e, ctx.cfg.bank.max_obs_chars), add_special_tokens=False)
+    rows = [[content_ids(ctx.tokenizer, encoder_input_text(task, e, ctx.cfg.bank.max_obs_chars))
              for e in exps[:n]] for task, exps in zip(instructions, retrieved)]
     longest = max((len(ids) for r in rows for ids in r), default=1)
     L = cap if cap is not None else bucket(longest, (), EXP_LEN_MINIMUM)

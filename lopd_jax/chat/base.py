@@ -18,12 +18,18 @@ from __future__ import annotations
 import abc
 import dataclasses
 import json
+import re
 from typing import Any, ClassVar, Sequence
 
 from lopd_jax.chat.call_limits import MAX_CALLS_PER_TURN, arguments_limit_error, load_json
 from lopd_jax.chat.tokenizers import LATENT_TOKEN, validate_tokenizer
 from lopd_jax.method.composer import LatentFraming
+from lopd_jax.core.text import clean_text, content_ids, control_tokens
 from lopd_jax.core.types import AssistantTurn, Message, ToolCall, ToolSchema
+
+_ESC = "\ue000"  # private-use marks of an escaped control string inside content (ChatFormat.escape_content)
+_ESC_SELF = "\ue001"
+_ESC_BASE = 0xE100
 
 @dataclasses.dataclass(frozen=True)
 class LatentBlock:
@@ -268,6 +274,10 @@ class ChatFormat(abc.ABC):
         self.end_of_turn_id: int = vocab[self.end_of_turn_token]
         self.stop_ids: tuple[int, ...] = tuple(vocab[t] for t in self.stop_tokens)
         self.latent_id: int = vocab[self.latent_token]
+        self._control = control_tokens(tokenizer)
+        self._control_ids = {t: int(tokenizer.convert_tokens_to_ids(t)) for t in self._control}
+        self._control_re = re.compile("|".join(re.escape(t) for t in self._control)) if self._control else None
+        self._escaped_re = re.compile(re.escape(_ESC) + "(.)", re.DOTALL)
         self._user_header_ids = self.encode(self.user_header)
 
     # ---- what each family defines -------------------------------------------------
@@ -307,20 +317,73 @@ class ChatFormat(abc.ABC):
         return self.enable_thinking if enable_thinking is None else bool(enable_thinking)
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` (no BOS/EOS added)."""
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        """Token ids of the format's own *framing* text (no BOS/EOS added): its control
+        strings become control ids. Content goes through :meth:`encode_text`."""
+        return list(self.tokenizer.encode(clean_text(text), add_special_tokens=False))
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of *content* (tool results, tasks, files, experiences): control strings
+        in it stay ordinary text, lone surrogates are escaped (:func:`lopd_jax.core.text.content_ids`)."""
+        return content_ids(self.tokenizer, text)
+
+    def escape_content(self, value: Any) -> Any:
+        """``value`` (messages, tool schemas: nested dicts / lists / strings) with every
+        control string inside a string replaced by a private-use mark and lone surrogates
+        escaped, so that a rendering of it holds control strings only where the format
+        itself wrote them; :meth:`encode_rendered` turns the marks back into text."""
+        if isinstance(value, str):
+            value = clean_text(value)
+            if _ESC in value:
+                value = value.replace(_ESC, _ESC + _ESC_SELF)
+            if self._control_re is not None:
+                value = self._control_re.sub(
+                    lambda m: _ESC + chr(_ESC_BASE + self._control.index(m.group())), value)
+            return value
+        if isinstance(value, dict):
+            return {self.escape_content(k): self.escape_content(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self.escape_content(v) for v in value]
+        return value
+
+    def _unescape(self, text: str) -> str:
+        def back(m: re.Match) -> str:
+            code = m.group(1)
+            if code == _ESC_SELF:
+                return _ESC
+            k = ord(code) - _ESC_BASE
+            return self._control[k] if 0 <= k < len(self._control) else m.group()
+        return self._escaped_re.sub(back, text) if _ESC in text else text
+
+    def encode_rendered(self, text: str) -> list[int]:
+        """Ids of a rendering of :meth:`escape_content`'d messages: each control string in
+        ``text`` is the format's framing (its control id); the text between them is encoded
+        with special-token parsing off after the escaped content is restored. On text with
+        no escaped content this equals the tokenizer's own encoding of ``text``."""
+        if self._control_re is None:
+            return self.encode_text(self._unescape(text))
+        ids, pos = [], 0
+        for m in self._control_re.finditer(text):
+            if m.start() > pos:
+                ids += self.encode_text(self._unescape(text[pos:m.start()]))
+            ids.append(self._control_ids[m.group()])
+            pos = m.end()
+        if pos < len(text):
+            ids += self.encode_text(self._unescape(text[pos:]))
+        return ids
 
     def prompt_ids(self, messages: Sequence[Message],
                    tools: Sequence[ToolSchema] | None = None, *,
                    enable_thinking: bool | None = None) -> list[int]:
-        """Ids of the rendered conversation ending with the assistant generation prompt."""
+        """Ids of the rendered conversation ending with the assistant generation prompt
+        (content never yields control ids: :meth:`escape_content`)."""
+        messages, tools = self.escape_content(list(messages)), self.escape_content(list(tools)) if tools else None
         if self.use_tokenizer_template:
             text = self.tokenizer.apply_chat_template(
-                [dict(m) for m in messages], tools=list(tools) if tools else None, tokenize=False,
+                [dict(m) for m in messages], tools=tools, tokenize=False,
                 add_generation_prompt=True, enable_thinking=self._thinking(enable_thinking))
-            return self.encode(text)
-        return self.encode(self.render(messages, tools, add_generation_prompt=True,
-                                       enable_thinking=enable_thinking))
+            return self.encode_rendered(text)
+        return self.encode_rendered(self.render(messages, tools, add_generation_prompt=True,
+                                                enable_thinking=enable_thinking))
 
     def observation_ids(self, messages: Sequence[Message], *,
                         enable_thinking: bool | None = None,
@@ -337,7 +400,8 @@ class ChatFormat(abc.ABC):
             if m.get("role") == "assistant":
                 raise ValueError("observation messages must not contain assistant turns: "
                                  "append the ids the policy generated instead")
-        ids = self.encode(self.render_observation(messages, enable_thinking=enable_thinking))
+        ids = self.encode_rendered(self.render_observation(self.escape_content(list(messages)),
+                                                           enable_thinking=enable_thinking))
         return ids if turn_closed else [self.end_of_turn_id, *ids]
 
     def decode_generated(self, ids: Sequence[int]) -> str:

@@ -114,11 +114,12 @@ class ChatMLChatFormat(ChatFormat):
                    enable_thinking: bool | None = None) -> list[int]:
         """Ids of the conversation and the generation prompt; with the checkpoint's template,
         that template applied to :meth:`plain_messages` (it has no ``tools`` argument)."""
+        messages, tools = self.escape_content(list(messages)), self.escape_content(list(tools)) if tools else None
         if self.use_tokenizer_template:
             text = self.tokenizer.apply_chat_template(self.plain_messages(messages, tools), tokenize=False,
                                                       add_generation_prompt=True)
-            return self.encode(text)
-        return self.encode(self.render(messages, tools, add_generation_prompt=True))
+            return self.encode_rendered(text)
+        return self.encode_rendered(self.render(messages, tools, add_generation_prompt=True))
 
     def parse_assistant(self, text: str) -> AssistantTurn:
         """Visible content and ``<tool_call>`` JSON calls of one generated turn.

@@ -23,6 +23,7 @@ from flax import nnx
 
 from lopd_jax.method.embedders import Embedder
 from lopd_jax.core.shapes import bucket
+from lopd_jax.core.text import content_ids
 from models import from_pretrained
 
 POOL_TOKEN = "<|endoftext|>"
@@ -92,7 +93,7 @@ class BackboneEmbedder(Embedder):
 
     def token_ids(self, text: str) -> list[int]:
         """The ids embedded for ``text`` (truncated, the pooling token appended)."""
-        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        ids = content_ids(self.tokenizer, text)  # content: control strings stay text
         if self.pool_id is not None:
             ids = ids[: self.max_length - 1] + [self.pool_id]
         return ids[: self.max_length] or [self.pad_id]

@@ -21,6 +21,7 @@ from typing import Sequence
 import jax.numpy as jnp
 import numpy as np
 
+from lopd_jax.core.text import content_ids
 from lopd_jax.method.bank import linearize
 
 # (before, after) framing sentences of each text arm's context block.
@@ -38,7 +39,8 @@ FRAMING = {
 
 def context_block_ids(tokenizer, arm: str, text: str, max_tokens: int) -> list[int]:
     """``framing_before + "\\n" + text + "\\n" + framing_after + "\\n\\n"`` as ids, at most
-    ``max_tokens`` long (the text is cut, never the framing). Pieces are tokenized
+    ``max_tokens`` long (the text is cut, never the framing; a control string in it stays
+    text: :func:`lopd_jax.core.text.content_ids`). Pieces are tokenized
     separately, as :meth:`lopd_jax.method.splice.SpliceLayout.from_tokenizer` does the latent
     block's framing."""
     if arm not in FRAMING:
@@ -50,7 +52,7 @@ def context_block_ids(tokenizer, arm: str, text: str, max_tokens: int) -> list[i
     if room < 1:
         raise ValueError(f"arms.context_tokens={max_tokens} leaves no room for text after the {arm} framing "
                          f"({len(b) + len(a)} tokens); raise it.")
-    return b + enc(text)[:room] + a
+    return b + content_ids(tokenizer, text)[:room] + a  # content: control strings stay text
 
 
 def pack_blocks(blocks: Sequence[Sequence[int] | None], width: int, pad_id: int = 0):

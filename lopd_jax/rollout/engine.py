@@ -1,45 +1,18 @@
-"""A rollout engine with continuous batching over a paged KV cache.
+"""A rollout engine with continuous batching over a paged KV cache (docs/engine.md).
 
-The device holds a fixed set of decode **slots** and one page pool per layer
-(:mod:`models.paged_attention`). Each episode is a small state machine::
-
-    ready (ids the cache has not seen) -> running in a slot (one turn) -> environment
-      -> ready (last id + observation) -> ... -> done
-
-* **Continuous batching.** The device decodes in fixed chunks of ``decode_chunk`` steps per
-  call for every slot at once (a ``scan``, never a loop until all rows stop). A row whose
-  turn ends (stop id or cap) leaves its slot at the end of the chunk; its turn goes to its
-  environment on a thread pool, and the slot takes the next ready piece of work (a new
-  episode's prompt or another episode's observation), prefilled into that slot between
-  chunks while the other rows keep their state.
-* **Paged cache.** An episode owns pages, allocated as it grows and freed when it ends; it
-  keeps them while its environment runs (no slot held). Attention reads each row's pages up
-  to a static bound set to the longest live row (a power-of-two count of pages), not the cap.
-* **Pool full.** A ready episode that cannot get the pages for its next chunk **waits**
-  (counted in ``admission_waits``). A running row that cannot grow **preempts the newest
-  running episode**: its pages are freed, its partial turn dropped, and it is recomputed
-  later from its full context (``preemptions``, ``recomputed_tokens``). Nothing is lost.
-* **Determinism.** The token at context position ``p`` of episode ``e`` is sampled with
-  ``fold_in(fold_in(rng, e), p)``: tokens do not depend on the slot, the number of slots,
-  the other episodes or timing (and a recomputed turn samples the same tokens again).
-* **Environments off the critical path.** A turn's ``step`` runs on a thread pool; the
-  engine only waits for environments when no slot has work. A step that raises ends its
-  episode (``error`` set) without touching the others.
-* **Stop strings** (optional, host-side): after each chunk a running turn whose decoded
-  text contains a stop string is cut right after the token that completes its first
-  occurrence; the cache is rewound to match, so the cut tail never conditions later turns.
-* **Input embeddings** (optional): an episode may replace the input embeddings of a run of
-  its first chunk's positions (:attr:`EpisodeSpec.embeds`; composer latents); a recompute
-  after preemption replaces them again.
-* **Devices.** An engine is process-local: each process runs its own episodes in its own
-  slots on a ``data x tensor`` mesh of its own devices (:mod:`lopd_jax.rollout.layout`):
-  weights in the sampling dtype with the LoRA folded in, split over ``tensor``; the page
-  pools' KV heads over ``tensor``. :meth:`Engine.local_params` brings the trainer's params
-  there (one collective when they span processes); no step of a run involves another host.
-
-:class:`Engine` works on token-level :class:`EpisodeSpec` s; :func:`lopd_jax.rollout.episodes.rollout`
-runs chat-format episodes with environments on it and returns
-:class:`lopd_jax.rollout.episodes.Trajectory` s.
+Each episode cycles: ready -> a decode slot (one turn, in chunks of ``decode_chunk`` steps
+for every slot at once) -> its environment step on a thread -> ready (observation) -> ... ->
+done. An episode owns KV pages (one pool per layer) from admission to its end, also while
+its environment runs. Admission takes ready episodes in queue order; one that cannot get
+pages waits without blocking those behind it; an idle engine serves the oldest first,
+preempting newer ready episodes for its pages, so none starves. A running row that cannot grow preempts the newest running episode; an idle engine frees
+pages of waiting episodes (the newest ready one, else the one whose environment step has run
+longest) rather than wait on a step. Preempted episodes are recomputed from their context. A step runs
+at most ``env_timeout_s``: then its episode ends with an error and its thread is abandoned.
+Determinism: token ``p`` of episode ``e`` is sampled with ``fold_in(fold_in(rng, e), p)``,
+whatever the slots, pool, other episodes or timing. Optional: host-side stop strings (the
+cache rewound to the cut), input-embedding overrides (composer latents). Process-local: each
+process decodes its own episodes on its own ``data x tensor`` mesh (:mod:`.layout`).
 """
 
 from __future__ import annotations
@@ -60,6 +33,7 @@ from lopd_jax.settings.sections import EngineConfig, SamplingParams
 from models.decoder import Decoder
 from lopd_jax.rollout import engine_calls
 from lopd_jax.rollout import layout as inference_layout
+from lopd_jax.rollout.env_threads import EnvThreads, submit_inline
 from lopd_jax.rollout.paged_step import empty_pools
 from lopd_jax.rollout.sampling import stop_string_cut
 
@@ -79,7 +53,10 @@ class EpisodeSpec:
     per-turn caps (turn ``j`` is also capped at ``turn_caps[j]``; e.g. a benchmark's forced
     turn lengths). ``embeds``: optional ``(start, vectors [k, D])``: the input embeddings
     of context positions ``start .. start + k - 1`` (inside ``first``) are ``vectors``
-    instead of their ids' embeddings.
+    instead of their ids' embeddings. ``abandon()``: optional, called (on the engine's
+    thread) when a ``step`` runs past ``engine.env_timeout_s`` and the engine gives up on it;
+    the step may still return later, and its result is then ignored. ``identity``:
+    optional, the episode's identity instead of ``first_id + i`` (:meth:`Engine.run`).
     """
 
     first: Sequence[int]
@@ -88,13 +65,16 @@ class EpisodeSpec:
     step: Callable[[np.ndarray, np.ndarray, np.ndarray], Sequence[int] | None]
     turn_caps: Sequence[int] | None = None
     embeds: tuple[int, np.ndarray] | None = None
+    abandon: Callable[[], None] | None = None
+    identity: int | None = None
 
 
 @dataclasses.dataclass
 class EpisodeResult:
     """What an episode generated: per turn the ids, processed and raw log-probs; the full
-    context (first chunk, turns, observations); ``error`` is the repr of an exception its
-    ``step`` raised (the episode then ended there)."""
+    context (first chunk, turns, observations); ``error`` says why the episode ended early:
+    the repr of an exception its ``step`` raised, a step past ``engine.env_timeout_s``
+    (``"timeout: ..."``) or an observation that is not ids below the cap."""
 
     turns: list[np.ndarray]
     logprobs: list[np.ndarray]
@@ -116,6 +96,8 @@ class _Ep:
     slot: int | None = None
     admitted: int = 0  # admission counter (newest = largest)
     result: EpisodeResult | None = None
+    submitted: float = 0.0  # when its pending environment step was submitted (monotonic)
+    ready_since: float = 0.0  # when it last became ready
 
     @property
     def cap(self) -> int:
@@ -123,18 +105,6 @@ class _Ep:
         cap = min(self.spec.max_turn, self.spec.max_total - len(self.ctx))
         caps, j = self.spec.turn_caps, len(self.result.turns)
         return cap if caps is None or j >= len(caps) else max(1, min(cap, int(caps[j])))
-
-
-def _submit(pool, fn, *args) -> concurrent.futures.Future:
-    """``fn(*args)`` on ``pool``, or right here (a finished future) when there is no pool."""
-    if pool is not None:
-        return pool.submit(fn, *args)
-    fut: concurrent.futures.Future = concurrent.futures.Future()
-    try:
-        fut.set_result(fn(*args))
-    except Exception as exc:  # delivered through the future, as a pool would
-        fut.set_exception(exc)
-    return fut
 
 
 def _single_device_graphdef(model: nnx.Module):
@@ -399,7 +369,8 @@ class Engine:
         pools = self._empty_pools(self._num_pages)
         self._free = list(range(self._num_pages - 1, -1, -1))
         self._peak = 0
-        eps = [_Ep(spec, first_id + i, [int(x) for x in spec.first]) for i, spec in enumerate(episodes)]
+        eps = [_Ep(spec, first_id + i if spec.identity is None else int(spec.identity), [int(x) for x in spec.first])
+               for i, spec in enumerate(episodes)]
         ready = collections.deque(eps)
         slots: list[_Ep | None] = [None] * cfg.slots
         prev = np.zeros(cfg.slots, np.int32)
@@ -409,7 +380,8 @@ class Engine:
         in_flight = 0  # episodes started (admitted once) and not finished
         limit = cfg.max_in_flight or len(eps)
         t0 = time.perf_counter()
-        pool = concurrent.futures.ThreadPoolExecutor(cfg.env_workers) if cfg.env_workers else None
+        pool = EnvThreads(cfg.env_workers) if cfg.env_workers else None
+        timeout = cfg.env_timeout_s if pool is not None else 0.0  # a step on this thread cannot be timed out
 
         def end_turn(ep: _Ep):
             slots[ep.slot] = None
@@ -421,27 +393,50 @@ class Engine:
             ep.result.raw_logprobs.append(raws)
             ep.ctx.extend(ep.turn)
             ep.turn, ep.lps, ep.raws = [], [], []
-            futures[_submit(pool, ep.spec.step, ids, lps, raws)] = ep
+            ep.submitted = time.monotonic()
+            futures[pool.submit(ep.spec.step, ids, lps, raws) if pool else submit_inline(ep.spec.step, ids, lps, raws)] = ep
+
+        def end_episode(ep: _Ep, error: str | None = None) -> bool:
+            if error is not None:
+                ep.result.error = error
+                m["env_errors"] += 1
+            self._release(ep)
+            ep.result.context = list(ep.ctx)
+            return True
 
         def finish_env(fut, ep: _Ep) -> bool:
-            """Take an environment step's result; True when the episode ended."""
+            """Take an environment step's result; True when the episode ended. A step that
+            raised or returned something other than ids below the cap ends its own episode."""
             try:
                 obs = fut.result()
+                if obs is None:
+                    return end_episode(ep)
+                obs = [int(x) for x in obs]
             except Exception as exc:  # a crashing environment ends its own episode only
-                ep.result.error = repr(exc)
-                m["env_errors"] += 1
-                obs = None
-            if obs is None:
-                self._release(ep)
-                ep.result.context = list(ep.ctx)
-                return True
-            obs = [int(x) for x in obs]
+                return end_episode(ep, repr(exc))
             if len(ep.ctx) + len(obs) >= ep.spec.max_total:
-                raise ValueError(f"episode {ep.eid}: the observation leaves no room below max_total; "
-                                 "the step function must end the episode instead")
+                return end_episode(ep, f"observation: {len(obs)} ids leave no room below max_total="
+                                       f"{ep.spec.max_total}; the step function must end the episode instead")
             ep.ctx.extend(obs)
+            ep.ready_since = time.monotonic()
             ready.append(ep)
             return False
+
+        def time_out(fut, ep: _Ep) -> bool:
+            """Give up on a step past ``env_timeout_s``: its episode ends, its thread is abandoned."""
+            pool.abandon(fut)
+            m["env_timeouts"] += 1
+            if ep.spec.abandon is not None:
+                ep.spec.abandon()
+            return end_episode(ep, f"timeout: the environment step ran past engine.env_timeout_s={timeout:g}s")
+
+        def wait_for_steps() -> None:
+            """Block until a step lands or the next step deadline passes."""
+            now = time.monotonic()
+            limit = max(0.0, min(e.submitted for e in futures.values()) + timeout - now) if timeout else None
+            concurrent.futures.wait(list(futures), timeout=limit, return_when=concurrent.futures.FIRST_COMPLETED)
+            if ready:  # ready work sat idle behind environment steps this long
+                m["max_idle_wait_s"] = max(m["max_idle_wait_s"], time.monotonic() - now)
 
         def preempt(ep: _Ep):
             """Free ``ep``'s pages; it is recomputed from its whole context when admitted
@@ -451,6 +446,7 @@ class Engine:
             if ep.slot is not None:
                 slots[ep.slot] = None
                 ep.slot = None
+                ep.ready_since = time.monotonic()
                 ready.appendleft(ep)
             ep.turn, ep.lps, ep.raws = [], [], []
             self._release(ep)
@@ -466,25 +462,40 @@ class Engine:
                     time.sleep(0)  # yield the GIL: steps just submitted (fast environments) can land before admission
                 done = [f for f in futures if f.done()]
                 ended = sum(finish_env(fut, futures.pop(fut)) for fut in done)
+                if timeout and futures:
+                    late = [f for f, e in futures.items() if time.monotonic() - e.submitted > timeout and not f.done()]
+                    ended += sum(time_out(fut, futures.pop(fut)) for fut in late)
                 in_flight -= ended
                 if ended and on_finish is not None:
                     on_finish(ended)
-                # admission: ready work into free slots (FIFO; the head waits for pages, and a
-                # new episode for room under max_in_flight)
-                batch = []
+                # admission: ready work into free slots, in queue order; an episode that cannot
+                # get pages waits without blocking those behind it; a new episode also waits
+                # for room under max_in_flight
+                batch, skipped = [], set()
+                if ready and all(s is None for s in slots):  # idle: the oldest ready episode first
+                    head = next((e for e in ready if e.admitted or in_flight < limit), None)
+                    while head is not None and not self._grow(head, len(head.ctx) + min(K, head.cap)):
+                        holders = [e for e in ready if e.pages and e is not head]
+                        if not holders:
+                            break
+                        preempt(max(holders, key=lambda e: e.admitted))
                 while ready and None in slots:
-                    j = next((j for j, e in enumerate(ready) if e.admitted or in_flight < limit), None)
+                    j = next((j for j, e in enumerate(ready) if id(e) not in skipped and (
+                        e.admitted or in_flight < limit)), None)
                     if j is None:
                         break
                     ep = ready[j]
                     if not self._grow(ep, len(ep.ctx) + min(K, ep.cap)):
-                        m["admission_waits"] += 1
-                        break
+                        m["admission_waits"] += not skipped
+                        skipped.add(id(ep))
+                        continue
                     del ready[j]
                     in_flight += ep.admitted == 0
                     ep.slot = slots.index(None)
                     slots[ep.slot] = ep
                     admitted += 1
+                    if ep.admitted:  # a started episode back from its environment (or preempted)
+                        m["max_ready_wait_s"] = max(m["max_ready_wait_s"], time.monotonic() - ep.ready_since)
                     ep.admitted = admitted
                     batch.append(ep)
                 if batch:
@@ -533,19 +544,28 @@ class Engine:
                             prev[s] = toks[r, g - 1]
                         if turn_over(ep):
                             end_turn(ep)
-                elif not batch:
-                    if futures:
-                        concurrent.futures.wait(list(futures), return_when=concurrent.futures.FIRST_COMPLETED)
-                    elif ready:  # the head needs pages other waiting episodes hold: recompute the newest
-                        holders = [e for e in list(ready)[1:] if e.pages]
-                        if not holders:
-                            raise RuntimeError("the page pool cannot hold the next episode")  # unreachable: checked
+                elif not batch:  # nothing runs: free pages for the first ready episode, or wait
+                    head = next((e for e in ready if e.admitted or in_flight < limit), None)
+                    holders = [e for e in ready if e.pages and e is not head]
+                    stepping = [e for e in futures.values() if e.pages]
+                    if head is None:
+                        if futures:
+                            wait_for_steps()
+                    elif holders:  # pages other ready episodes hold: recompute the newest
                         preempt(max(holders, key=lambda e: e.admitted))
+                    elif stepping:  # pages episodes in an environment step hold: the longest-running one's
+                        preempt(min(stepping, key=lambda e: e.submitted))
+                    elif futures:
+                        wait_for_steps()
+                    else:
+                        raise RuntimeError("the page pool cannot hold the next episode")  # unreachable: checked
         finally:
             if pool is not None:
-                pool.shutdown(wait=True, cancel_futures=True)
+                pool.close()
+                m["abandoned_threads"] = pool.abandoned
         m["peak_pages"] = self._peak
         m["num_pages"] = self._num_pages
+        m["leaked_pages"] = self._num_pages - len(self._free)  # 0: every ended episode gave its pages back
         m["wall_s"] = time.perf_counter() - t0
         m["utilisation"] = m["useful_slot_steps"] / max(m["slot_steps"], 1)
         self.metrics = dict(m)

@@ -1,52 +1,25 @@
-"""Multi-turn rollouts (docs/method.md, "Rollout") on the rollout engine.
+"""Multi-turn chat episodes (docs/method.md, "Rollout") on the continuous-batching engine (:mod:`lopd_jax.rollout.engine`).
 
-:func:`rollout` runs one episode per task: each episode's prompt, then its turns, each
-turn's text parsed with its :class:`lopd_jax.chat.base.ChatFormat` and passed to its
-:class:`Environment.step`, and the observation ids from ``ChatFormat.observation_ids``
-appended -- with every episode advanced by :class:`lopd_jax.rollout.engine.Engine`: a finished turn
-goes to its environment (on the engine's ``env_workers`` threads) while the other
-episodes keep decoding, and its slot takes the next ready episode.
-
-Token in, token out: ``Trajectory.tokens`` holds the exact sampled ids and the exact
-observation ids; nothing is re-tokenized. ``mask`` is 1 exactly on generated assistant
-tokens (each closing end-of-turn id included) and 0 on prompt / observation ids, including
-an end-of-turn id the chat format supplies after a turn cut off by the per-turn cap.
-``logprobs`` / ``raw_logprobs`` are aligned with ``tokens`` (entry ``j`` is the log-prob of
-``tokens[j]``; 0 where ``mask`` is 0), so a training step compares them with the log-prob
-its logits at ``j - 1`` give to ``tokens[j]``.
-
-Determinism: task ``i`` of a call is episode ``first_episode + i``, sampled with
-``fold_in(rng, first_episode + i)`` (then each token's position). Its trajectory depends
-only on ``rng``, that identity and the weights -- not on the slots, the batch it was
-rolled out in, the process that ran it or timing.
-
-Composer conditioning (the paper's "Base + Composer" row): with a :class:`LatentContext`
-the first chunk of each trajectory is the teacher-format prompt -- the latent block
-(framing before, slots, framing after) inserted at the first user message's content, as
-:mod:`lopd_jax.method.splice` builds it for training -- and the input embeddings of the slots are
-the task's latent vectors (the other ids take the policy's own embeddings).
-``Trajectory.tokens`` stay in the student's format (no block); the block's length counts
-against ``max_total_tokens`` (the model's context).
-
-Caps: at most ``max_env_steps`` environment steps; at most ``max_turn_tokens`` generated
-per turn; at most ``max_total_tokens`` in the whole trajectory (prompt and observations
-included). When a cap ends an episode, ``env.finish()`` scores the state. A turn cut off by
-the total cap is not passed to the environment (it cannot be followed by an observation).
-An environment whose ``step`` raises ends its own episode with finish reason
-``"env_error"`` and reward 0 (the environment contract says ``step`` never raises for
-anything the model wrote, so this is a broken environment, not a model error).
-
-Multi-host: each process rolls out its own tasks on its own engine (no per-turn
-cross-host step); ``first_episode`` is the global index of its first task. The policy's
-parameters are brought to the engine's layout on the process's devices first
-(:meth:`Engine.local_params`: LoRA merged, sampling dtype, split over the engine's
-``tensor`` axis; one collective when they span processes, so every process calls
-:func:`rollout`, even one without tasks).
+:func:`rollout` runs one episode per task: its prompt, then turns parsed with the
+:class:`lopd_jax.chat.base.ChatFormat`, each passed to :meth:`Environment.step` (on the
+engine's ``env_workers`` threads) and answered with ``ChatFormat.observation_ids``. Token in,
+token out: ``Trajectory.tokens`` are the sampled and observation ids, never re-tokenized;
+``mask`` is 1 on generated ids; ``logprobs`` are aligned with ``tokens``. Task ``i`` is
+episode ``first_episode + i``: its tokens depend on ``rng``, that identity and the weights
+only. With a :class:`LatentContext` the first chunk carries the composer's latent block.
+Caps (``max_env_steps``, ``max_turn_tokens``, ``max_total_tokens``) end an episode scored by
+``env.finish()``; observations longer than ``max_observation_chars`` are cut (with a note).
+Environment faults end only their own episode (finish reason ``"env_error"``, reward 0, the
+cause in ``Trajectory.error``, counted in ``engine.metrics``); every environment is closed
+exactly once, as soon as its episode ends. Multi-host: every process calls it (one collective).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import threading
+import time
 from typing import Callable, Sequence
 
 import jax
@@ -56,7 +29,8 @@ from lopd_jax.chat.base import ChatFormat, TokenTrajectory
 from lopd_jax.envs.base import Environment
 from lopd_jax.core.shapes import bucket
 from lopd_jax.method.splice import SpliceLayout
-from lopd_jax.core.types import Message, Task, ToolSchema
+from lopd_jax.core.text import clean_text
+from lopd_jax.core.types import Message, StepResult, Task, ToolSchema
 from lopd_jax.settings.sections import RolloutConfig, SamplingParams
 from lopd_jax.rollout.engine import Engine, EpisodeSpec
 
@@ -64,6 +38,7 @@ FINISH_DONE = "done"
 FINISH_MAX_STEPS = "max_steps"
 FINISH_MAX_TOKENS = "max_tokens"
 FINISH_ENV_ERROR = "env_error"
+MAX_ERROR_CHARS = 2000  # the longest fault text kept on a trajectory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +72,9 @@ class Trajectory:
     ``num_turns`` counts generated assistant turns, ``turn_lengths`` their token counts.
     ``finish_reason`` is ``"done"`` (the environment ended it), ``"max_steps"`` or
     ``"max_tokens"`` (a cap ended it and ``env.finish()`` scored it), or ``"env_error"``
-    (its environment raised; reward 0).
+    (its environment failed; reward 0). ``error`` names the failing call and its cause
+    (``"reset: RuntimeError: ..."``, ``"step: ..."``, ``"timeout: ..."``; a failing
+    ``close`` after a finished episode is noted here and keeps its result).
     """
 
     task: Task
@@ -113,22 +90,30 @@ class Trajectory:
     turn_lengths: list[int]
     insert_at: int
     finish_reason: str
+    error: str | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)
 
 
+def _fault(stage: str, exc: BaseException | str) -> str:
+    """``"stage: Type: message"`` (cut to ``MAX_ERROR_CHARS``, always valid text)."""
+    text = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+    return clean_text(f"{stage}: {text}")[:MAX_ERROR_CHARS]
+
+
 @dataclasses.dataclass
 class _Episode:
-    """Host-side state of one running trajectory."""
+    """Host-side state of one running trajectory. Its environment's calls run on a step
+    thread; the state is changed under ``lock`` and never after :meth:`abandon`."""
 
     task: Task
-    env: Environment
-    messages: list[Message]
-    tools: list[ToolSchema]
-    traj: TokenTrajectory
-    insert_at: int
-    pending: list[int]
+    env: Environment | None
+    messages: list[Message] = dataclasses.field(default_factory=list)
+    tools: list[ToolSchema] = dataclasses.field(default_factory=list)
+    traj: TokenTrajectory = dataclasses.field(default_factory=TokenTrajectory)
+    insert_at: int = 0
+    pending: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
     raw_logprobs: list[float] = dataclasses.field(default_factory=list)
     turn_lengths: list[int] = dataclasses.field(default_factory=list)
@@ -136,72 +121,211 @@ class _Episode:
     extra: int = 0  # context tokens the model sees beyond ``traj`` (an inserted latent block)
     reward: float | None = None
     finish_reason: str | None = None
+    error: str | None = None
+    stage: str = "reset"  # the environment call under way (names a fault)
+    abandoned: bool = False
+    closed: bool = False
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
     def add_context(self, ids: Sequence[int]) -> None:
         self.traj.add_context(ids)
         self.logprobs += [0.0] * len(ids)
         self.raw_logprobs += [0.0] * len(ids)
 
-    def end(self, reward: float, reason: str) -> None:
-        self.reward, self.finish_reason = float(reward), reason
+    def end(self, reward: float, reason: str, error: str | None = None) -> None:
+        """End the episode (no-op once ended or abandoned)."""
+        with self.lock:
+            if self.finish_reason is None and not self.abandoned:
+                self.reward, self.finish_reason, self.error = float(reward), reason, error
+
+    def fail(self, error: str) -> None:
+        """End the episode as an environment error."""
+        self.end(0.0, FINISH_ENV_ERROR, error)
+
+    def score(self, reason: str) -> None:
+        """End the episode at a cap, scored by ``env.finish()`` (a failing one is a fault)."""
+        self.stage = "finish"
+        reward = float(self.env.finish())
+        if not math.isfinite(reward):
+            raise ValueError(f"finish() returned the reward {reward}; rewards are finite numbers in [0, 1]")
+        self.end(reward, reason)
+
+    def abandon(self) -> None:
+        """The engine gave up on this episode's step: later results of it are dropped."""
+        with self.lock:
+            self.abandoned = True
+
+    def close(self) -> str | None:
+        """Close the environment once; the fault text if ``close`` raised."""
+        with self.lock:
+            if self.closed or self.env is None:
+                return None
+            self.closed = True
+        try:
+            self.env.close()
+        except Exception as exc:  # the episode's result stands; the fault is noted
+            return _fault("close", exc)
+        return None
 
     def result(self) -> Trajectory:
-        return Trajectory(
-            task=self.task, tokens=np.asarray(self.traj.ids, np.int32), mask=np.asarray(self.traj.mask, np.int32),
-            logprobs=np.asarray(self.logprobs, np.float32), raw_logprobs=np.asarray(self.raw_logprobs, np.float32),
-            messages=self.messages, tools=self.tools, reward=self.reward, env_stats=self.env.stats.as_dict(),
-            num_turns=len(self.turn_lengths), turn_lengths=self.turn_lengths, insert_at=self.insert_at,
-            finish_reason=self.finish_reason)
+        with self.lock:
+            try:
+                stats = self.env.stats.as_dict() if self.env is not None else {}
+            except Exception:  # a broken environment's statistics are not worth a batch
+                stats = {}
+            return Trajectory(
+                task=self.task, tokens=np.asarray(self.traj.ids, np.int32),
+                mask=np.asarray(self.traj.mask, np.int32), logprobs=np.asarray(self.logprobs, np.float32),
+                raw_logprobs=np.asarray(self.raw_logprobs, np.float32), messages=list(self.messages),
+                tools=list(self.tools), reward=0.0 if self.reward is None else self.reward, env_stats=stats,
+                num_turns=len(self.turn_lengths), turn_lengths=list(self.turn_lengths), insert_at=self.insert_at,
+                finish_reason=self.finish_reason or FINISH_ENV_ERROR, error=self.error)
 
+
+def bound_messages(messages: Sequence[Message], max_chars: int) -> list[Message]:
+    """``messages`` with every text content longer than ``max_chars`` cut there, followed by
+    a note saying how much was left out; raises TypeError for an entry that is not a message."""
+    out = []
+    for m in messages:
+        if not isinstance(m, dict):
+            raise TypeError(f"an observation holds a {type(m).__name__}, not a message dict")
+        content = m.get("content")
+        if isinstance(content, str) and len(content) > max_chars:
+            m = {**m, "content": content[:max_chars] + f"\n[output cut: {len(content) - max_chars} of "
+                 f"{len(content)} characters left out (rollout.max_observation_chars={max_chars})]"}
+        out.append(m)
+    return out
 
 
 def start_episode(task: Task, make_env: Callable[[], Environment], fmt: ChatFormat,
                   config: RolloutConfig) -> _Episode:
     """A new episode for ``task``: a fresh environment, reset, and its prompt as context.
 
-    Raises ValueError when the prompt alone reaches ``config.max_total_tokens``.
+    An environment that cannot be made or reset, or whose reset gives no prompt below
+    ``config.max_total_tokens``, yields an episode already ended as an ``env_error``
+    (its environment closed).
     """
-    env = make_env()
-    messages, tools = env.reset(task)
-    prompt = fmt.prompt_ids(messages, tools)
-    if len(prompt) >= config.max_total_tokens:
-        env.close()
-        raise ValueError(f"task {task.task_id!r}: the prompt has {len(prompt)} tokens, not below "
-                         f"max_total_tokens={config.max_total_tokens}; raise the cap")
-    ep = _Episode(task, env, list(messages), list(tools), TokenTrajectory(), fmt.insertion_point(prompt),
-                  list(prompt))
+    ep = _Episode(task, None)
+    try:
+        ep.stage = "make_env"
+        ep.env = make_env()
+        ep.stage = "reset"
+        out = ep.env.reset(task)
+        if not (isinstance(out, (tuple, list)) and len(out) == 2 and isinstance(out[0], (list, tuple))):
+            raise TypeError(f"reset returned {type(out).__name__}, not (messages, tools)")
+        messages, tools = bound_messages(out[0], config.max_observation_chars), list(out[1] or [])
+        ep.stage = "prompt"
+        prompt = fmt.prompt_ids(messages, tools)
+        if len(prompt) >= config.max_total_tokens:
+            raise ValueError(f"task {task.task_id!r}: the prompt has {len(prompt)} tokens, not below "
+                             f"max_total_tokens={config.max_total_tokens}; raise the cap")
+        ep.insert_at = fmt.insertion_point(prompt)
+    except Exception as exc:
+        ep.fail(_fault(ep.stage, exc))
+        ep.close()  # the reset's fault is the one kept
+        return ep
+    ep.messages, ep.tools, ep.pending = list(messages), tools, list(prompt)
     ep.add_context(prompt)
     return ep
 
+
+def _step(ep: _Episode, turn) -> StepResult:
+    ep.stage = "step"
+    result = ep.env.step(turn)
+    if not isinstance(getattr(result, "done", None), bool) or not isinstance(
+            getattr(result, "observation", None), (list, tuple)):
+        raise TypeError(f"step returned {type(result).__name__}, not a StepResult (observation list, done flag)")
+    if result.done and not math.isfinite(float(result.reward)):
+        raise ValueError(f"step returned the reward {result.reward}; rewards are finite numbers in [0, 1]")
+    return result
+
+
 def _advance(ep: _Episode, ids: np.ndarray, lps: np.ndarray, raws: np.ndarray, fmt: ChatFormat,
              cfg: RolloutConfig) -> None:
-    """Record one generated turn, step the environment, append the observation."""
-    ep.traj.add_generated(ids)
-    ep.logprobs += [float(x) for x in lps]
-    ep.raw_logprobs += [float(x) for x in raws]
-    ep.turn_lengths.append(len(ids))
+    """Record one generated turn, step the environment, append the observation (or end)."""
+    with ep.lock:
+        if ep.abandoned:
+            return
+        ep.traj.add_generated(ids)
+        ep.logprobs += [float(x) for x in lps]
+        ep.raw_logprobs += [float(x) for x in raws]
+        ep.turn_lengths.append(len(ids))
     closed = len(ids) > 0 and int(ids[-1]) in fmt.stop_ids
     if not closed and len(ep.traj) + ep.extra >= cfg.max_total_tokens:
-        ep.end(ep.env.finish(), FINISH_MAX_TOKENS)
-        return
+        return ep.score(FINISH_MAX_TOKENS)
     turn = fmt.parse_generated(ids)
-    result = ep.env.step(turn)
-    ep.steps += 1
-    ep.messages.append(fmt.assistant_message(turn))
+    result = _step(ep, turn)
+    with ep.lock:
+        if ep.abandoned:
+            return
+        ep.steps += 1
+        ep.messages.append(fmt.assistant_message(turn))
     if result.done:
-        ep.end(result.reward, FINISH_DONE)
-        return
+        return ep.end(result.reward, FINISH_DONE)
     if ep.steps >= cfg.max_env_steps:
-        ep.end(ep.env.finish(), FINISH_MAX_STEPS)
-        return
-    obs_ids = fmt.observation_ids(result.observation, turn_closed=closed)
+        return ep.score(FINISH_MAX_STEPS)
+    ep.stage = "observation"
+    observation = bound_messages(result.observation, cfg.max_observation_chars)
+    obs_ids = fmt.observation_ids(observation, turn_closed=closed)
     if len(ep.traj) + ep.extra + len(obs_ids) >= cfg.max_total_tokens:  # no room left for a generated token
-        ep.end(ep.env.finish(), FINISH_MAX_TOKENS)
-        return
-    ep.messages.extend(result.observation)
-    ep.add_context(obs_ids)
-    # The loop never feeds a turn's last sampled id to the cache; it goes first.
-    ep.pending = [int(ids[-1]), *obs_ids]
+        return ep.score(FINISH_MAX_TOKENS)
+    with ep.lock:
+        if ep.abandoned:
+            return
+        ep.messages.extend(observation)
+        ep.add_context(obs_ids)
+        # The loop never feeds a turn's last sampled id to the cache; it goes first.
+        ep.pending = [int(ids[-1]), *obs_ids]
+
+
+def _stepper(ep: _Episode, fmt: ChatFormat, config: RolloutConfig):
+    """The engine's ``step`` for ``ep``: the next ids, or None once the episode ended (its
+    environment then closed); any fault of the environment ends this episode only."""
+    def step(ids: np.ndarray, lps: np.ndarray, raws: np.ndarray):
+        try:
+            _advance(ep, ids, lps, raws, fmt, config)
+        except Exception as exc:
+            ep.fail(_fault(ep.stage, exc))
+        if ep.finish_reason is None and not ep.abandoned:
+            return ep.pending[1:]
+        closing = ep.close()
+        if closing is not None:
+            with ep.lock:
+                ep.error = ep.error or closing
+        return None
+    return step
+
+
+def _close_all(episodes: Sequence[_Episode], timeout: float) -> None:
+    """Close every environment not closed yet, each on its own thread, waiting at most
+    ``timeout`` seconds in all (0 = no limit); a close that raises or runs past it is noted."""
+    def close(ep):
+        err = ep.close()
+        if err is not None:
+            with ep.lock:
+                ep.error = ep.error or err
+    pairs = [(ep, threading.Thread(target=close, args=(ep,), daemon=True, name="env-close"))
+             for ep in episodes if not ep.closed and ep.env is not None]
+    for _, t in pairs:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for ep, t in pairs:
+        t.join(None if not timeout else max(0.0, deadline - time.monotonic()))
+        if t.is_alive():
+            with ep.lock:
+                ep.error = ep.error or _fault("close", f"still running after engine.env_timeout_s={timeout:g}s")
+
+
+def _count_faults(engine: Engine, episodes: Sequence[_Episode]) -> None:
+    """``env_errors`` (episodes ended by their environment) and ``env_error_<call>`` per
+    failing call into ``engine.metrics``."""
+    m = dict(engine.metrics)
+    m["env_errors"] = sum(ep.finish_reason == FINISH_ENV_ERROR for ep in episodes)
+    for ep in episodes:
+        if ep.error:
+            key = "env_error_" + ep.error.split(":", 1)[0]
+            m[key] = m.get(key, 0) + 1
+    engine.metrics = m
 
 
 def rollout(engine: Engine, params, fmt: ChatFormat, make_env: Callable[[], Environment],
@@ -227,8 +351,8 @@ def rollout(engine: Engine, params, fmt: ChatFormat, make_env: Callable[[], Envi
         (progress reporting).
 
     Returns:
-      One :class:`Trajectory` per task, in order. The engine's run metrics are left in
-      ``engine.metrics``.
+      One :class:`Trajectory` per task, in order. The engine's run metrics, with the
+      environment faults counted, are left in ``engine.metrics``.
     """
     params, rng = engine.local_params(params), engine.local_key(rng)  # a collective when they span processes
     if not tasks:
@@ -237,39 +361,45 @@ def rollout(engine: Engine, params, fmt: ChatFormat, make_env: Callable[[], Envi
     if missing:
         raise ValueError(f"the engine does not stop on the chat format's stop ids {sorted(missing)}; "
                          f"build it with Engine(..., stop_ids=fmt.stop_ids)")
+    if latents is not None and np.shape(latents.latents)[0] != len(tasks):
+        raise ValueError(f"LatentContext has latents for {np.shape(latents.latents)[0]} tasks but {len(tasks)} "
+                         "tasks are rolled out")
     episodes: list[_Episode] = []
     try:
         for task in tasks:
             episodes.append(start_episode(task, make_env, fmt, config))
         embeds = [None] * len(episodes)
         if latents is not None:
-            n = np.shape(latents.latents)[0]
-            if n != len(episodes):
-                raise ValueError(f"LatentContext has latents for {n} tasks but {len(episodes)} tasks are rolled out")
             firsts = latents.first_chunks([ep.pending for ep in episodes], [ep.insert_at for ep in episodes])
             embeds = latents.slot_embeds([ep.insert_at for ep in episodes])
             for ep, first in zip(episodes, firsts):
+                if ep.finish_reason is not None:
+                    continue
                 ep.pending, ep.extra = first, latents.layout.length
                 if len(first) >= config.max_total_tokens:
                     raise ValueError(f"task {ep.task.task_id!r}: the prompt with the latent block has {len(first)} "
                                      f"tokens, not below max_total_tokens={config.max_total_tokens}; raise the cap")
-
-        def stepper(ep: _Episode):
-            def step(ids: np.ndarray, lps: np.ndarray, raws: np.ndarray):
-                _advance(ep, ids, lps, raws, fmt, config)
-                return None if ep.finish_reason is not None else ep.pending[1:]
-            return step
-
-        specs = [EpisodeSpec(ep.pending, config.max_total_tokens, config.max_turn_tokens, stepper(ep), embeds=e)
-                 for ep, e in zip(episodes, embeds)]
-        results = engine.run(params, specs, rng, sampling, first_id=first_episode, on_finish=on_finish)
-        for ep, res in zip(episodes, results):
-            if res.error is not None and ep.finish_reason is None:
-                ep.end(0.0, FINISH_ENV_ERROR)
-        return [ep.result() for ep in episodes]
+        live = [i for i, ep in enumerate(episodes) if ep.finish_reason is None]
+        if len(live) < len(episodes) and on_finish is not None:
+            on_finish(len(episodes) - len(live))
+        specs = [EpisodeSpec(episodes[i].pending, config.max_total_tokens, config.max_turn_tokens,
+                             _stepper(episodes[i], fmt, config), embeds=embeds[i], abandon=episodes[i].abandon,
+                             identity=first_episode + i) for i in live]
+        results = engine.run(params, specs, rng, sampling, first_id=first_episode, on_finish=on_finish) if specs \
+            else []
+        if not specs:
+            engine.metrics = {}
+        for i, res in zip(live, results):
+            ep = episodes[i]
+            if res.error is not None:
+                with ep.lock:  # a timed-out step (abandoned) or a fault the engine caught
+                    if ep.finish_reason is None or ep.abandoned:
+                        ep.reward, ep.finish_reason = 0.0, FINISH_ENV_ERROR
+                        ep.error = _fault("engine", res.error) if not res.error.startswith("timeout") else res.error
     finally:
-        for ep in episodes:
-            ep.env.close()
+        _close_all(episodes, engine.config.env_timeout_s)
+    _count_faults(engine, episodes)
+    return [ep.result() for ep in episodes]
 
 
 def training_arrays(trajectories: Sequence[Trajectory], *, length: int | None = None,

@@ -223,7 +223,7 @@ class RolloutSection(RolloutConfig, SamplingParams):
             raise ConfigError(f"rollout.top_p={self.top_p} must be in (0, 1].")
         if self.top_k < 0:
             raise ConfigError(f"rollout.top_k={self.top_k} must be >= 0 (0 = off).")
-        _positive(self, "rollout", "max_env_steps", "max_turn_tokens", "max_total_tokens")
+        _positive(self, "rollout", "max_env_steps", "max_turn_tokens", "max_total_tokens", "max_observation_chars")
 
     def sampling_params(self) -> SamplingParams:
         """These settings as :class:`lopd_jax.settings.sections.SamplingParams`."""

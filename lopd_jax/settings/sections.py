@@ -121,15 +121,17 @@ class StepConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
-    """Episode caps (docs/method.md, "Rollout"). Host-side parallelism is the engine's
-    (:attr:`EngineConfig.env_workers`)."""
+    """Episode caps (docs/method.md, "Rollout"). ``max_observation_chars``: the longest text one observation
+    message may hold; a longer one is cut before it is tokenized, with a note saying so.
+    Host-side parallelism is the engine's (:attr:`EngineConfig.env_workers`)."""
 
     max_env_steps: int = 30
     max_turn_tokens: int = 2048
     max_total_tokens: int = 40_960
+    max_observation_chars: int = 65_536
 
     def __post_init__(self):
-        for name in ("max_env_steps", "max_turn_tokens", "max_total_tokens"):
+        for name in ("max_env_steps", "max_turn_tokens", "max_total_tokens", "max_observation_chars"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
 
@@ -165,7 +167,10 @@ class EngineConfig:
     ``prefill_chunk``: tokens per row per prefill call (longer chunks take several calls);
     ``max_in_flight``: episodes started and not finished at once (0 = no limit: every
     episode of a rollout may hold pages); ``env_workers``: threads running environment
-    steps (0 = on the engine's own thread, between device calls).
+    steps (0 = on the engine's own thread, between device calls); ``env_timeout_s``: the
+    longest one environment step may run on those threads before the engine ends its episode
+    as an environment error and abandons the thread (0 = no limit; steps on the engine's
+    thread cannot be timed out).
     Compiled variants: one prefill and one decode per power-of-two count of pages read.
     None of these settings changes a sampled token (see the module docstring).
 
@@ -184,6 +189,7 @@ class EngineConfig:
     prefill_chunk: int = 256
     max_in_flight: int = 0
     env_workers: int = 4
+    env_timeout_s: float = 300.0
     devices: int = 1
     tensor: int = 1
     dtype: str = "float32"
@@ -197,6 +203,8 @@ class EngineConfig:
                            ("tensor", "0 = the default width")):
             if getattr(self, name) < 0:
                 raise ConfigError(f"engine.{name}={getattr(self, name)} must be >= 0 ({what}).")
+        if not self.env_timeout_s >= 0:
+            raise ConfigError(f"engine.env_timeout_s={self.env_timeout_s} must be >= 0 (0 = no limit).")
         if self.dtype not in ENGINE_DTYPES:
             raise ConfigError(f"engine.dtype={self.dtype!r} must be one of {ENGINE_DTYPES} (the sampling dtype).")
 
