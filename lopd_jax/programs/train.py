@@ -43,7 +43,6 @@ from lopd_jax.settings.run_config import CONFIG_FILE, flatten, save_run_config
 from lopd_jax.settings.task_data import check_task_data, resolve_data_paths
 from models.gguf import is_gguf_path
 from train import distributed, loop
-from train.arms import resolve_arm
 from train.launch import add_launch_flags, initialize_from_flags
 from train.nonfinite import NonFiniteError
 
@@ -127,7 +126,14 @@ def check_checkpoint_path(path: str) -> None:
 def resolve_config(argv: Sequence[str] | None = None):
     """The validated :class:`lopd_jax.settings.config.TrainConfig` for ``argv``; ConfigError on problems."""
 
-    args = build_parser().parse_args(argv)
+    return config_of(build_parser().parse_args(argv))
+
+
+def config_of(args: argparse.Namespace):
+    """The validated :class:`lopd_jax.settings.config.TrainConfig` of parsed command-line ``args``
+    (the run's saved config: the arm's implications are applied by :func:`train.loop.run`);
+    ConfigError on problems."""
+
     cfg = load_config(args.config)
     overrides = list(args.overrides) + ([f"workdir={args.workdir}"] if args.workdir else [])
     cfg = resolve_data_paths(resolve_paths(apply_overrides(cfg, overrides)))
@@ -146,7 +152,6 @@ def resolve_config(argv: Sequence[str] | None = None):
     if unknown:
         raise ConfigError(f"--allow_config_change: {unknown} are not config keys; name dotted keys such as "
                           f"bank.min_reward (the refused run's message lists the keys that differ).")
-    resolve_arm(cfg)  # the arm's own checks (ConfigError), before anything is written
     check_task_data(cfg)
     return cfg
 
@@ -186,18 +191,19 @@ def _undo_new_run(workdir: str, existed: bool) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point (see the module docstring for exit codes)."""
 
+    args = build_parser().parse_args(argv)
     try:
-        cfg = resolve_config(argv)
+        cfg = config_of(args)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    error = initialize_from_flags(build_parser().parse_args(argv))
+    error = initialize_from_flags(args)
     if error is not None:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(f"[lopd] {describe_devices()}", file=sys.stderr, flush=True)
     try:
-        allow = [k for k in build_parser().parse_args(argv).allow_config_change.split(",") if k]
+        allow = [k for k in args.allow_config_change.split(",") if k]
         result = run_training(cfg, allow_config_change=allow)
     except ConfigError as e:  # e.g. a resumed workdir holding another config
         print(f"error: {e}", file=sys.stderr)
