@@ -26,7 +26,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from lopd_jax.method import losses as L# noqa: E402
+from lopd_jax.method import losses as L  # noqa: E402
+from lopd_jax.method.loss_config import LossConfig  # noqa: E402
 
 GIB = 1024**3
 
@@ -34,12 +35,12 @@ GIB = 1024**3
 def build_fns(args):
     """Return (chunked, unchunked) functions (sh, shead, th, thead, tgt, mask, adv) -> (loss, grads)."""
     compute = jnp.dtype(args.compute_dtype)
-    kw = dict(margin=0.05, anchor_weight=0.0, composer_kl_weighting="token_mean")
+    cfg = LossConfig(margin=0.05, anchor_weight=0.0, composer_kl_weighting="token_mean", top_m=args.top_m,
+                     logits_chunk=args.chunk_size)
 
     def chunked_loss(sh, shead, th, thead, tgt, mask, adv):
         loss, _ = L.lopd_objective(
-            sh, shead, th, jax.lax.stop_gradient(thead), tgt, mask, adv, 0.5,
-            top_m=args.top_m, chunk_size=args.chunk_size, compute_dtype=compute, **kw,
+            sh, shead, th, jax.lax.stop_gradient(thead), tgt, mask, adv, 0.5, loss=cfg, compute_dtype=compute,
         )
         return loss
 
@@ -54,7 +55,7 @@ def build_fns(args):
             "student_logp": pick(s_logits),
             "teacher_logp": pick(t_logits),
         }
-        loss, _ = L.lopd_loss_from_stats(stats, mask, adv, 0.5, **kw)
+        loss, _ = L.lopd_loss_from_stats(stats, mask, adv, 0.5, loss=cfg)
         return loss
 
     def with_grad(fn):

@@ -132,6 +132,7 @@ def bench_step(args, path):
     from lopd_jax.method.splice import SpliceLayout
     from train.steps import make_lopd_step
     from train.system import LOPDSystem
+    from lopd_jax.method.loss_config import LossConfig
     from lopd_jax.settings.sections import StepConfig
 
     lora = LoraConfig(rank=8, alpha=16.0)
@@ -139,7 +140,8 @@ def bench_step(args, path):
     composer = ComposerConfig(num_latents=8, depth=2, n_ret=2, lora=lora)
     layout = SpliceLayout(before_ids=(1, 9, 198), after_ids=(2, 198), num_slots=composer.n_ret * composer.num_latents,
                           slot_id=0)
-    system = LOPDSystem.create(backbone, composer, layout, StepConfig(logits_chunk=256, student_mode=args.student))
+    system = LOPDSystem.create(backbone, composer, layout,
+                               StepConfig(loss=LossConfig(logits_chunk=256), student_mode=args.student))
     state0, frozen = system.init_state()
     lengths = np.full(args.rows, args.seq)
     batch = {k: jnp.asarray(v) for k, v in

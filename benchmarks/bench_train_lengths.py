@@ -86,7 +86,7 @@ def main(argv=None):
     composer = ComposerConfig(num_latents=8, depth=2, n_ret=3, lora=mcfg.lora)
     layout = SpliceLayout(before_ids=(11, 12, 13), after_ids=(14, 15), num_slots=24, slot_id=7)
     system = LOPDSystem.create(Decoder(mcfg, rngs=nnx.Rngs(0)), composer, layout,
-                               StepConfig(logits_chunk=512, top_m=20))
+                               StepConfig())
     buckets = LengthConfig(buckets=tuple(int(x) for x in args.buckets.split(","))).bucket_lengths(args.cap)
     scale = args.cap / 40_960
     print(f"model {args.model} ({mcfg.hidden_size} wide, {mcfg.num_layers} layers), {args.rows} rows per step, "

@@ -63,7 +63,6 @@ def fork(prefix: str, run_dir: str, config: str, overrides: list[str]) -> None:
     """Copy the prefix into ``run_dir`` without its training stage and write the run's config."""
     from lopd_jax.settings.run_config import save_run_config
     from lopd_jax.programs.train import resolve_config
-    from train.arms import resolve_arm
 
     tmp = run_dir + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -75,8 +74,7 @@ def fork(prefix: str, run_dir: str, config: str, overrides: list[str]) -> None:
         dst.writelines(line for line in src if json.loads(line).get("stage") not in TRAINING_STAGES)
     os.remove(os.path.join(tmp, "config.json"))
     cfg = resolve_config([f"--config={config}", f"--workdir={run_dir}", *overrides])
-    resolve_arm(cfg)  # checks the arm; the saved config is the unresolved one, as ``python -m lopd_jax.train``
-    save_run_config(cfg, tmp)  # saves it (an arm-resolved one, e.g. freeze_composer=True, fails its resume check)
+    save_run_config(cfg, tmp)  # the unresolved config, as ``python -m lopd_jax.train`` saves it
     os.replace(tmp, run_dir)
 
 

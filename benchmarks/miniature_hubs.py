@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     src = SyntheticTaskSource(**kwargs)
     rule = src.hidden_rule("dispatch.ship")
     customer = {t.task_id: t.payload["params"]["customer"] for t in src.tasks("heldout")}
-    r = CONFIG.rollout
+    r = CONFIG.rollout.caps
     runs = sorted(d for d in os.listdir(os.path.join(args.workdir, "runs"))
                   if os.path.isdir(os.path.join(args.workdir, "runs", d, "export")))
     out = {"rule": rule, "runs": {}}

@@ -9,11 +9,12 @@ Where the paper and the authors' release differ, these configs follow the releas
 """
 
 from lopd_jax.method.composer import ComposerConfig
+from lopd_jax.method.loss_config import LossConfig
 from lopd_jax.core.defaults import MARGIN, TOP_M
 from lopd_jax.settings.config import (BankSection, CheckpointSection, EnvSection, ModelSection, RolloutSection,
                              StagesSection, TrainConfig)
 from lopd_jax.settings.length_model import LengthConfig
-from lopd_jax.settings.sections import EngineConfig, MeshConfig, StepConfig
+from lopd_jax.settings.sections import EngineConfig, MeshConfig, RolloutConfig, SamplingParams, StepConfig
 from models.config import LoraConfig
 
 
@@ -39,11 +40,13 @@ def paper_config(name: str, *, source: str = "envscaler", workdir: str,
         composer=ComposerConfig(num_latents=32, depth=8, n_ret=3, ff_mult=4,
                                 lora=LoraConfig(rank=8, alpha=16.0, dropout=0.0), max_experience_tokens=None,
                                 ff_bias=False),
-        steps=StepConfig(margin=MARGIN, anchor_weight=0.2, eta_beta=0.5, top_m=TOP_M, logits_chunk=1024, micro_batch=1,
-                         student_lr=1e-5, composer_lr=1e-5, student_clip=1.0, composer_clip=1.0,
-                         cold_start_lr=1e-5, cold_start_encoder_clip=3.0, cold_start_compressor_clip=30.0,
-                         composer_kl_weighting="rollout_mean", composer_margin_weighting="rollout_mean",
-                         weight_decay=0.01, logits_dtype="float32", skip_nonfinite=True, max_nonfinite_skips=10),
+        steps=StepConfig(loss=LossConfig(margin=MARGIN, anchor_weight=0.2, top_m=TOP_M, logits_chunk=1024,
+                                         composer_kl_weighting="rollout_mean", composer_margin_weighting="rollout_mean",
+                                         logits_dtype="float32"),
+                         eta_beta=0.5, micro_batch=1, student_lr=1e-5, composer_lr=1e-5, student_clip=1.0,
+                         composer_clip=1.0, cold_start_lr=1e-5, cold_start_encoder_clip=3.0,
+                         cold_start_compressor_clip=30.0, weight_decay=0.01, skip_nonfinite=True,
+                         max_nonfinite_skips=10),
         mesh=mesh,
         # the release admits rollouts with reward >= 0.8; its Base + Composer inference retrieves 1
         bank=BankSection(min_reward=0.8, retrieval_mode="symmetric", allow_self_retrieval=True,
@@ -51,8 +54,9 @@ def paper_config(name: str, *, source: str = "envscaler", workdir: str,
         env=EnvSection(source=source, tasks_per_step=32, group_size=1),
         # the release: up to 10,000 new tokens per turn with Qwen3 thinking on (paper Table 3:
         # first turns of 6,000-10,000 tokens), 40,960 in total
-        rollout=RolloutSection(temperature=0.7, top_p=0.95, top_k=20, max_env_steps=30,
-                               max_turn_tokens=10_000, max_total_tokens=40_960, enable_thinking=True),
+        rollout=RolloutSection(sampling=SamplingParams(temperature=0.7, top_p=0.95, top_k=20),
+                               caps=RolloutConfig(max_env_steps=30, max_turn_tokens=10_000, max_total_tokens=40_960),
+                               enable_thinking=True),
         # the rollout engine per host of v5p-32 (4 hosts x 4 chips): 64 slots each (256 in all),
         # 128-token pages, 16 decode steps per call, on all 4 of the host's chips in bf16, tensor
         # parallel as wide as they and the KV heads allow (4); the pool from the sizing rule

@@ -25,7 +25,7 @@ CONFIG = dataclasses.replace(
     env=dataclasses.replace(TINY.env, kwargs={"n_train_per_family": 64, "n_heldout_per_family": 64, "seed": 0,
                                               "tool_descriptions": False, "families": ["dispatch"],
                                               "n_warmup_per_family": 256}),
-    rollout=dataclasses.replace(TINY.rollout, max_env_steps=3, max_total_tokens=384),
+    rollout=dataclasses.replace(TINY.rollout, caps=dataclasses.replace(TINY.rollout.caps, max_env_steps=3, max_total_tokens=384)),
     bank=dataclasses.replace(TINY.bank, min_reward=1.0),
     stages=dataclasses.replace(TINY.stages, warmup_steps=1000, warmup_hint_fraction=1.0, cold_start_steps=300,
                                cold_start_batch=8, lopd_steps=16, eval_every=4),

@@ -14,7 +14,8 @@ The run shows that every stage runs, resumes and exports, not that the method le
 from lopd_jax.method.composer import ComposerConfig
 from lopd_jax.settings.config import (BankSection, CheckpointSection, EnvSection, ModelSection, RolloutSection,
                              StagesSection, TrainConfig)
-from lopd_jax.settings.sections import EngineConfig, MeshConfig, StepConfig
+from lopd_jax.method.loss_config import LossConfig
+from lopd_jax.settings.sections import EngineConfig, MeshConfig, RolloutConfig, StepConfig
 from models.config import LoraConfig
 
 CONFIG = TrainConfig(
@@ -26,13 +27,13 @@ CONFIG = TrainConfig(
     composer=ComposerConfig(num_latents=4, depth=2, n_ret=2, ff_mult=2,
                             lora=LoraConfig(rank=4, alpha=8.0, dropout=0.0), max_experience_tokens=256),
     # a random-init tiny model needs far larger steps than the paper's 1e-5 to move in minutes
-    steps=StepConfig(top_m=8, logits_chunk=128, student_lr=1e-3, composer_lr=1e-3, cold_start_lr=3e-3),
+    steps=StepConfig(loss=LossConfig(top_m=8, logits_chunk=128), student_lr=1e-3, composer_lr=1e-3, cold_start_lr=3e-3),
     mesh=MeshConfig(data=1, fsdp=-1, tensor=1),
     bank=BankSection(embedder="hashing", embedder_dim=256, max_obs_chars=120),
     env=EnvSection(source="synthetic", kwargs={"n_train_per_family": 16, "n_heldout_per_family": 4, "seed": 0,
                                                "tool_descriptions": False},
                    tasks_per_step=8, group_size=1),
-    rollout=RolloutSection(max_env_steps=4, max_turn_tokens=96, max_total_tokens=512),
+    rollout=RolloutSection(caps=RolloutConfig(max_env_steps=4, max_turn_tokens=96, max_total_tokens=512)),
     # 8 slots = one step's rollouts; 16-token pages keep the compiled page widths few (1..32 pages);
     # the synthetic environments answer in microseconds, so they run on the engine's thread; one
     # device in fp32: no sharded compiles on CPU, and samples exactly as the trainer's logits

@@ -21,6 +21,7 @@ from lopd_jax.method.text_context import (FRAMING, align_teacher_hidden, context
 from models.config import LoraConfig, named_config
 from models.decoder import Decoder
 from train.system import LOPDSystem
+from lopd_jax.method.loss_config import LossConfig
 from lopd_jax.settings.sections import StepConfig
 
 COMPOSER = ComposerConfig(num_latents=2, depth=1, n_ret=1, lora=LoraConfig(rank=4, alpha=8.0))
@@ -36,7 +37,7 @@ def _system(**step):
     keys = jax.random.split(jax.random.key(1), len(leaves))
     nnx.update(model, jax.tree.unflatten(tree, [x + 0.05 * jax.random.normal(k, x.shape)
                                                 for x, k in zip(leaves, keys)]))
-    return LOPDSystem.create(model, COMPOSER, LAYOUT, StepConfig(logits_chunk=8, top_m=4, **step))
+    return LOPDSystem.create(model, COMPOSER, LAYOUT, StepConfig(loss=LossConfig(logits_chunk=8, top_m=4), **step))
 
 
 def _np_logp(system, params, tokens, amask):

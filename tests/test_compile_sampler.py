@@ -29,7 +29,7 @@ def test_tiny_on_cpu_sizes_and_compiles_the_engine(tmp_path, capsys):
     s = r["sizing"]
     assert s["slots"] == cfg.engine.slots and s["in_flight"] == 2 * cfg.engine.slots  # one process; 0 = 2 x slots
     assert s["pages"] == s["pages_rule"] == pool_pages(s["engine_sim"]["live_tokens_p99"], s["in_flight"],
-                                                         cfg.engine.page_size, cfg.rollout.max_total_tokens)
+                                                         cfg.engine.page_size, cfg.rollout.caps.max_total_tokens)
     assert (r["data"], r["tensor"], r["engine_devices"], r["dtype"]) == (4, 2, 8, "float32")
     assert r["decode_steps_per_call"] == cfg.engine.decode_chunk and r["pages_compiled"] == s["pages"]
     # the pools are the call's in-place outputs: exactly the pool's bytes per chip (KV heads over tensor)

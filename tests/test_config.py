@@ -10,6 +10,7 @@ from lopd_jax.settings.errors import ConfigError
 from configs import known_configs, load_config
 from lopd_jax.settings.overrides import apply_overrides, from_dict, to_dict
 from lopd_jax.settings.run_config import check_resume, config_diff, load_run_config, save_run_config
+from lopd_jax.settings.sections import RolloutConfig, SamplingParams
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -30,17 +31,17 @@ def test_paper_hyperparameters_and_tpu_layout():
         assert c.model.name == name and c.env.tasks_per_step == 32
         s = c.steps
         assert (s.student_lr, s.composer_lr, s.student_clip, s.composer_clip) == (1e-5, 1e-5, 1.0, 1.0)
-        assert (s.margin, s.anchor_weight, s.eta_beta, s.top_m) == (0.05, 0.2, 0.5, 20)
+        assert (s.loss.margin, s.loss.anchor_weight, s.eta_beta, s.loss.top_m) == (0.05, 0.2, 0.5, 20)
         assert (c.composer.num_latents, c.composer.n_ret, c.composer.depth) == (32, 3, 8)
         assert (c.composer.lora.rank, c.composer.lora.alpha, c.composer.lora.dropout) == (8, 16.0, 0.0)
         assert (c.stages.cold_start_steps, c.stages.cold_start_batch, c.stages.warmup_steps) == (1000, 8, 0)
-        assert (c.rollout.temperature, c.rollout.top_p, c.rollout.top_k) == (0.7, 0.95, 20)
-        assert (c.rollout.max_env_steps, c.rollout.max_total_tokens) == (30, 40_960)
+        assert (c.rollout.sampling.temperature, c.rollout.sampling.top_p, c.rollout.sampling.top_k) == (0.7, 0.95, 20)
+        assert (c.rollout.caps.max_env_steps, c.rollout.caps.max_total_tokens) == (30, 40_960)
         # the layouts the compile check measured to fit (README): v5p for 8B / 7B, v5e for 4B
         mesh = (1, 32, -1) if name == "qwen3_4b" else (1, -1, 1)
         assert (c.mesh.data, c.mesh.fsdp, c.mesh.tensor) == mesh
         assert (dict(c.mesh.rules)["act_embed"] == "tensor") == (name == "qwen3_4b")
-        assert (c.model.remat_policy, c.model.attention_impl, s.logits_chunk) == ("full", "splash", 1024)
+        assert (c.model.remat_policy, c.model.attention_impl, s.loss.logits_chunk) == ("full", "splash", 1024)
         assert (s.micro_batch, c.model.param_dtype, c.model.dtype) == (1, "float32", "bfloat16")
         assert c.bank_config().n_ret == 3
     m = load_config("qwen3_8b").model_config()
@@ -55,8 +56,8 @@ def test_tiny_is_small_and_builds():
     assert m.vocab_size == 896 and m.hidden_size == 64 and m.lora.rank == 4
     from lopd_jax.chat.tokenizers import tiny_tokenizer
     assert len(tiny_tokenizer("qwen3")) <= m.vocab_size
-    assert c.rollout.rollout_config().max_turn_tokens == c.rollout.max_turn_tokens
-    assert c.rollout.sampling_params().top_k == 20
+    assert isinstance(c.rollout.caps, RolloutConfig) and c.rollout.caps.max_turn_tokens == 96
+    assert isinstance(c.rollout.sampling, SamplingParams) and c.rollout.sampling.top_k == 20
     assert c.checkpoint_dir == "workdirs/tiny/checkpoints"
     from lopd_jax.envs.registry import get_task_source
     source = get_task_source(c.env.source, **c.env.kwargs)
@@ -79,7 +80,7 @@ def test_overrides_parse_each_type():
         "env.kwargs.n_train_per_family=8", "env.kwargs.families=[\"bank.deposit\"]", "seed=1e3",
         "mesh.rules=[[\"vocab\", null], [\"act_batch\", [\"data\", \"fsdp\"]]]", "workdir=a=b",
     ])
-    assert c.steps.margin == 0.1 and c.rollout.temperature == 1.0 and isinstance(c.rollout.temperature, float)
+    assert c.steps.loss.margin == 0.1 and c.rollout.sampling.temperature == 1.0 and isinstance(c.rollout.sampling.temperature, float)
     assert c.env.tasks_per_step == 16 and c.rollout.enable_thinking is True and c.model.dtype == "bfloat16"
     assert c.stages.eval_tasks is None and c.bank.max_obs_chars is None
     assert c.model.hf_path == "/ckpt" and c.model.name is None
@@ -99,7 +100,7 @@ def test_overrides_parse_each_type():
     ("steps.top_m=1.5", r"steps.top_m='1.5': expected an int"),
     ("steps.margin=big", r"steps.margin='big': expected a float"),
     ("rollout.enable_thinking=maybe", r"expected a bool"),
-    ("rollout.top_p=2", r"rollout.top_p=2.0 must be in \(0, 1\]"),
+    ("rollout.top_p=2", r"rollout.top_p='2': top_p must be in \(0, 1\], got 2.0"),
     ("steps.student_mode=half", r"steps.student_mode='half'.*choose from"),
     ("composer.lora.targets=q,zz", r"composer.lora.targets.*unknown"),
     ("composer.lora=3", r"composer.lora is a section"),
@@ -112,6 +113,19 @@ def test_overrides_parse_each_type():
 def test_bad_overrides(override, message):
     with pytest.raises(ConfigError, match=message):
         apply_overrides(TrainConfig(), [override])
+
+
+def test_inline_objects_keep_their_sections_keys():
+    """Sampling, episode caps and loss settings are objects of their own whose fields read
+    as the section's keys (overrides, config.json, the resume diff)."""
+    d = to_dict(TrainConfig())
+    assert {"temperature", "top_k", "max_env_steps", "enable_thinking"} <= set(d["rollout"])
+    assert {"margin", "logits_chunk", "eta_beta"} <= set(d["steps"])
+    assert not {"sampling", "caps"} & set(d["rollout"]) and "loss" not in d["steps"]
+    c = apply_overrides(TrainConfig(), ["rollout.top_k=5", "steps.anchor_weight=0.3"])
+    assert c.rollout.sampling.top_k == 5 and c.steps.loss.anchor_weight == 0.3
+    assert set(config_diff(TrainConfig(), c)) == {"rollout.top_k", "steps.anchor_weight"}
+    assert from_dict(to_dict(c)) == c
 
 
 def test_type_checked_construction():

@@ -17,6 +17,7 @@ from train.bucketed_steps import (BucketedGRPOStep, BucketedLOPDStep, bucketed_b
                                   row_lengths)
 from train.steps import grpo_loss, lopd_loss, lopd_update
 from train.system import LOPDSystem
+from lopd_jax.method.loss_config import LossConfig
 from lopd_jax.settings.sections import MeshConfig, StepConfig
 
 from test_lopd_step import COMPOSER, _backbone  # the same perturbed tiny Qwen3 backbone
@@ -97,7 +98,7 @@ def test_length_settings_are_validated():
 def lopd():
     """A LOPD system with beta != 0 (the margin counts) and phi != phi0 (the anchor counts),
     a batch, and the padded step's gradients and metrics on it."""
-    system = LOPDSystem.create(_backbone(), COMPOSER, LAYOUT, StepConfig(logits_chunk=8, top_m=5))
+    system = LOPDSystem.create(_backbone(), COMPOSER, LAYOUT, StepConfig(loss=LossConfig(logits_chunk=8, top_m=5)))
     state, frozen = system.init_state()
     state["beta"] = jnp.float32(0.7)
     keys = iter(jax.random.split(jax.random.key(5), 64))
@@ -139,7 +140,7 @@ def test_bucketed_lopd_step_equals_padded(lopd):
     assert bb.padded_tokens() < B * S
     step = BucketedLOPDStep(system, state)
     bb = bb.put(system)
-    _check_lopd(step.accumulate(state, frozen, bb), want_g, want_m, system.step_cfg.margin)
+    _check_lopd(step.accumulate(state, frozen, bb), want_g, want_m, system.step_cfg.loss.margin)
 
     # the whole step against the padded step's end (train.steps.lopd_update, the tail of
     # make_lopd_step) applied to the padded gradients and metrics
@@ -169,7 +170,7 @@ def test_bucketed_lopd_sharded_equals_padded(lopd):
     s = mesh_lib.put(state, system.state_shardings(state))
     f = mesh_lib.put(frozen, system.frozen_shardings())
     acc = BucketedLOPDStep(system, s).accumulate(s, f, bb.put(system))
-    _check_lopd(jax.device_get(acc), want_g, want_m, system.step_cfg.margin)
+    _check_lopd(jax.device_get(acc), want_g, want_m, system.step_cfg.loss.margin)
 
 
 # ----------------------------------------------------------------------------- GRPO
@@ -177,7 +178,7 @@ def test_bucketed_lopd_sharded_equals_padded(lopd):
 
 def test_bucketed_grpo_equals_padded():
     """Groups split over passes: advantages over whole groups, token mean over the batch."""
-    system = LOPDSystem.create(_backbone(), COMPOSER, LAYOUT, StepConfig(logits_chunk=8, top_m=5))
+    system = LOPDSystem.create(_backbone(), COMPOSER, LAYOUT, StepConfig(loss=LossConfig(logits_chunk=8, top_m=5)))
     state, frozen = system.init_state()
     np_batch = {k: v for k, v in _batch(2).items() if k in ("tokens", "attention_mask", "loss_mask", "rewards")}
     rng = np.random.RandomState(4)

@@ -10,6 +10,7 @@ from test_length_buckets import B, BUCKETS, COMPOSER, LAYOUT, S, _backbone, _bat
 from train.bucketed_steps import BucketedColdStartStep, BucketedTextStep, bucketed_batch
 from train.steps import cold_start_loss
 from train.system import LOPDSystem
+from lopd_jax.method.loss_config import LossConfig
 from lopd_jax.settings.sections import StepConfig
 from train.text_steps import text_distill_loss
 
@@ -41,7 +42,7 @@ def _passes(np_batch, system):
 @pytest.fixture(scope="module")
 def system():
     """A tiny LOPD system (top-M 5, logits chunks of 8)."""
-    return LOPDSystem.create(_backbone(), COMPOSER, LAYOUT, StepConfig(logits_chunk=8, top_m=5))
+    return LOPDSystem.create(_backbone(), COMPOSER, LAYOUT, StepConfig(loss=LossConfig(logits_chunk=8, top_m=5)))
 
 
 def _copy(t):

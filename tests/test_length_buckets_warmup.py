@@ -13,6 +13,7 @@ from test_length_buckets import B, BUCKETS, COMPOSER, LAYOUT, SHARD_TOKENS, _bac
 from train import mesh as mesh_lib
 from train.bucketed_steps import bucketed_batch
 from train.system import LOPDSystem
+from lopd_jax.method.loss_config import LossConfig
 from lopd_jax.settings.sections import MeshConfig, StepConfig
 from train.warmup import BucketedSFTStep, make_sft_step, sft_loss, sft_state_shardings
 
@@ -51,7 +52,7 @@ def _pass_sums(system, params, lora0, bb):
 @pytest.fixture(scope="module")
 def padded():
     """One-device system, params, LoRA, the batch and the padded loss, metrics and gradients."""
-    system = LOPDSystem.create(_backbone(), COMPOSER, LAYOUT, StepConfig(logits_chunk=8))
+    system = LOPDSystem.create(_backbone(), COMPOSER, LAYOUT, StepConfig(loss=LossConfig(logits_chunk=8)))
     params, lora0 = _opt_state(system)
     np_batch = _sft_batch()
     batch = {k: jnp.asarray(v) for k, v in np_batch.items()}
@@ -96,7 +97,7 @@ def test_bucketed_warmup_sharded_equals_padded(padded):
     """Chunked path (2-device mesh, batch shards of 1 row per pass and shard): the same sums."""
     _, params, lora0, np_batch, want_loss, want_m, want_g = padded
     mesh = mesh_lib.make_mesh(MeshConfig(data=1, fsdp=2, tensor=1), jax.devices()[:2])
-    system = LOPDSystem.create(_backbone(), COMPOSER, LAYOUT, StepConfig(logits_chunk=8),
+    system = LOPDSystem.create(_backbone(), COMPOSER, LAYOUT, StepConfig(loss=LossConfig(logits_chunk=8)),
                                rules=mesh_lib.rules_for(mesh))
     bb = bucketed_batch(np_batch, BUCKETS, SHARD_TOKENS, 2)
     assert all(len(p.rows) % 2 == 0 for p in bb.plan) and len({p.seq for p in bb.plan}) == 2

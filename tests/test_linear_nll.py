@@ -12,10 +12,12 @@ from jax.sharding import Mesh
 
 from lopd_jax.method import losses
 from lopd_jax.method.linear_nll import weighted_linear_nll
+from lopd_jax.method.loss_config import LossConfig
 from lopd_jax.method.losses_kl import chunked_token_logp
 from models.config import named_config
 from models.decoder import Decoder
 from models.partitioning import Rules
+from lopd_jax.settings.sections import StepConfig
 from train import warmup
 
 B, S, D, V = 2, 7, 8, 11
@@ -109,7 +111,7 @@ def _warmup_system(n_devices):
     cfg = named_config("tiny_qwen3", dtype="float32", param_dtype="float32")
     graphdef, params = nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)))
     mesh = Mesh(np.array(jax.devices()[:n_devices]).reshape(n_devices), ("data",))
-    system = SimpleNamespace(rules=Rules(mesh), step_cfg=SimpleNamespace(logits_chunk=5),
+    system = SimpleNamespace(rules=Rules(mesh), step_cfg=StepConfig(loss=LossConfig(logits_chunk=5)),
                              model_cfg=cfg, backbone=lambda p, lora: nnx.merge(graphdef, p))
     return system, params, cfg
 

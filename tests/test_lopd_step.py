@@ -15,6 +15,7 @@ from models.decoder import Decoder
 from train import mesh as mesh_lib
 from train.steps import make_lopd_step
 from train.system import LOPDSystem
+from lopd_jax.method.loss_config import LossConfig
 from lopd_jax.settings.sections import MeshConfig, StepConfig
 
 B, S, LE = 4, 20, 9
@@ -114,7 +115,7 @@ def _run_steps(system, n, batch_np, mesh_rules=None):
 
 @pytest.fixture(scope="module")
 def single_device_run():
-    cfg = StepConfig(student_lr=1e-3, composer_lr=1e-3, logits_chunk=8, top_m=5)
+    cfg = StepConfig(loss=LossConfig(logits_chunk=8, top_m=5), student_lr=1e-3, composer_lr=1e-3)
     system = LOPDSystem.create(_backbone(), COMPOSER, LAYOUT, cfg)
     return system, _run_steps(system, 2, _batch())
 
@@ -165,8 +166,8 @@ def test_sharded_step_equals_single_device(single_device_run):
     assert np.mean(diffs > 1e-5) < 1e-3
 
 def test_margin_above_delta_raises_beta_and_delta():
-    cfg = StepConfig(margin=1.0, eta_beta=0.5, student_lr=0.0, composer_lr=3e-3, anchor_weight=0.0,
-                     logits_chunk=8, top_m=5)
+    cfg = StepConfig(loss=LossConfig(margin=1.0, anchor_weight=0.0, logits_chunk=8, top_m=5), eta_beta=0.5,
+                     student_lr=0.0, composer_lr=3e-3)
     system = LOPDSystem.create(_backbone(), COMPOSER, LAYOUT, cfg)
     batch = _batch()
     batch["rewards"] = np.ones(B, np.float32)
@@ -183,7 +184,7 @@ def test_micro_batched_gradients_equal_one_pass():
     (beta != 0) and the anchor (phi != phi0) all use whole-batch normalizers."""
     from train.steps import _accumulated_grads, lopd_loss, num_micro_steps
 
-    cfg = StepConfig(logits_chunk=8, top_m=5, micro_batch=1)
+    cfg = StepConfig(loss=LossConfig(logits_chunk=8, top_m=5), micro_batch=1)
     system = LOPDSystem.create(_backbone(), COMPOSER, LAYOUT, cfg)
     state, frozen = system.init_state()
     state["beta"] = jnp.float32(0.7)

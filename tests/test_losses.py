@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from lopd_jax.method import losses as L
+from lopd_jax.method.loss_config import LossConfig
 
 # ----------------------------------------------------------------------------- NumPy refs
 
@@ -362,9 +363,10 @@ def test_fused_objective_splits_gradients(weighting):
     def fused(th, ph):
         return L.lopd_objective(
             student_h(th), th["head"], teacher_h(ph), head0, targets, mask, adv, beta,
-            latents(ph), z @ c0, margin=margin, anchor_weight=lam,
-            composer_kl_weighting=weighting, top_m=m, chunk_size=3,
-            composer_margin_weighting="token_mean",  # the rollout-mean margin: tests/test_margin_weighting.py
+            latents(ph), z @ c0,
+            loss=LossConfig(margin=margin, anchor_weight=lam, composer_kl_weighting=weighting, top_m=m,
+                            logits_chunk=3,
+                            composer_margin_weighting="token_mean"),  # the rollout-mean margin: test_margin_weighting
         )
 
     (val, metrics), (g_th, g_ph) = jax.jit(jax.value_and_grad(fused, argnums=(0, 1), has_aux=True))(theta, phi)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from lopd_jax.method.loss_config import LossConfig
 from lopd_jax.method.losses import lopd_objective
 from lopd_jax.method.losses_kl import project_logits
 
@@ -79,8 +80,8 @@ def _jax_grads(data, margin_weighting):
     def f(t_hidden, latents, s_hidden):
         loss, metrics = lopd_objective(
             s_hidden, eye, t_hidden, eye, targets, mask, 2 * rewards - 1, BETA, latents, lat0,
-            margin=MARGIN, anchor_weight=LAMBDA, composer_kl_weighting="rollout_mean",
-            composer_margin_weighting=margin_weighting, top_m=M, chunk_size=16)
+            loss=LossConfig(margin=MARGIN, anchor_weight=LAMBDA, composer_kl_weighting="rollout_mean",
+                            composer_margin_weighting=margin_weighting, top_m=M, logits_chunk=16))
         return loss, metrics
 
     (_, metrics), grads = jax.value_and_grad(f, argnums=(0, 1, 2), has_aux=True)(t_logits, lat, s_logits)

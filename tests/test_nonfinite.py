@@ -11,6 +11,7 @@ from test_lopd_step import COMPOSER, LAYOUT, _backbone, _batch
 from train.nonfinite import NonFiniteError, NonFiniteTracker
 from train.steps import make_lopd_step
 from train.system import LOPDSystem
+from lopd_jax.method.loss_config import LossConfig
 from lopd_jax.settings.sections import StepConfig
 
 
@@ -19,7 +20,7 @@ def _host(tree):
 
 
 def test_nan_step_is_skipped_and_counted():
-    cfg = StepConfig(student_lr=1e-3, composer_lr=1e-3, logits_chunk=8, top_m=5, margin=1.0)
+    cfg = StepConfig(loss=LossConfig(logits_chunk=8, top_m=5, margin=1.0), student_lr=1e-3, composer_lr=1e-3)
     system = LOPDSystem.create(_backbone(), COMPOSER, LAYOUT, cfg)
     state, frozen = system.init_state()
     good = {k: jnp.asarray(v) for k, v in _batch().items()}

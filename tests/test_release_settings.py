@@ -7,6 +7,7 @@ The table is the release's recipe as the paper, docs/method.md and the audit of 
 import pytest
 
 from configs import load_config
+from lopd_jax.settings.run_config import flatten
 
 RELEASE = {
     # objective (docs/method.md, "One LOPD step") and the release's weighting choices
@@ -66,9 +67,7 @@ RELEASE = {
 
 
 def _get(cfg, dotted):
-    for part in dotted.split("."):
-        cfg = getattr(cfg, part)
-    return cfg
+    return flatten(cfg)[dotted]  # the value of the dotted key users set
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +87,7 @@ def test_release_defaults_of_the_dataclasses():
     from lopd_jax.settings.sections import StepConfig
 
     s, c, b = StepConfig(), ComposerConfig(), BankSection()
-    assert (s.composer_margin_weighting, s.weight_decay, s.logits_dtype, s.skip_nonfinite) == \
+    assert (s.loss.composer_margin_weighting, s.weight_decay, s.loss.logits_dtype, s.skip_nonfinite) == \
         ("rollout_mean", 0.01, "float32", True)
     assert (c.ff_bias, c.max_experience_tokens) == (False, None)
     assert (b.missing_hits, b.embedder_pool_token) == ("mask", "<|endoftext|>")

@@ -6,6 +6,7 @@ exported student and the same final metrics; config errors exit 2 before anythin
 written; an empty bank stops with the explanation (exit 3).
 """
 
+import dataclasses
 import json
 import os
 import signal
@@ -157,7 +158,6 @@ def test_evaluate_of_the_export_replays_the_runs_own_episodes(full_run, tmp_path
     from lopd_jax.settings.run_config import load_run_config
     from lopd_jax.rollout.episodes import rollout
     from train.run_reader import EXPORT_RUN_FILE, open_run
-    from lopd_jax.settings.sections import SamplingParams
 
     workdir, _ = full_run
     info = json.load(open(os.path.join(workdir, "export", EXPORT_RUN_FILE)))
@@ -179,9 +179,9 @@ def test_evaluate_of_the_export_replays_the_runs_own_episodes(full_run, tmp_path
     run = open_run(workdir, load_run_config(workdir))
     ctx = run.ctx
     tasks = ctx.source.tasks("heldout")[:3]
-    greedy = SamplingParams(temperature=0.0, top_p=ctx.cfg.rollout.top_p, top_k=ctx.cfg.rollout.top_k)
+    greedy = dataclasses.replace(ctx.cfg.rollout.sampling, temperature=0.0)
     own = rollout(ctx.engine, ctx.policy_params(run.student(), run.theta0()), ctx.fmt, ctx.source.make_env, tasks,
-                  jax.random.key(0), ctx.cfg.rollout.rollout_config(), greedy)
+                  jax.random.key(0), ctx.cfg.rollout.caps, greedy)
     for mine, theirs in zip(own, result["trajectories"]):
         assert theirs["task_id"] == mine.task.task_id
         assert (theirs["turn_lengths"], theirs["finish_reason"], theirs["reward"]) == \

@@ -28,7 +28,6 @@ import numpy as np
 
 from lopd_jax.method.text_context import context_block_ids, pack_blocks, skill_summary, trajectory_text
 from lopd_jax.settings.arm_config import COMPOSER_ARMS, GROUP_ARMS
-from lopd_jax.settings.errors import ConfigError
 from train import distributed
 from train.bank_stage import to_experience
 from train.bucketed_steps import BucketedGRPOStep, BucketedTextStep
@@ -41,16 +40,11 @@ SUCCESS = 1.0  # reward of a solved task (SDPO's "successful sibling")
 
 
 def resolve_arm(cfg):
-    """``cfg`` with what its arm implies applied and checked: ``lopd_frozen_composer`` sets
-    ``steps.freeze_composer``; group arms need ``arms.group_size`` to divide the rollouts
-    per step. Raises :class:`lopd_jax.settings.errors.ConfigError`."""
+    """``cfg`` with what its arm implies applied: ``lopd_frozen_composer`` sets
+    ``steps.freeze_composer`` (the config itself checks the arm's settings, e.g. that
+    ``arms.group_size`` divides the rollouts per step)."""
     if cfg.arm == "lopd_frozen_composer" and not cfg.steps.freeze_composer:
         cfg = dataclasses.replace(cfg, steps=dataclasses.replace(cfg.steps, freeze_composer=True))
-    if cfg.arm in GROUP_ARMS:
-        n = cfg.env.tasks_per_step * cfg.env.group_size
-        if n % cfg.arms.group_size:
-            raise ConfigError(f"arm={cfg.arm}: arms.group_size={cfg.arms.group_size} must divide the "
-                              f"{n} rollouts per step (env.tasks_per_step * env.group_size).")
     return cfg
 
 

@@ -257,7 +257,7 @@ class BucketedLOPDStep(_BucketedStep):
             params = (state["student"], state["composer"])
             grads = tuple(jax.tree.map(lambda g, p: g.astype(p.dtype), g, params[i])
                           for g, i in zip(acc["grads"], argnums))
-            metrics = finish_summed_metrics(acc["metrics"], cfg.margin)
+            metrics = finish_summed_metrics(acc["metrics"], cfg.loss.margin)
             return lopd_update(system, state, grads, metrics, rng, extras["mean_reward"], extras["tokens"])
 
         super().__init__(system, example_state, pass_grads, update, argnums, system.state_shardings(example_state))

@@ -219,7 +219,7 @@ def run(cfg, resumed: bool = False) -> str | dict:
         writer.flush()
         if jax.process_index() == 0 and cfg.stages.lopd_steps > 0:  # nothing to plot without training steps
             plot_run(files.join(workdir, "metrics.jsonl"), files.join(workdir, PLOT_FILE),
-                     margin=cfg.steps.margin)
+                     margin=cfg.steps.loss.margin)
         if jax.process_index() == 0:
             print(f"held-out reward after: {after:.4f} (before {before:.4f})"
                   f"{_eval_note(ledger.result('eval_after'))}", flush=True)

@@ -123,7 +123,7 @@ class RunContext:
         self.system._comp0 = mesh_lib.put(comp, sh["compressor"])
         self.student_lora = self.cfg.steps.student_mode == "lora"
         self.engine = Engine(backbone, stop_ids=self.fmt.stop_ids, config=cfg.engine,
-                             sampling=cfg.rollout.sampling_params(), lora=self.student_lora,
+                             sampling=cfg.rollout.sampling, lora=self.student_lora,
                              pad_id=self.tokenizer.pad_token_id or 0)
         self.train_tasks = self.source.tasks(cfg.env.train_split)
         eval_tasks = self.source.tasks(cfg.env.eval_split)
@@ -175,7 +175,7 @@ class RunContext:
         """Trajectories of ``tasks`` under ``params`` on this process's engine; task ``i`` is
         episode ``first_episode + i`` (:func:`lopd_jax.rollout.episodes.rollout`)."""
         return rollout(self.engine, params, self.fmt, self.source.make_env, list(tasks), rng,
-                       self.cfg.rollout.rollout_config(), sampling, first_episode=first_episode, on_finish=on_finish)
+                       self.cfg.rollout.caps, sampling, first_episode=first_episode, on_finish=on_finish)
 
     def rollout_split(self, params, tasks, rng, sampling=None, *, gather: bool = False, first_episode: int = 0):
         """Roll out a whole batch ``tasks`` (the same list on every process) split across hosts.

@@ -179,12 +179,12 @@ EXPORT_RUN_FILE = "lopd_run.json"
 def export_run_info(cfg) -> dict[str, Any]:
     """The :data:`EXPORT_RUN_FILE` record of a run with config ``cfg``: its workdir, task
     source (name and kwargs), episode caps and chat settings."""
-    r = cfg.rollout
+    r = cfg.rollout.caps
     return {"workdir": cfg.workdir,
             "env": {"source": cfg.env.source, "kwargs": dict(cfg.env.kwargs)},
             "rollout": {"max_env_steps": r.max_env_steps, "max_turn_tokens": r.max_turn_tokens,
                         "max_total_tokens": r.max_total_tokens},
-            "chat": {"enable_thinking": r.enable_thinking}}
+            "chat": {"enable_thinking": cfg.rollout.enable_thinking}}
 
 
 def read_export_run_info(model_dir: str) -> dict[str, Any] | None:

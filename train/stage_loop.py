@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from typing import Any, Callable
@@ -15,7 +16,6 @@ import jax
 import numpy as np
 
 from lopd_jax.method.eval_stats import behaviour_stats, no_tool_baseline
-from lopd_jax.settings.sections import SamplingParams
 from train.checkpoint import Checkpointer, preemption_agreed
 from train.distributed import global_array
 from train.metrics import Progress
@@ -35,8 +35,7 @@ def log(msg: str) -> None:
 def evaluate_policy(ctx: RunContext, params, step: int = 0) -> dict[str, Any]:
     """Greedy rollouts of the held-out tasks as they stand after ``step`` training steps
     (the task source's ``at_step``): mean reward, success rate and Table-3 stats."""
-    r = ctx.cfg.rollout
-    greedy = SamplingParams(temperature=0.0, top_p=r.top_p, top_k=r.top_k)
+    greedy = dataclasses.replace(ctx.cfg.rollout.sampling, temperature=0.0)
     key = jax.random.fold_in(jax.random.key(ctx.cfg.seed), EVAL_RNG_OFFSET)
     B = ctx.cfg.env.tasks_per_step
     trajs, t0 = [], time.perf_counter()

@@ -63,7 +63,7 @@ def step_spec(cfg) -> StepSpec:
     """The :class:`StepSpec` of run config ``cfg`` (a ``TrainConfig``)."""
     return StepSpec(model=cfg.model_config(), composer=cfg.composer, steps=cfg.steps, mesh=cfg.mesh,
                     batch=cfg.env.tasks_per_step * cfg.env.group_size,
-                    seq=padded_seq_len(cfg.rollout.max_total_tokens),
+                    seq=padded_seq_len(cfg.rollout.caps.max_total_tokens),
                     exp_len=cfg.composer.max_experience_tokens or UNCUT_EXP_LEN)
 
 

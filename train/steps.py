@@ -50,7 +50,6 @@ def lopd_loss(system: LOPDSystem, student_p, composer_p, state, frozen, batch, r
     ``row_valid`` [B] entry (length-bucketed passes, :mod:`train.bucketed_steps`) takes
     the padding rows (0) out of the anchor; they carry no supervised token either.
     """
-    cfg = system.step_cfg
     frozen = sg(frozen)
     latents = system.latents(frozen, composer_p, batch["exp_tokens"], batch["exp_mask"], rng)
     latents0 = sg(system.latents(frozen, sg(state["composer0"]), batch["exp_tokens"], batch["exp_mask"]))
@@ -65,14 +64,10 @@ def lopd_loss(system: LOPDSystem, student_p, composer_p, state, frozen, batch, r
     if "row_valid" in batch:  # padding rows of a bucketed pass: no anchor term
         w = batch["row_valid"].astype(latents.dtype)[:, None, None]
         latents, latents0 = latents * w, latents0 * w
-    loss, metrics = losses.lopd_objective(
+    return losses.lopd_objective(
         s_hidden[:, :-1], student.lm_head_kernel(), t_hidden[:, :-1], sg(teacher.lm_head_kernel()),
         tokens[:, 1:], mask, adv, state["beta"], latents, latents0,
-        margin=cfg.margin, anchor_weight=cfg.anchor_weight, composer_kl_weighting=cfg.composer_kl_weighting,
-        top_m=cfg.top_m, chunk_size=cfg.logits_chunk, compute_dtype=system.model_cfg.jnp_dtype, totals=totals,
-        composer_margin_weighting=cfg.composer_margin_weighting,
-        logits_dtype=cfg.logits_jnp_dtype(system.model_cfg.jnp_dtype))
-    return loss, metrics
+        loss=system.step_cfg.loss, compute_dtype=system.model_cfg.jnp_dtype, totals=totals)
 
 
 def num_micro_steps(system: LOPDSystem, batch_size: int) -> int:
@@ -145,7 +140,7 @@ def _accumulated_grads(system: LOPDSystem, state, frozen, batch, rng, argnums, g
     metrics = {k: (v if k in _NOT_SUMMED else jnp.sum(v, axis=0)) for k, v in per_micro.items()}
     metrics["beta"] = per_micro["beta"][0]
     metrics["delta_per_rollout"] = _micro_merge(per_micro["delta_per_rollout"], shards)
-    return grads, finish_summed_metrics(metrics, cfg.margin)
+    return grads, finish_summed_metrics(metrics, cfg.loss.margin)
 
 
 def finish_summed_metrics(metrics: dict, margin: float) -> dict:
@@ -169,7 +164,7 @@ def lopd_update(system: LOPDSystem, state, grads, metrics, rng, mean_reward, tok
         new["composer"], new["composer_opt"] = _apply(system.composer_opt, grads[1], state["composer_opt"],
                                                       state["composer"])
         metrics["composer_grad_norm"] = optax.global_norm(grads[1])
-    new["beta"] = losses.dual_update(state["beta"], cfg.margin, metrics["delta"], cfg.eta_beta)
+    new["beta"] = losses.dual_update(state["beta"], cfg.loss.margin, metrics["delta"], cfg.eta_beta)
     if cfg.skip_nonfinite:  # the release skips a step whose gradient norm is not finite
         ok = all_finite(metrics["delta"], *(metrics[k] for k in ("student_grad_norm", "composer_grad_norm")
                                              if k in metrics))
@@ -228,9 +223,10 @@ def cold_start_loss(system: LOPDSystem, composer_p, frozen, batch, rng, total_to
     tokens, amask = batch["tokens"], batch["attention_mask"].astype(bool)
     t_hidden = teacher_hidden_states(teacher, tokens, amask, batch["insert_at"], latents, system.layout,
                                      slot_mask(batch["exp_mask"], system.composer_cfg.num_latents))
+    loss_cfg = system.step_cfg.loss
     logp = chunked_token_logp(t_hidden[:, :-1], sg(teacher.lm_head_kernel()), tokens[:, 1:],
-                              chunk_size=system.step_cfg.logits_chunk, compute_dtype=system.model_cfg.jnp_dtype,
-                              logits_dtype=system.step_cfg.logits_jnp_dtype(system.model_cfg.jnp_dtype))
+                              chunk_size=loss_cfg.logits_chunk, compute_dtype=system.model_cfg.jnp_dtype,
+                              logits_dtype=loss_cfg.logits_jnp_dtype(system.model_cfg.jnp_dtype))
     mask = batch["loss_mask"][:, 1:].astype(jnp.float32)
     nll = (losses.nll_token_mean(logp, mask) if total_tokens is None
            else losses.masked_token_mean(-logp, mask, total_tokens))
@@ -281,12 +277,12 @@ def grpo_loss(system: LOPDSystem, student_p, state, frozen, batch, group_size: i
     tokens, amask = batch["tokens"], batch["attention_mask"].astype(bool)
     hidden = student(tokens, attention_mask=amask, lora=use_lora, return_hidden=True)
     logp = chunked_token_logp(hidden[:, :-1], student.lm_head_kernel(), tokens[:, 1:],
-                              chunk_size=system.step_cfg.logits_chunk, compute_dtype=system.model_cfg.jnp_dtype)
+                              chunk_size=system.step_cfg.loss.logits_chunk, compute_dtype=system.model_cfg.jnp_dtype)
     adv = (batch["advantages"].astype(jnp.float32) if "advantages" in batch
            else losses.group_advantages(batch["rewards"].astype(jnp.float32), group_size=group_size))
     mask = batch["loss_mask"][:, 1:].astype(jnp.float32)
     old = batch["old_logp"][:, 1:]
-    eps = system.step_cfg.grpo_clip_eps
+    eps = system.step_cfg.loss.grpo_clip_eps
     n = total_tokens
     loss = losses.ppo_clip_loss(logp, old, adv, mask, clip_eps=eps, total_tokens=n)
     ratio = jnp.exp(jnp.where(mask > 0, sg(logp) - old, 0.0))  # pi / pi_old per token (1 at the first update)

@@ -58,7 +58,7 @@ def text_distill_loss(system: LOPDSystem, student_p, state, frozen, batch, use_e
     mask = batch["loss_mask"][:, 1:].astype(jnp.float32) * batch["row_weight"][:, None].astype(jnp.float32)
     stats = losses.chunked_distill_stats(
         s_hidden[:, :-1], student.lm_head_kernel(), t_hidden[:, :-1], sg(teacher.lm_head_kernel()), tokens[:, 1:],
-        top_m=cfg.top_m, chunk_size=cfg.logits_chunk, compute_dtype=system.model_cfg.jnp_dtype)
+        top_m=cfg.loss.top_m, chunk_size=cfg.loss.logits_chunk, compute_dtype=system.model_cfg.jnp_dtype)
     n_all = total_tokens  # None: this batch's own count
     distill = losses.masked_token_mean(stats["kl"], mask, n_all)
     adv = losses.advantages_from_rewards(batch["rewards"].astype(jnp.float32))

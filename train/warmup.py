@@ -137,7 +137,7 @@ def sft_loss(system, params, lora0, batch, totals: dict | None = None):
     hidden = model(tokens, attention_mask=amask, return_hidden=True)
     weight = batch["loss_mask"][:, 1:].astype(jnp.float32)
     head_args = (hidden[:, :-1], model.lm_head_kernel(), tokens[:, 1:])
-    chunking = dict(chunk_size=system.step_cfg.logits_chunk, compute_dtype=system.model_cfg.jnp_dtype)
+    chunking = dict(chunk_size=system.step_cfg.loss.logits_chunk, compute_dtype=system.model_cfg.jnp_dtype)
     total_weight = None if totals is None else totals["weight"]
     if system.rules is None or system.rules.mesh.size == 1:
         # One device: the fused head + NLL (three head matmuls, no recomputed logits).

@@ -4,9 +4,12 @@
 for the rest of the vocabulary). ``MARGIN``: the privilege margin m of the composer's
 Lagrangian constraint (the teacher conditioned on latents must beat the unconditioned
 one by m in mean log-likelihood of the student's tokens). docs/method.md explains both.
+``LOGITS_CHUNK``: sequence positions per chunk of the LM-head projection in the losses (the
+full [B, S, V] logits are never held at once).
 """
 
 TOP_M = 20
 MARGIN = 0.05
+LOGITS_CHUNK = 512
 
-__all__ = ["TOP_M", "MARGIN"]
+__all__ = ["LOGITS_CHUNK", "MARGIN", "TOP_M"]

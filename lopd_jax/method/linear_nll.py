@@ -21,6 +21,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from lopd_jax.core.defaults import LOGITS_CHUNK
 from lopd_jax.method.losses_kl import check_head_inputs, project_logits, scans_unrolled, sequence_chunks
 
 
@@ -30,7 +31,7 @@ def weighted_linear_nll(
     targets: jax.Array,
     weights: jax.Array,
     *,
-    chunk_size: int = 512,
+    chunk_size: int = LOGITS_CHUNK,
     compute_dtype=jnp.float32,
     logits_dtype=jnp.float32,
     total_weight: jax.Array | float | None = None,

@@ -1,7 +1,8 @@
 """LOPD losses: aggregation, privilege margin, anchor, dual ascent, fused objective, GRPO.
 
-docs/method.md, "One LOPD step", "Cold start" and "Baselines in brief". All functions are pure JAX
-and jit-able; arrays are batch-major (``[B, S]`` per-token, ``[B]`` per rollout). Under
+docs/method.md, "One LOPD step", "Cold start" and "Baselines in brief"; the settings are one
+:class:`lopd_jax.method.loss_config.LossConfig`. All functions are pure JAX and jit-able; arrays
+are batch-major (``[B, S]`` per-token, ``[B]`` per rollout). Under
 SPMD ``jit`` the sums below run over the global batch, so token means are global.
 
 The KL itself and the chunked LM-head projection live in :mod:`lopd_jax.method.losses_kl` and
@@ -13,7 +14,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lopd_jax.core.defaults import MARGIN, TOP_M
+from lopd_jax.method.loss_config import COMPOSER_KL_WEIGHTINGS, LossConfig
 from lopd_jax.method.losses_kl import (
     TAIL_LOG_CLAMP,
     chunked_distill_stats,
@@ -25,8 +26,6 @@ from lopd_jax.method.losses_kl import (
 
 __all__ = [
     "TAIL_LOG_CLAMP",
-    "COMPOSER_KL_WEIGHTINGS",
-    "COMPOSER_MARGIN_WEIGHTINGS",
     "chunked_distill_stats",
     "chunked_token_logp",
     "project_logits",
@@ -48,14 +47,6 @@ __all__ = [
     "ppo_clip_fraction",
     "nll_token_mean",
 ]
-
-COMPOSER_KL_WEIGHTINGS = ("token_mean", "rollout_mean")
-COMPOSER_MARGIN_WEIGHTINGS = ("rollout_mean", "token_mean")
-
-
-def _check_weighting(name: str, value: str, choices) -> None:
-    if value not in choices:
-        raise ValueError(f"{name}={value!r}; choose one of {choices}.")
 
 
 def _check_mask(x: jax.Array, mask: jax.Array) -> jax.Array:
@@ -227,13 +218,11 @@ def lopd_loss_from_stats(
     latents: jax.Array | None = None,
     latents0: jax.Array | None = None,
     *,
-    margin: float = MARGIN,
-    anchor_weight: float = 0.2,
-    composer_kl_weighting: str = "rollout_mean",
+    loss: LossConfig = LossConfig(),
     totals: dict[str, jax.Array] | None = None,
-    composer_margin_weighting: str = "rollout_mean",
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """L = L_distill + beta (m - Delta) + lambda anchor from per-token stats.
+    """L = L_distill + beta (m - Delta) + lambda anchor from per-token stats, with m, lambda
+    and the weightings from ``loss``.
 
     docs/method.md, "Objective and update".
 
@@ -257,8 +246,6 @@ def lopd_loss_from_stats(
     ``margin_gap``) gives the whole batch's values; ``beta`` and ``delta_per_rollout``
     are not summed.
     """
-    _check_weighting("composer_kl_weighting", composer_kl_weighting, COMPOSER_KL_WEIGHTINGS)
-    _check_weighting("composer_margin_weighting", composer_margin_weighting, COMPOSER_MARGIN_WEIGHTINGS)
     if (latents is None) != (latents0 is None):
         raise ValueError("pass both latents and latents0 for the anchor, or neither.")
     tot = totals or {}
@@ -270,23 +257,23 @@ def lopd_loss_from_stats(
     )
     anchor = jnp.float32(0.0) if latents is None else anchor_loss(latents, latents0, n_elem)
     beta = jax.lax.stop_gradient(jnp.asarray(beta, jnp.float32))
-    m_const = margin if totals is None else 0.0
-    if composer_margin_weighting == "rollout_mean":
+    m_const = loss.margin if totals is None else 0.0
+    if loss.composer_margin_weighting == "rollout_mean":
         has = (n > 0).astype(jnp.float32)
         n_delta_rollouts = jnp.sum(has) if n_roll is None else n_roll
         margin_delta = jnp.sum(delta_i * has) / jnp.maximum(n_delta_rollouts, 1.0)
     else:
         margin_delta = big_delta
-    loss = distill + beta * (m_const - margin_delta) + anchor_weight * anchor
+    value = distill + beta * (m_const - margin_delta) + loss.anchor_weight * anchor
 
     sg = jax.lax.stop_gradient
-    if composer_kl_weighting == "rollout_mean":
+    if loss.composer_kl_weighting == "rollout_mean":
         composer_kl = rollout_mean(sg(kl), mask, n_roll)
     else:
         composer_kl = sg(distill)
     gap = masked_token_mean(sg(stats["teacher_logp"] - stats["student_logp"]), mask, n_tok)
     metrics = {
-        "loss": sg(loss),
+        "loss": sg(value),
         "distill_kl": sg(distill),
         "composer_kl": composer_kl,
         "delta": sg(big_delta),
@@ -300,7 +287,7 @@ def lopd_loss_from_stats(
     }
     if "teacher_topm_mass" in stats:
         metrics["teacher_topm_mass"] = masked_token_mean(sg(stats["teacher_topm_mass"]), mask, n_tok)
-    return loss, metrics
+    return value, metrics
 
 
 def lopd_objective(
@@ -315,15 +302,9 @@ def lopd_objective(
     latents: jax.Array | None = None,
     latents0: jax.Array | None = None,
     *,
-    margin: float = MARGIN,
-    anchor_weight: float = 0.2,
-    composer_kl_weighting: str = "rollout_mean",
-    top_m: int = TOP_M,
-    chunk_size: int = 512,
+    loss: LossConfig = LossConfig(),
     compute_dtype=jnp.float32,
     totals: dict[str, jax.Array] | None = None,
-    composer_margin_weighting: str = "rollout_mean",
-    logits_dtype=jnp.float32,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The fused LOPD scalar for one step: student and composer gradients in one backward.
 
@@ -349,38 +330,29 @@ def lopd_objective(
       targets: ``[B, S]`` sampled token ids; mask: ``[B, S]`` supervision mask.
       advantages: ``[B]`` (A = 2r - 1); beta: current dual variable (held fixed).
       latents, latents0: c_phi and the cold-start c_phi0 for the anchor (or both None).
+      loss: the objective's settings (margin, anchor weight, weightings, top-M, LM-head
+        chunk and logits dtype).
+      compute_dtype: the model's compute dtype (the LM-head inputs are cast to it).
       totals: the whole batch's :func:`lopd_totals` when this is one micro-batch of it
         (see :func:`lopd_loss_from_stats`); None = this is the whole batch.
 
     Returns:
       ``(loss, metrics)``; metrics are stop-gradient scalars (plus ``delta_per_rollout``).
     """
-    scale = composer_kl_grad_scale(mask, composer_kl_weighting, totals)
+    scale = composer_kl_grad_scale(mask, loss.composer_kl_weighting, totals)
     stats = chunked_distill_stats(
         student_hidden,
         student_head,
         teacher_hidden,
         teacher_head,
         targets,
-        top_m=top_m,
-        chunk_size=chunk_size,
+        top_m=loss.top_m,
+        chunk_size=loss.logits_chunk,
         compute_dtype=compute_dtype,
         teacher_kl_grad_scale=scale,
-        logits_dtype=logits_dtype,
+        logits_dtype=loss.logits_jnp_dtype(compute_dtype),
     )
-    return lopd_loss_from_stats(
-        stats,
-        mask,
-        advantages,
-        beta,
-        latents,
-        latents0,
-        margin=margin,
-        anchor_weight=anchor_weight,
-        composer_kl_weighting=composer_kl_weighting,
-        totals=totals,
-        composer_margin_weighting=composer_margin_weighting,
-    )
+    return lopd_loss_from_stats(stats, mask, advantages, beta, latents, latents0, loss=loss, totals=totals)
 
 
 def group_advantages(
@@ -442,7 +414,7 @@ def ppo_clip_loss(
     logp_old: jax.Array,
     advantages: jax.Array,
     mask: jax.Array,
-    clip_eps: float = 0.2,
+    clip_eps: float,
     total_tokens=None,
 ) -> jax.Array:
     """PPO-clip policy loss, token mean: -min(r A, clip(r, 1-eps, 1+eps) A), r = e^(new-old).
@@ -461,7 +433,7 @@ def ppo_clip_fraction(
     logp_old: jax.Array,
     advantages: jax.Array,
     mask: jax.Array,
-    clip_eps: float = 0.2,
+    clip_eps: float,
     total_tokens=None,
 ) -> jax.Array:
     """Fraction of supervised tokens whose clipped branch is active (no gradient);

@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from lopd_jax.core.defaults import TOP_M
+from lopd_jax.core.defaults import LOGITS_CHUNK, TOP_M
 
 # Upper clamp on log(sum of top-M probs): keeps the tail bucket >= ~1e-7
 # (docs/method.md, "Distillation loss").
@@ -191,7 +191,7 @@ def sequence_chunks(seq_inputs: Sequence[jax.Array], chunk_size: int):
     ``C = min(chunk_size, S)``; ``unchunk`` maps a scan output ``[n_chunks, B, C, ...]``
     back to ``[B, S, ...]`` with the padding stripped."""
     if not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size={chunk_size!r} must be a positive int (e.g. 512).")
+        raise ValueError(f"chunk_size={chunk_size!r} must be a positive int (e.g. {LOGITS_CHUNK}).")
     batch, seq = seq_inputs[0].shape[:2]
     for x in seq_inputs:
         if x.shape[:2] != (batch, seq):
@@ -257,7 +257,7 @@ def chunked_distill_stats(
     targets: jax.Array,
     *,
     top_m: int = TOP_M,
-    chunk_size: int = 512,
+    chunk_size: int = LOGITS_CHUNK,
     compute_dtype=jnp.float32,
     teacher_kl_grad_scale: jax.Array | None = None,
     logits_dtype=jnp.float32,
@@ -323,7 +323,7 @@ def chunked_token_logp(
     head: jax.Array,
     targets: jax.Array,
     *,
-    chunk_size: int = 512,
+    chunk_size: int = LOGITS_CHUNK,
     compute_dtype=jnp.float32,
     logits_dtype=jnp.float32,
 ) -> jax.Array:

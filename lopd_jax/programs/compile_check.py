@@ -338,7 +338,7 @@ def _padded_lopd(args, head, spec, layout, devices, hbm):
             cfg_l = mcfg.replace(num_layers=layers, layer_types=mcfg.layer_types[:layers], scan_layers=False,
                                  attention_impl="splash" if splash else "plain")
             s_cfg = (dataclasses.replace(spec.steps, micro_batch=0) if splash
-                     else dataclasses.replace(spec.steps, logits_chunk=spec.seq))
+                     else dataclasses.replace(spec.steps, loss=dataclasses.replace(spec.steps.loss, logits_chunk=spec.seq)))
             spec_l = dataclasses.replace(spec, model=cfg_l, steps=s_cfg, batch=batch_l)
             with unroll_scans():
                 c, _ = build_step(spec_l, layout, devices)
@@ -365,7 +365,7 @@ def run(args) -> dict:
             "exp_uncut": cfg.composer.max_experience_tokens is None,
             "mesh": dict(zip(("data", "fsdp", "tensor"), spec.mesh.shape(len(devices)))),
             "rules": [list(r) for r in spec.mesh.rules if r not in DEFAULT_RULES], "remat": mcfg.remat_policy, "attention": mcfg.attention_impl,
-            "dtype": mcfg.dtype, "param_dtype": mcfg.param_dtype, "logits_chunk": spec.steps.logits_chunk,
+            "dtype": mcfg.dtype, "param_dtype": mcfg.param_dtype, "logits_chunk": spec.steps.loss.logits_chunk,
             "micro_batch": spec.steps.micro_batch, "hbm_gib": hbm, "steps": steps}
     if args.dry_run:  # config, tokenizer and topology resolved; nothing lowered or compiled
         return head | {"dry_run": True, "latent_block_tokens": layout.length,

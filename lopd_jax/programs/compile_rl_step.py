@@ -29,7 +29,7 @@ STALENESS = (0, 1, 2, 4)
 
 def episode_stream(cfg, seed: int) -> Iterator[Episode]:
     """Episodes of ``cfg``'s length distribution under its rollout caps, without end."""
-    r = cfg.rollout
+    r = cfg.rollout.caps
     for i in itertools.count():
         yield from draw_episodes(cfg.lengths, 256, r.max_env_steps, r.max_turn_tokens, r.max_total_tokens,
                                  seed=seed * 100_003 + i)

@@ -52,7 +52,7 @@ def sizing(cfg, processes: int, episodes_per_slot: int, env_steps: int, pool: st
     """Slots, episodes in flight and the page pool for the slice, from the config and a
     schedule simulation of the engine and of the static sampler (:mod:`lopd_jax.rollout.schedule`).
     ``pool``: ``rule``, ``config`` (``engine.num_pages`` x processes) or ``auto`` (the larger)."""
-    e, r = cfg.engine, cfg.rollout
+    e, r = cfg.engine, cfg.rollout.caps
     slots = e.slots * processes
     in_flight = getattr(e, "max_in_flight", 0) * processes or 2 * slots
     eps = draw_episodes(cfg.lengths, episodes_per_slot * slots, r.max_env_steps, r.max_turn_tokens,
@@ -138,29 +138,28 @@ def build(args, cfg, devices, size: dict, hbm: float | None = None):
     rep = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=NamedSharding(mesh, P()))  # noqa: E731
     rows = [rep((slots,), t) for t in (jnp.int32, jnp.int32, jnp.bool_, jnp.int32)]
     key, scalar = rep((), jax.random.key(0).dtype), rep((), jnp.float32)
-    top_k, greedy = cfg.rollout.top_k, cfg.rollout.temperature == 0
+    sampling = jax.tree.map(lambda _: scalar, cfg.rollout.sampling)  # traced leaves, static top_k / greedy
     t0 = time.time()
     if args.layers_impl == "scan":  # one stacked pool [L, P, ...] (not the engine's call)
         pools = jax.ShapeDtypeStruct((mcfg.num_layers, *pool_shape), dtype,
                                      sharding=NamedSharding(mesh, P(None, None, None, "tensor", None)))
 
-        def step(params, pools, prev, lengths, live, table, keys, temperature, top_p):
+        def step(params, pools, prev, lengths, live, table, keys, sp):
             model = nnx.merge(engine.graphdef, params)
             h, pools = paged_forward_scan(model, prev[:, None], lengths[:, None], live[:, None], lengths + live,
                                           pools, table, width, backend=args.backend, mesh=attention_mesh(mesh))
             logits = jnp.dot(h[:, 0].astype(jnp.float32), model.lm_head_kernel().astype(jnp.float32))
-            one = lambda l, k: tuple(x[0] for x in sample_logits(l[None], k, temperature, top_p, top_k))  # noqa
+            one = lambda l, k: tuple(x[0] for x in sample_logits(  # noqa: E731
+                l[None], k, sp.temperature, sp.top_p, sp.top_k))
             return (*jax.vmap(one)(logits, keys), pools)
         lowered = jax.jit(step, donate_argnums=(1,)).lower(params, pools, *rows[:3], rep((slots, width), jnp.int32),
-                                                            rep((slots,), key.dtype), scalar, scalar)
+                                                            rep((slots,), key.dtype), sampling)
     else:  # the engine's decode call, as Engine.run makes it
         if args.backend != "auto":
             raise ValueError("--backend applies to --layers_impl=scan; the engine's call picks its backend itself")
         pools = (jax.ShapeDtypeStruct(pool_shape, dtype, sharding=pool_sharding(mesh)),) * mcfg.num_layers
-        lowered = engine_calls.decode.lower(
-            engine.graphdef, ecfg.decode_chunk, top_k, greedy, engine.lora, engine.stop_ids, params, pools,
-            rows[0], rows[1], rows[2], rows[3], rep((slots, width), jnp.int32), rep((slots,), jnp.int32), key,
-            scalar, scalar, mesh=mesh)
+        call_rows = engine_calls.DecodeRows(*rows, rep((slots, width), jnp.int32), rep((slots,), jnp.int32))
+        lowered = engine_calls.decode.lower(engine.program, params, pools, call_rows, sampling, key)
     step_c = _compile_or_does_not_fit(lowered)
     step_s = time.time() - t0
     kernels = step_c.as_text().count('custom_call_target="tpu_custom_call"')

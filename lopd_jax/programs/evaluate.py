@@ -93,11 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="heldout", choices=("train", "heldout"))
     p.add_argument("--num_tasks", type=int, default=None, help="evaluate the first N tasks (default: all)")
     p.add_argument("--out", default=None, help="write the metrics and per-task results here (JSON)")
+    sp, caps = SamplingParams(), RolloutConfig()
     p.add_argument("--temperature", type=float, default=None,
-                   help="0 = greedy (default 0.7; with --suite 0, greedy pass@1)")
-    p.add_argument("--top_p", type=float, default=0.95)
-    p.add_argument("--top_k", type=int, default=20, help="0 = off")
-    caps = RolloutConfig()
+                   help=f"0 = greedy (default {sp.temperature}; with --suite 0, greedy pass@1)")
+    p.add_argument("--top_p", type=float, default=sp.top_p)
+    p.add_argument("--top_k", type=int, default=sp.top_k, help="0 = off")
     p.add_argument("--max_steps", type=int, default=None,
                    help=f"environment steps per episode (default: the run's; else {caps.max_env_steps})")
     p.add_argument("--max_turn_tokens", type=int, default=None,
@@ -155,7 +155,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if not isinstance(args.env_kwargs, dict):
             parser.error("--env_kwargs must be a JSON object")
     if args.temperature is None:
-        args.temperature = 0.0 if args.suite else 0.7
+        args.temperature = 0.0 if args.suite else SamplingParams().temperature
     if args.suite is not None:
         _check_suite_args(parser, args)
     checks = [

@@ -34,7 +34,6 @@ from lopd_jax.io import files
 from lopd_jax.method.eval_stats import behaviour_stats, no_tool_baseline
 from lopd_jax.programs.composer_eval import latent_context, load_composer_run
 from lopd_jax.programs.train import USER_ERRORS, resolve_config, run_training
-from lopd_jax.settings.sections import SamplingParams
 from train import warmup
 from train.batches import cold_start_batch
 from train.ledger import StageLedger
@@ -71,7 +70,7 @@ def measure(run, tasks: Sequence) -> dict[str, dict[str, Any]]:
 
     ctx = run.ctx
     r = ctx.cfg.rollout
-    greedy = SamplingParams(temperature=0.0, top_p=r.top_p, top_k=r.top_k)
+    greedy = dataclasses.replace(r.sampling, temperature=0.0)
     params, B = run.base_params(), ctx.cfg.env.tasks_per_step
     key = jax.random.fold_in(jax.random.key(ctx.cfg.seed), EVAL_RNG_OFFSET)
     hinted = HintedTaskSource(ctx.source)
@@ -83,7 +82,7 @@ def measure(run, tasks: Sequence) -> dict[str, dict[str, Any]]:
             make_env = hinted.make_env if name == "base + oracle text" else ctx.source.make_env
             latents = latent_context(run, batch) if name == "base + composer" else None
             trajs += rollout(ctx.engine, params, ctx.fmt, make_env, batch, jax.random.fold_in(key, i),
-                             r.rollout_config(), greedy, latents=latents)
+                             r.caps, greedy, latents=latents)
         out[name] = _row(trajs, time.perf_counter() - t0)
     base = out["base"]
     for row in out.values():

@@ -14,6 +14,7 @@ greedy, on the run's own held-out evaluation tasks and caps.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -26,7 +27,6 @@ from lopd_jax.io import files
 from lopd_jax.method.eval_stats import behaviour_stats
 from lopd_jax.programs.composer_eval import latent_context, load_composer_run
 from lopd_jax.programs.eval_suite import sweep_suite_table
-from lopd_jax.settings.sections import SamplingParams
 from lopd_jax.rollout.episodes import rollout
 
 TABLE3 = (("tool_calls_per_step", "calls/step"), ("mean_env_steps", "env steps"),
@@ -308,14 +308,14 @@ def base_composer_eval(workdir: str) -> dict[str, Any]:
 
     run = load_composer_run(workdir, "auto")
     ctx, cfg = run.ctx, run.ctx.cfg
-    greedy = SamplingParams(temperature=0.0, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k)
+    greedy = dataclasses.replace(cfg.rollout.sampling, temperature=0.0)
     key = jax.random.fold_in(jax.random.key(cfg.seed), 1 << 21)
     B = cfg.env.tasks_per_step
     trajs = []
     for i in range(0, len(ctx.eval_tasks), B):
         tasks = ctx.eval_tasks[i:i + B]
         trajs += rollout(ctx.engine, run.base_params(), ctx.fmt, ctx.source.make_env, tasks,
-                         jax.random.fold_in(key, i), cfg.rollout.rollout_config(), greedy,
+                         jax.random.fold_in(key, i), cfg.rollout.caps, greedy,
                          latents=latent_context(run, tasks))
     stats = _numeric(behaviour_stats(trajs))
     stats["reward_mean"] = float(np.mean([t.reward for t in trajs]))

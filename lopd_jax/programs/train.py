@@ -51,7 +51,6 @@ from lopd_jax.settings.task_data import check_task_data, resolve_data_paths
 from models.gguf import UnsupportedGGUFError, is_gguf_path
 from models.hf_import import CheckpointMismatchError
 from train import distributed, loop
-from train.arms import resolve_arm
 from train.checkpoint import CheckpointError, request_preemption
 from train.launch import add_launch_flags, initialize_from_flags
 from train.nonfinite import NonFiniteError
@@ -136,7 +135,14 @@ def check_checkpoint_path(path: str) -> None:
 def resolve_config(argv: Sequence[str] | None = None):
     """The validated :class:`lopd_jax.settings.config.TrainConfig` for ``argv``; ConfigError on problems."""
 
-    args = build_parser().parse_args(argv)
+    return config_of(build_parser().parse_args(argv))
+
+
+def config_of(args: argparse.Namespace):
+    """The validated :class:`lopd_jax.settings.config.TrainConfig` of parsed command-line ``args``
+    (the run's saved config: the arm's implications are applied by :func:`train.loop.run`);
+    ConfigError on problems."""
+
     cfg = load_config(args.config)
     overrides = list(args.overrides) + ([f"workdir={args.workdir}"] if args.workdir else [])
     cfg = apply_schedule_scale(resolve_data_paths(resolve_paths(apply_overrides(cfg, overrides))))
@@ -155,7 +161,6 @@ def resolve_config(argv: Sequence[str] | None = None):
     if unknown:
         raise ConfigError(f"--allow_config_change: {unknown} are not config keys; name dotted keys such as "
                           f"bank.min_reward (the refused run's message lists the keys that differ).")
-    resolve_arm(cfg)  # the arm's own checks (ConfigError), before anything is written
     check_task_data(cfg)
     return cfg
 
@@ -237,12 +242,13 @@ def _resume_hint(cfg, argv: Sequence[str] | None) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point (see the module docstring for exit codes)."""
 
+    args = build_parser().parse_args(argv)
     try:
-        cfg = resolve_config(argv)
+        cfg = config_of(args)
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    error = initialize_from_flags(build_parser().parse_args(argv))
+    error = initialize_from_flags(args)
     if error is not None:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -258,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, on_ctrl_c) if main_thread else None
     try:
-        allow = [k for k in build_parser().parse_args(argv).allow_config_change.split(",") if k]
+        allow = [k for k in args.allow_config_change.split(",") if k]
         result = run_training(cfg, allow_config_change=allow)
     except USER_ERRORS as e:  # e.g. a resumed workdir holding another config, a missing shard
         print(f"error: {e}", file=sys.stderr)

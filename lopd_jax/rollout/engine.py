@@ -267,7 +267,17 @@ class Engine:
             use[r, at:at + len(vec)] = True
         return vectors, use
 
-    def _prefill_batch(self, batch: Sequence[_Ep], params, pools, rng, top_k, greedy, temperature, top_p, m):
+    @property
+    def program(self) -> engine_calls.Program:
+        """The static part of every device call (:class:`lopd_jax.rollout.engine_calls.Program`)."""
+        return engine_calls.Program(self.graphdef, self.lora, self.mesh, self.stop_ids, self.config.decode_chunk)
+
+    @staticmethod
+    def _device_sampling(sp: SamplingParams) -> SamplingParams:
+        """``sp`` with float32 scalar leaves, as every device call takes it (one compiled variant)."""
+        return jax.tree.map(jnp.float32, sp)
+
+    def _prefill_batch(self, batch: Sequence[_Ep], params, pools, rng, sampling: SamplingParams, m):
         """Feed every admitted episode's un-cached ids in pieces of ``prefill_chunk`` tokens
         (one call per piece for all of them, :meth:`_rows` rows); return each one's first
         sampled token, both log-probs, and the pools."""
@@ -285,9 +295,9 @@ class Engine:
                 ids[r, :len(piece)] = piece
                 start[r], n[r], eids[r] = pos[r], len(piece), ep.eid
             vectors, use = self._vectors(batch, pos, C, rows)
-            (tok, lp, raw), pools = engine_calls.prefill(self.graphdef, top_k, greedy, self.lora, params, pools, ids,
-                                                         start, n, table, eids, rng, temperature, top_p, vectors, use,
-                                                         mesh=self.mesh)
+            rows_in = engine_calls.PrefillRows(ids, start, n, table, eids, vectors, use)
+            (tok, lp, raw), pools = engine_calls.prefill(self.program.model_part(), params, pools, rows_in, sampling,
+                                                         rng)
             tok, lp, raw = np.asarray(tok), np.asarray(lp), np.asarray(raw)
             for r, ep in enumerate(batch):
                 if n[r] and pos[r] + n[r] == len(ep.ctx):  # this episode's last piece: its first token
@@ -313,24 +323,21 @@ class Engine:
         """Compile (by running once on a scratch pool) every prefill and decode variant a run
         with episodes of up to ``max_total`` tokens can meet: one per power-of-two count of
         pages read and row count (:meth:`_rows`). Returns the number of variants."""
-        sp = sampling or self.sampling
+        sp = self._device_sampling(sampling or self.sampling)
         cfg, n = self.config, 0
         row_pages = self._pages_for(max_total)
         params = self.local_params(params)
         pools = self._empty_pools(cfg.num_pages or cfg.slots * row_pages)
         C = cfg.prefill_chunk
-        args = (jnp.float32(sp.temperature), jnp.float32(sp.top_p))
         key = self.local_key(jax.random.key(0))  # placed as run places its key (same compiled variant)
         w = 1
         while True:
             for S in self._row_sizes():
                 z, table = np.zeros(S, np.int32), np.zeros((S, w), np.int32)
-                _, pools = engine_calls.prefill(self.graphdef, sp.top_k, sp.temperature == 0, self.lora, params,
-                                                pools, np.zeros((S, C), np.int32), z, z, table, z, key,
-                                                *args, None, None, mesh=self.mesh)  # as run passes them: one key
-                _, pools = engine_calls.decode(self.graphdef, cfg.decode_chunk, sp.top_k, sp.temperature == 0,
-                                               self.lora, self.stop_ids, params, pools, z, z, np.zeros(S, bool), z,
-                                               table, z, key, *args, mesh=self.mesh)
+                rows = engine_calls.PrefillRows(np.zeros((S, C), np.int32), z, z, table, z)
+                _, pools = engine_calls.prefill(self.program.model_part(), params, pools, rows, sp, key)  # as run
+                rows = engine_calls.DecodeRows(z, z, np.zeros(S, bool), z, table, z)
+                _, pools = engine_calls.decode(self.program, params, pools, rows, sp, key)
                 n += 2
             if w >= row_pages:
                 return n
@@ -348,7 +355,7 @@ class Engine:
         (over calls or processes) samples the same tokens. ``on_finish(n)`` is called (on
         this thread) whenever ``n`` episodes have just ended.
         """
-        sp = sampling or self.sampling
+        sp = self._device_sampling(sampling or self.sampling)
         cfg = self.config
         K, ps = cfg.decode_chunk, cfg.page_size
         max_total = max(e.max_total for e in episodes)
@@ -363,8 +370,6 @@ class Engine:
             if e.embeds is not None and not 0 <= e.embeds[0] <= e.embeds[0] + len(e.embeds[1]) <= len(e.first):
                 raise ValueError(f"episode {i}: its input embeddings cover positions {e.embeds[0]}.."
                                  f"{e.embeds[0] + len(e.embeds[1]) - 1}, outside its first chunk of {len(e.first)}")
-        greedy, top_k = sp.temperature == 0, sp.top_k
-        temperature, top_p = jnp.float32(sp.temperature), jnp.float32(sp.top_p)
         params, rng = self.local_params(params), self.local_key(rng)
         pools = self._empty_pools(self._num_pages)
         self._free = list(range(self._num_pages - 1, -1, -1))
@@ -499,8 +504,7 @@ class Engine:
                     ep.admitted = admitted
                     batch.append(ep)
                 if batch:
-                    tok, lp, raw, pools = self._prefill_batch(batch, params, pools, rng, top_k, greedy,
-                                                              temperature, top_p, m)
+                    tok, lp, raw, pools = self._prefill_batch(batch, params, pools, rng, sp, m)
                     for r, ep in enumerate(batch):
                         ep.cached = len(ep.ctx)
                         ep.turn, ep.lps, ep.raws = [int(tok[r])], [float(lp[r])], [float(raw[r])]
@@ -524,9 +528,10 @@ class Engine:
                     eids = np.asarray([0 if ep is None else ep.eid for ep in rows], np.int32)
                     prev_rows = np.zeros(R, np.int32)
                     prev_rows[:len(occupied)] = prev[occupied]
-                    (toks, lps, raws, n_gen), pools = engine_calls.decode(
-                        self.graphdef, K, top_k, greedy, self.lora, self.stop_ids, params, pools, prev_rows, lengths,
-                        live, remaining, self._table(rows, width), eids, rng, temperature, top_p, mesh=self.mesh)
+                    rows_in = engine_calls.DecodeRows(prev_rows, lengths, live, remaining, self._table(rows, width),
+                                                      eids)
+                    (toks, lps, raws, n_gen), pools = engine_calls.decode(self.program, params, pools, rows_in, sp,
+                                                                          rng)
                     toks, lps, raws, n_gen = (np.asarray(x) for x in (toks, lps, raws, n_gen))
                     m["decode_calls"] += 1
                     m["slot_steps"] += cfg.slots * K

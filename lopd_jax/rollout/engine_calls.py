@@ -1,19 +1,21 @@
 """The engine's two device calls (:mod:`lopd_jax.rollout.engine`): prefill and a K-step decode chunk.
 
-Both are jitted once per static setting (sampling mode, LoRA, decode chunk, stop ids) and
-per page-table width, run the decoder over the paged pools
+Each takes the engine's fixed settings (:class:`Program`, static), its device state (params,
+page pools), one call's rows (:class:`PrefillRows` / :class:`DecodeRows`), the
+:class:`lopd_jax.settings.sections.SamplingParams` (a pytree: ``top_k`` and greedy static,
+temperature and top-p traced) and the key. They compile once per static setting and per
+page-table width, run the decoder over the paged pools
 (:func:`lopd_jax.rollout.paged_step.paged_forward`, or a test policy's own ``paged_forward``) and
 sample each row with its own key: the token at context position ``p`` of episode ``e``
-uses ``fold_in(fold_in(rng, e), p)``, so a row's draws never depend on the other rows.
-
-``mesh`` (static): the engine's inference mesh (:mod:`lopd_jax.rollout.layout`); the
-attention backend then runs per shard (:func:`lopd_jax.rollout.layout.attention_mesh`) and
-the pools keep their layout (:func:`lopd_jax.rollout.layout.pool_sharding`) from call to call.
+uses ``fold_in(fold_in(rng, e), p)``, so a row's draws never depend on the other rows. With
+a mesh (:mod:`lopd_jax.rollout.layout`) attention runs per shard and the pools keep their
+layout from call to call.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -23,15 +25,62 @@ from models.layer import layer_weights
 from lopd_jax.rollout.layout import attention_mesh, pool_sharding
 from lopd_jax.rollout.paged_step import paged_forward
 from lopd_jax.rollout.sampling import sample_logits
+from lopd_jax.settings.sections import SamplingParams
 
-__all__ = ["decode", "prefill"]
+__all__ = ["DecodeRows", "PrefillRows", "Program", "decode", "prefill"]
 
 
-def _sample_rows(logits, keys, temperature, top_p, top_k: int, greedy: bool):
+class Program(NamedTuple):
+    """What stays fixed over an engine's device calls (static: hashed into the compile key):
+    the model's graph, whether its LoRA is on, the inference mesh (None: one device), and
+    for :func:`decode` the end-of-turn ids and decode steps per call."""
+
+    graphdef: Any
+    lora: bool
+    mesh: Any = None
+    stop_ids: tuple = ()
+    decode_steps: int = 0
+
+    def model_part(self) -> "Program":
+        """This program without the decode-only settings: what :func:`prefill` takes, so its
+        compiled variants do not depend on them."""
+        return self._replace(stop_ids=(), decode_steps=0)
+
+
+class PrefillRows(NamedTuple):
+    """One prefill call's rows: ``ids`` [B, C] fed at positions ``start[b]..`` (``n[b]`` of
+    them), the ``page_table`` [B, W] (attention reads its W leading pages), episode ids
+    ``eids`` [B]; optional ``vectors`` [B, C, D] replace the input embeddings where
+    ``use_vec`` [B, C] is set."""
+
+    ids: Any
+    start: Any
+    n: Any
+    page_table: Any
+    eids: Any
+    vectors: Any = None
+    use_vec: Any = None
+
+
+class DecodeRows(NamedTuple):
+    """One decode call's rows [B]: the last token ``prev``, cached ``lengths``, ``live``
+    rows, tokens each may still generate (``remaining``), the ``page_table`` [B, W] and
+    episode ids ``eids``."""
+
+    prev: Any
+    lengths: Any
+    live: Any
+    remaining: Any
+    page_table: Any
+    eids: Any
+
+
+def _sample_rows(logits, keys, sp: SamplingParams):
     """Per-row keys: row ``b`` samples with ``keys[b]`` alone (batch-independent draws)."""
-    if greedy:
-        return sample_logits(logits, keys[0], temperature, top_p, top_k, greedy=True)
-    one = lambda l, k: tuple(x[0] for x in sample_logits(l[None], k, temperature, top_p, top_k, greedy=False))
+    if sp.greedy:
+        return sample_logits(logits, keys[0], sp.temperature, sp.top_p, sp.top_k, greedy=True)
+    one = lambda l, k: tuple(x[0] for x in sample_logits(l[None], k, sp.temperature, sp.top_p, sp.top_k,
+                                                         greedy=False))
     return jax.vmap(one)(logits, keys)
 
 
@@ -58,52 +107,49 @@ def _forward(model, lora: bool, mesh=None):
     return forward
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3), static_argnames=("mesh",), donate_argnums=(5,))
-def prefill(graphdef, top_k: int, greedy: bool, lora: bool, params, pools, ids, start, n, page_table, eids, rng,
-             temperature, top_p, vectors=None, use_vec=None, *, mesh=None):
-    """Feed ``ids[b, :n[b]]`` at positions ``start[b]..``; sample each row's next token.
-    Attention reads the ``page_table.shape[1]`` leading pages of each row. With
-    ``vectors`` [B, C, D], positions where ``use_vec`` [B, C] is set take those input
-    embeddings instead of their ids'."""
-    model = nnx.merge(graphdef, params)
-    num_pages = page_table.shape[1]
+@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
+def prefill(prog: Program, params, pools, rows: PrefillRows, sampling: SamplingParams, rng):
+    """Feed ``rows.ids[b, :n[b]]`` at positions ``start[b]..``; sample each row's next token.
+    ``prog`` is :meth:`Program.model_part`. Returns ``((tokens, log-probs, raw log-probs), pools)``."""
+    model = nnx.merge(prog.graphdef, params)
+    ids, start, n, table = rows.ids, rows.start, rows.n, rows.page_table
     C = ids.shape[1]
     pos = start[:, None] + jnp.arange(C, dtype=jnp.int32)[None]
     valid = jnp.arange(C)[None] < n[:, None]
     emb = None
-    if vectors is not None:
+    if rows.vectors is not None:
         base = model.embed_tokens(ids)
-        emb = jnp.where(use_vec[..., None], vectors.astype(base.dtype), base)
-    h, pools = _forward(model, lora, mesh)(ids, pos, valid, start + n, pools, page_table, num_pages, emb)
+        emb = jnp.where(rows.use_vec[..., None], rows.vectors.astype(base.dtype), base)
+    h, pools = _forward(model, prog.lora, prog.mesh)(ids, pos, valid, start + n, pools, table, table.shape[1], emb)
     last = jnp.take_along_axis(h, jnp.maximum(n - 1, 0)[:, None, None], axis=1)[:, 0].astype(jnp.float32)
     logits = jnp.dot(last, model.lm_head_kernel().astype(jnp.float32))
-    tok, lp, raw = _sample_rows(logits, _keys(rng, eids, start + n), temperature, top_p, top_k, greedy)
+    tok, lp, raw = _sample_rows(logits, _keys(rng, rows.eids, start + n), sampling)
     return (tok, lp, raw), pools
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4, 5), static_argnames=("mesh",), donate_argnums=(7,))
-def decode(graphdef, steps: int, top_k: int, greedy: bool, lora: bool, stop_ids: tuple, params, pools, prev,
-            lengths, live, remaining, page_table, eids, rng, temperature, top_p, *, mesh=None):
-    """``steps`` decode steps for every slot; a row stops at a stop id or after ``remaining``.
-    Attention reads the ``page_table.shape[1]`` leading pages of each row."""
-    model = nnx.merge(graphdef, params)
-    num_pages = page_table.shape[1]
-    forward = _forward(model, lora, mesh)
+@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
+def decode(prog: Program, params, pools, rows: DecodeRows, sampling: SamplingParams, rng):
+    """``prog.decode_steps`` decode steps for every row; a row stops at a stop id or after
+    ``remaining``. Returns ``((tokens, log-probs, raw log-probs) [B, steps], generated [B]),
+    pools)``."""
+    model = nnx.merge(prog.graphdef, params)
+    table = rows.page_table
+    forward = _forward(model, prog.lora, prog.mesh)
     head = model.lm_head_kernel().astype(jnp.float32)
-    stops = jnp.asarray(stop_ids, jnp.int32)
+    stops = jnp.asarray(prog.stop_ids, jnp.int32)
 
     def body(carry, _):
         pools, prev, lengths, live, n_gen = carry
-        h, pools = forward(prev[:, None], lengths[:, None], live[:, None], lengths + live, pools, page_table,
-                           num_pages)
+        h, pools = forward(prev[:, None], lengths[:, None], live[:, None], lengths + live, pools, table,
+                           table.shape[1])
         logits = jnp.dot(h[:, 0].astype(jnp.float32), head)
-        tok, lp, raw = _sample_rows(logits, _keys(rng, eids, lengths + 1), temperature, top_p, top_k, greedy)
+        tok, lp, raw = _sample_rows(logits, _keys(rng, rows.eids, lengths + 1), sampling)
         lengths = lengths + live
         n_gen = n_gen + live
         out = (jnp.where(live, tok, -1), lp, raw)
-        done = jnp.isin(tok, stops) | (n_gen >= remaining)
+        done = jnp.isin(tok, stops) | (n_gen >= rows.remaining)
         return (pools, jnp.where(live, tok, prev), lengths, live & ~done, n_gen), out
 
-    init = (pools, prev, lengths, live, jnp.zeros_like(lengths))
-    (pools, _, _, _, n_gen), (toks, lps, raws) = jax.lax.scan(body, init, None, length=steps)
+    init = (pools, rows.prev, rows.lengths, rows.live, jnp.zeros_like(rows.lengths))
+    (pools, _, _, _, n_gen), (toks, lps, raws) = jax.lax.scan(body, init, None, length=prog.decode_steps)
     return (toks.T, lps.T, raws.T, n_gen), pools

@@ -1,24 +1,15 @@
 """The schema of a whole training run: one frozen dataclass tree, :class:`TrainConfig`.
 
 Named configs (``configs/<name>.py``) and ``dotted.key=value`` overrides are read by
-:mod:`lopd_jax.settings.overrides`; a run's saved ``config.json`` by :mod:`lopd_jax.settings.run_config`::
-
-    cfg = configs.load_config("tiny")
-    cfg = lopd_jax.settings.overrides.apply_overrides(cfg, ["steps.margin=0.1"])
-    lopd_jax.settings.run_config.save_run_config(cfg, workdir)  # refuses a changed config on resume
-
-Sections reuse the project's own dataclasses where one exists (``steps`` is
-:class:`lopd_jax.settings.sections.StepConfig`, ``mesh`` is :class:`lopd_jax.settings.sections.MeshConfig`,
-``composer`` is :class:`lopd_jax.method.composer.ComposerConfig`, ``engine`` is
-:class:`lopd_jax.settings.sections.EngineConfig`), so the loop passes them on
-unchanged; ``rollout`` extends :class:`lopd_jax.settings.sections.SamplingParams` and
-:class:`lopd_jax.settings.sections.RolloutConfig`, ``bank`` extends :class:`lopd_jax.method.bank.BankSettings`,
-so each setting's name, type and default are written once. ``logits_chunk`` lives in
-``steps`` (StepConfig's field); ``n_ret`` lives in ``composer`` and
-:meth:`TrainConfig.bank_config` copies it into the bank's config.
-
-Every problem found while loading, overriding or validating raises :class:`ConfigError`
-with the dotted key and the fix; entry points catch it and exit with status 2.
+:mod:`lopd_jax.settings.overrides`, a run's saved ``config.json`` by
+:mod:`lopd_jax.settings.run_config`. Sections are the settings objects the code takes whole
+(``steps``: :class:`lopd_jax.settings.sections.StepConfig`, ``composer``:
+:class:`lopd_jax.method.composer.ComposerConfig`, ``mesh``, ``engine``); ``rollout`` holds
+the sampling and the episode caps as inline objects (:mod:`lopd_jax.settings.keys`: their
+keys read ``rollout.temperature``), ``bank`` extends :class:`lopd_jax.method.bank.BankSettings`,
+so each setting's name, type and default are written once. ``n_ret`` lives in ``composer``
+and :meth:`TrainConfig.bank_config` copies it into the bank's config. Every problem raises
+:class:`ConfigError` with the dotted key and the fix; entry points exit with status 2.
 """
 
 from __future__ import annotations
@@ -32,7 +23,7 @@ from typing import Any, Literal
 
 from lopd_jax.method.bank import BankConfig, BankSettings
 from lopd_jax.method.composer import ComposerConfig
-from lopd_jax.settings.arm_config import ARMS, ArmSection
+from lopd_jax.settings.arm_config import ARMS, GROUP_ARMS, ArmSection
 from lopd_jax.settings.length_model import LengthConfig
 from lopd_jax.settings.sections import EngineConfig, MeshConfig, RolloutConfig, SamplingParams, StepConfig
 from lopd_jax.settings.schedule_scale import schedule_factor
@@ -41,6 +32,7 @@ from models.config import ATTENTION_IMPLS, REMAT_POLICIES, named_config
 DTYPES = ("float32", "bfloat16", "float16")
 
 from lopd_jax.settings.errors import ConfigError  # noqa: E402
+from lopd_jax.settings.keys import inline, is_inline  # noqa: E402
 from models.hf_import import load_config as load_hf_config
 
 
@@ -88,7 +80,9 @@ def _check_types(obj: Any, prefix: str) -> None:
     hints = typing.get_type_hints(type(obj))
     for f in dataclasses.fields(obj):
         v, key = getattr(obj, f.name), f"{prefix}{f.name}"
-        if dataclasses.is_dataclass(v):
+        if is_inline(f):
+            _check_types(v, prefix)
+        elif dataclasses.is_dataclass(v):
             _check_types(v, key + ".")
         elif not _matches(v, hints[f.name]):
             raise ConfigError(f"{key}={v!r} has type {type(v).__name__}; expected {_type_name(hints[f.name])}.")
@@ -206,32 +200,19 @@ class EnvSection:
 
 
 @dataclasses.dataclass(frozen=True)
-class RolloutSection(RolloutConfig, SamplingParams):
-    """Sampling and episode caps (docs/method.md): the fields of :class:`lopd_jax.settings.sections.SamplingParams`
-    (temperature, top_p, top_k) and of :class:`lopd_jax.settings.sections.RolloutConfig` (max_env_steps,
-    max_turn_tokens, max_total_tokens), plus the chat format's ``enable_thinking`` and
-    ``log_rollouts``. The engine that runs the rollouts (slots, pages, environment
-    threads) is the ``engine`` section."""
+class RolloutSection:
+    """Sampling and episode caps (docs/method.md, "Rollout"): ``sampling``
+    (:class:`lopd_jax.settings.sections.SamplingParams`: keys temperature, top_p, top_k) and
+    ``caps`` (:class:`lopd_jax.settings.sections.RolloutConfig`: keys max_env_steps,
+    max_turn_tokens, max_total_tokens, max_observation_chars), both inline
+    (``rollout.temperature``), plus the chat format's ``enable_thinking`` and ``log_rollouts``.
+    The engine that runs the rollouts (slots, pages, environment threads) is the ``engine``
+    section."""
 
+    sampling: SamplingParams = inline(SamplingParams())
+    caps: RolloutConfig = inline(RolloutConfig())
     enable_thinking: bool = False
     log_rollouts: bool = False  # every rollout's ids, mask, reward and host to <workdir>/rollouts.jsonl
-
-    def __post_init__(self):
-        if self.temperature < 0:
-            raise ConfigError(f"rollout.temperature={self.temperature} must be >= 0 (0 = greedy).")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ConfigError(f"rollout.top_p={self.top_p} must be in (0, 1].")
-        if self.top_k < 0:
-            raise ConfigError(f"rollout.top_k={self.top_k} must be >= 0 (0 = off).")
-        _positive(self, "rollout", "max_env_steps", "max_turn_tokens", "max_total_tokens", "max_observation_chars")
-
-    def sampling_params(self) -> SamplingParams:
-        """These settings as :class:`lopd_jax.settings.sections.SamplingParams`."""
-        return _project(self, SamplingParams)
-
-    def rollout_config(self) -> RolloutConfig:
-        """These caps as :class:`lopd_jax.settings.sections.RolloutConfig`."""
-        return _project(self, RolloutConfig)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -317,8 +298,10 @@ class TrainConfig:
         _check_types(self, "")
         if not 0 <= self.seed < 2 ** 32:
             raise ConfigError(f"seed={self.seed} must be in [0, 2**32).")
-        if self.steps.logits_chunk < 1 or self.steps.top_m < 1:
-            raise ConfigError("steps.logits_chunk and steps.top_m must be >= 1.")
+        n = self.env.tasks_per_step * self.env.group_size
+        if self.arm in GROUP_ARMS and n % self.arms.group_size and not _DEFER_CROSS_CHECKS.get():
+            raise ConfigError(f"arm={self.arm}: arms.group_size={self.arms.group_size} must divide the "
+                              f"{n} rollouts per step (env.tasks_per_step * env.group_size).")
 
     # ----- derived views -----
     @property

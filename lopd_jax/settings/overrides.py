@@ -22,6 +22,7 @@ from typing import Any, Literal, Sequence
 
 from lopd_jax.settings.config import _DEFER_CROSS_CHECKS, TrainConfig, _matches, _type_name
 from lopd_jax.settings.errors import ConfigError
+from lopd_jax.settings.keys import is_inline, key_paths
 
 
 # ----------------------------------------------------------------------------- overrides
@@ -141,7 +142,8 @@ def _suggest(obj: Any, head: str) -> list[str]:
 
 def _set(obj: Any, parts: list[str], text: str, key: str) -> Any:
     """A copy of dataclass ``obj`` with the dotted field ``parts`` set from ``text``."""
-    names = [f.name for f in dataclasses.fields(obj)]
+    paths = key_paths(type(obj))
+    names = list(paths)
     head = parts[0]
     if head not in names:
         where = key[: len(key) - len(".".join(parts))].rstrip(".")
@@ -150,10 +152,14 @@ def _set(obj: Any, parts: list[str], text: str, key: str) -> Any:
         where = where or "the config"
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise ConfigError(f"unknown key {key!r}: {where} has no field {head!r}{hint} (fields: {names})")
+    if len(paths[head]) > 1:  # a key of an inline settings object
+        owner = paths[head][0]
+        new = _set(getattr(obj, owner), parts, text, key)
+        return dataclasses.replace(obj, **{owner: new})
     cur, tp = getattr(obj, head), typing.get_type_hints(type(obj))[head]
     if len(parts) == 1:
         if dataclasses.is_dataclass(cur):
-            sub = [f.name for f in dataclasses.fields(cur)]
+            sub = list(key_paths(type(cur)))
             raise ConfigError(f"{key} is a section; set one of its fields, e.g. {key}.{sub[0]}=... (fields: {sub})")
         new = parse_value(text, tp, key)
     elif dataclasses.is_dataclass(cur):
@@ -197,19 +203,37 @@ def apply_overrides(cfg: TrainConfig, overrides: Sequence[str]) -> TrainConfig:
 # ----------------------------------------------------------------------------- (de)serialization
 
 
+def _plain(obj: Any) -> Any:
+    """A dataclass tree as nested dicts keyed by its sections' keys (inline objects merged)."""
+    if not dataclasses.is_dataclass(obj):
+        return obj
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        v = _plain(getattr(obj, f.name))
+        if is_inline(f):
+            out.update(v)
+        else:
+            out[f.name] = v
+    return out
+
+
 def to_dict(cfg: Any) -> dict[str, Any]:
     """A JSON-serializable nested dict of a dataclass tree (tuples become lists)."""
-    return json.loads(json.dumps(dataclasses.asdict(cfg)))
+    return json.loads(json.dumps(_plain(cfg)))
 
 
 def _build(cls: type, data: Any, prefix: str) -> Any:
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix or 'config'}: expected an object, got {type(data).__name__}.")
-    hints, names = typing.get_type_hints(cls), {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
+    hints, paths = typing.get_type_hints(cls), key_paths(cls)
+    unknown = sorted(set(data) - set(paths))
     if unknown:
-        raise ConfigError(f"unknown keys {[prefix + k for k in unknown]} in saved config (fields: {sorted(names)}).")
-    kwargs = {}
+        raise ConfigError(f"unknown keys {[prefix + k for k in unknown]} in saved config (fields: {sorted(paths)}).")
+    inline_data: dict[str, dict[str, Any]] = {}
+    for name in [k for k in data if len(paths[k]) > 1]:  # keys of inline objects, built below
+        inline_data.setdefault(paths[name][0], {})[name] = data[name]
+    data = {k: v for k, v in data.items() if len(paths[k]) == 1}
+    kwargs = {owner: _build(hints[owner], sub, prefix) for owner, sub in inline_data.items()}
     for name, value in data.items():
         tp = hints[name]
         sub = [a for a in (typing.get_args(tp) or (tp,)) if dataclasses.is_dataclass(a)]

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 from lopd_jax.io.files import read_json, write_json
 from lopd_jax.settings.config import TrainConfig
 from lopd_jax.settings.errors import ConfigError
+from lopd_jax.settings.keys import is_inline
 from lopd_jax.settings.overrides import from_dict, to_dict
 
 CONFIG_FILE = "config.json"
@@ -37,7 +38,9 @@ def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in dataclasses.fields(cfg):
         v = getattr(cfg, f.name)
-        if dataclasses.is_dataclass(v):
+        if is_inline(f):
+            out.update(flatten(v, prefix))
+        elif dataclasses.is_dataclass(v):
             out.update(flatten(v, f"{prefix}{f.name}."))
         else:
             out[f"{prefix}{f.name}"] = json.loads(json.dumps(v))

@@ -11,10 +11,11 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import jax.numpy as jnp
+import jax
 
-from lopd_jax.core.defaults import MARGIN, TOP_M
+from lopd_jax.method.loss_config import LossConfig
 from lopd_jax.settings.errors import ConfigError
+from lopd_jax.settings.keys import inline
 from models.partitioning import DEFAULT_RULES
 
 
@@ -55,36 +56,27 @@ class MeshConfig:
 STUDENT_MODES = ("full", "lora")
 
 
-LOGITS_DTYPES = ("float32", "compute")
-
-
 @dataclasses.dataclass(frozen=True)
 class StepConfig:
     """Hyperparameters of the LOPD / cold-start / GRPO steps (docs/method.md, "Defaults").
 
-    ``micro_batch``: trajectories per data shard per forward / backward pass of the LOPD
-    step (gradient accumulation inside the one jitted step; exact, see
-    :func:`train.steps.make_lopd_step`); 0 = every local trajectory in one pass.
+    ``loss``: the objective's settings (:class:`lopd_jax.method.loss_config.LossConfig`,
+    inline: its keys read ``steps.margin``, ``steps.logits_chunk``, ...); ``eta_beta``: the
+    dual step size on beta. ``micro_batch``: trajectories per data shard per forward /
+    backward pass of the LOPD step (gradient accumulation inside the one jitted step;
+    exact, see :func:`train.steps.make_lopd_step`); 0 = every local trajectory in one pass.
 
     Choices that follow the authors' release by default (docs/release_parity.md):
-    ``composer_margin_weighting`` (``rollout_mean``: the composer's margin gradient is the
-    mean of the per-rollout deltas; Delta for the dual step stays token-weighted),
-    ``weight_decay`` (0.01, torch AdamW's default), ``logits_dtype`` (``float32``: the
-    LM-head matmul accumulates and returns fp32; ``compute`` rounds the logits to the
-    compute dtype first), ``skip_nonfinite`` (skip the whole update -- student, composer,
-    beta -- when a gradient norm or Delta is not finite) and ``max_nonfinite_skips``
-    (the loop stops after that many consecutive skipped steps; 0 = never).
+    ``weight_decay`` (0.01, torch AdamW's default), ``skip_nonfinite`` (skip the whole
+    update -- student, composer, beta -- when a gradient norm or Delta is not finite) and
+    ``max_nonfinite_skips`` (the loop stops after that many consecutive skipped steps;
+    0 = never); the loss's own (:class:`lopd_jax.method.loss_config.LossConfig`).
     """
 
-    margin: float = MARGIN
-    anchor_weight: float = 0.2
+    loss: LossConfig = inline(LossConfig())
     eta_beta: float = 0.5
-    top_m: int = TOP_M
-    composer_kl_weighting: str = "rollout_mean"
-    composer_margin_weighting: str = "rollout_mean"
     freeze_composer: bool = False
     student_mode: str = "full"
-    logits_chunk: int = 512
     student_lr: float = 1e-5
     composer_lr: float = 1e-5
     student_clip: float = 1.0
@@ -93,9 +85,7 @@ class StepConfig:
     cold_start_lr: float = 1e-5
     cold_start_encoder_clip: float = 3.0
     cold_start_compressor_clip: float = 30.0
-    grpo_clip_eps: float = 0.2
     micro_batch: int = 0
-    logits_dtype: str = "float32"
     skip_nonfinite: bool = True
     max_nonfinite_skips: int = 10
 
@@ -104,19 +94,8 @@ class StepConfig:
             raise ValueError(f"micro_batch={self.micro_batch}; use 0 (no accumulation) or a positive count.")
         if self.student_mode not in STUDENT_MODES:
             raise ValueError(f"student_mode={self.student_mode!r}; choose from {STUDENT_MODES}.")
-        if self.composer_kl_weighting not in ("token_mean", "rollout_mean"):
-            raise ValueError(f"composer_kl_weighting={self.composer_kl_weighting!r}; use token_mean or rollout_mean.")
-        if self.composer_margin_weighting not in ("token_mean", "rollout_mean"):
-            raise ValueError(f"composer_margin_weighting={self.composer_margin_weighting!r}; "
-                             "use rollout_mean (release) or token_mean.")
-        if self.logits_dtype not in LOGITS_DTYPES:
-            raise ValueError(f"logits_dtype={self.logits_dtype!r}; use float32 (release) or compute.")
         if self.max_nonfinite_skips < 0:
             raise ValueError(f"max_nonfinite_skips={self.max_nonfinite_skips} must be >= 0 (0 = never stop).")
-
-    def logits_jnp_dtype(self, compute_dtype):
-        """The LM-head matmul's accumulation / output dtype for ``compute_dtype`` inputs."""
-        return jnp.float32 if self.logits_dtype == "float32" else compute_dtype
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,7 +118,11 @@ class RolloutConfig:
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
     """Sampling settings (docs/method.md, "Defaults"). ``temperature == 0`` is greedy; ``top_k = 0``
-    and ``top_p = 1`` disable those filters."""
+    and ``top_p = 1`` disable those filters.
+
+    Also a JAX pytree, so the engine's device calls take it whole: ``temperature`` and
+    ``top_p`` are its leaves (traced: a new value does not recompile), ``top_k`` and
+    :attr:`greedy` its static part."""
 
     temperature: float = 0.7
     top_p: float = 0.95
@@ -152,6 +135,27 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0 or int(self.top_k) != self.top_k:
             raise ValueError(f"top_k must be an int >= 0 (0 = off), got {self.top_k}")
+        object.__setattr__(self, "_greedy", self.temperature == 0)
+
+    @property
+    def greedy(self) -> bool:
+        """Whether tokens are the argmax (``temperature == 0``); static under ``jit``."""
+        return self._greedy
+
+
+def _flatten_sampling(sp: SamplingParams):
+    return (sp.temperature, sp.top_p), (sp.top_k, sp.greedy)
+
+
+def _unflatten_sampling(static, leaves) -> SamplingParams:
+    """Rebuilt from (possibly traced) leaves without re-running the checks."""
+    sp = object.__new__(SamplingParams)
+    for name, value in zip(("temperature", "top_p", "top_k", "_greedy"), (*leaves, *static)):
+        object.__setattr__(sp, name, value)
+    return sp
+
+
+jax.tree_util.register_pytree_node(SamplingParams, _flatten_sampling, _unflatten_sampling)
 
 
 ENGINE_DTYPES = ("float32", "bfloat16")  # the engine's sampling dtypes (EngineConfig.dtype)
@@ -209,5 +213,5 @@ class EngineConfig:
             raise ConfigError(f"engine.dtype={self.dtype!r} must be one of {ENGINE_DTYPES} (the sampling dtype).")
 
 
-__all__ = ["ENGINE_DTYPES", "EngineConfig", "LOGITS_DTYPES", "MESH_AXES", "MeshConfig", "RolloutConfig",
+__all__ = ["ENGINE_DTYPES", "EngineConfig", "MESH_AXES", "MeshConfig", "RolloutConfig",
            "STUDENT_MODES", "SamplingParams", "StepConfig"]

@@ -1,0 +1,61 @@
+"""The loss settings of the method: one frozen :class:`LossConfig` the losses
+(:mod:`lopd_jax.method.losses`) and the training steps take whole.
+
+The run config's ``steps`` section (:class:`lopd_jax.settings.sections.StepConfig`) holds one
+inline, so its keys read ``steps.margin``, ``steps.logits_chunk``, ...; docs/method.md
+explains the terms.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from lopd_jax.core.defaults import LOGITS_CHUNK, MARGIN, TOP_M
+
+__all__ = ["COMPOSER_KL_WEIGHTINGS", "COMPOSER_MARGIN_WEIGHTINGS", "LOGITS_DTYPES", "LossConfig"]
+
+COMPOSER_KL_WEIGHTINGS = ("token_mean", "rollout_mean")
+COMPOSER_MARGIN_WEIGHTINGS = ("rollout_mean", "token_mean")
+LOGITS_DTYPES = ("float32", "compute")
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    """The LOPD objective's terms and numerics, and GRPO's clip.
+
+    ``margin`` m and ``anchor_weight`` lambda of L = KL + beta (m - Delta) + lambda anchor;
+    ``top_m``: the teacher's top-M tokens of the reverse KL. ``composer_kl_weighting`` /
+    ``composer_margin_weighting``: how the composer's KL gradient and margin Delta average
+    over tokens (``token_mean``) or rollouts (``rollout_mean``, the release); the dual step
+    always uses the token-weighted Delta. ``logits_chunk``: sequence positions per LM-head
+    chunk; ``logits_dtype``: ``float32`` (the release: the LM-head matmul accumulates and
+    returns fp32) or ``compute`` (logits rounded to the compute dtype first).
+    ``grpo_clip_eps``: the PPO-clip epsilon of the GRPO baseline.
+    """
+
+    margin: float = MARGIN
+    anchor_weight: float = 0.2
+    top_m: int = TOP_M
+    composer_kl_weighting: str = "rollout_mean"
+    composer_margin_weighting: str = "rollout_mean"
+    logits_chunk: int = LOGITS_CHUNK
+    logits_dtype: str = "float32"
+    grpo_clip_eps: float = 0.2
+
+    def __post_init__(self):
+        if self.composer_kl_weighting not in COMPOSER_KL_WEIGHTINGS:
+            raise ValueError(f"composer_kl_weighting={self.composer_kl_weighting!r}; "
+                             f"choose one of {COMPOSER_KL_WEIGHTINGS}.")
+        if self.composer_margin_weighting not in COMPOSER_MARGIN_WEIGHTINGS:
+            raise ValueError(f"composer_margin_weighting={self.composer_margin_weighting!r}; "
+                             f"choose one of {COMPOSER_MARGIN_WEIGHTINGS} (rollout_mean: the release).")
+        if self.logits_dtype not in LOGITS_DTYPES:
+            raise ValueError(f"logits_dtype={self.logits_dtype!r}; use float32 (release) or compute.")
+        if self.logits_chunk < 1 or self.top_m < 1:
+            raise ValueError(f"logits_chunk={self.logits_chunk} and top_m={self.top_m} must be >= 1.")
+
+    def logits_jnp_dtype(self, compute_dtype):
+        """The LM-head matmul's accumulation / output dtype for ``compute_dtype`` inputs."""
+        return jnp.float32 if self.logits_dtype == "float32" else compute_dtype
