@@ -109,3 +109,12 @@ def test_holm_matches_the_step_down_rule():
     expected = {3: 0.02, 0: 0.03, 2: 0.06, 1: 0.06}
     assert st.holm(p) == pytest.approx([expected[i] for i in range(4)])
     assert st.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
+
+
+def test_stratified_bootstrap_ci_resamples_each_stratum():
+    x = np.array([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0])
+    strata = ["a", "a", "a", "b", "b", "b", "b"]
+    rng = np.random.default_rng(0)
+    a, b = x[:3], x[3:]
+    reps = (a[rng.integers(0, 3, size=(300, 3))].mean(1) + b[rng.integers(0, 4, size=(300, 4))].mean(1)) / 2
+    assert st.bootstrap_ci(x, resamples=300, strata=strata) == pytest.approx(tuple(np.quantile(reps, [0.025, 0.975])))

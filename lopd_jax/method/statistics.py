@@ -37,13 +37,24 @@ def percentile_interval(replicates: np.ndarray, level: float = LEVEL) -> tuple[f
 
 
 def bootstrap_ci(x: Sequence[float], level: float = LEVEL, resamples: int = RESAMPLES,
-                 seed: int = SEED) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean of ``x`` (i.i.d. resampling, fixed seed)."""
+                 seed: int = SEED, strata: Sequence[Any] | None = None) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of ``x`` (i.i.d. resampling, fixed seed).
+
+    With ``strata`` (one key per value) each stratum is resampled on its own and the
+    statistic is the mean of the stratum means (a score averaged over categories)."""
     a = np.asarray(x, dtype=np.float64).ravel()
     if a.size == 0:
         raise ValueError("bootstrap_ci needs at least one value")
-    idx = np.random.default_rng(seed).integers(0, a.size, size=(resamples, a.size))
-    return percentile_interval(a[idx].mean(axis=1), level)
+    rng = np.random.default_rng(seed)
+    if strata is None:
+        idx = rng.integers(0, a.size, size=(resamples, a.size))
+        return percentile_interval(a[idx].mean(axis=1), level)
+    sidx, K = _cluster_index(strata, a.size)
+    reps = np.zeros(resamples)
+    for k in range(K):
+        xs = a[sidx == k]
+        reps += xs[rng.integers(0, xs.size, size=(resamples, xs.size))].mean(axis=1) / K
+    return percentile_interval(reps, level)
 
 
 def _cluster_index(clusters: Sequence[Any] | None, n_tasks: int) -> tuple[np.ndarray, int]:
