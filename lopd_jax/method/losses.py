@@ -232,6 +232,7 @@ def lopd_loss_from_stats(
     composer_kl_weighting: str = "rollout_mean",
     totals: dict[str, jax.Array] | None = None,
     composer_margin_weighting: str = "rollout_mean",
+    reference_logp: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """L = L_distill + beta (m - Delta) + lambda anchor from per-token stats (SPEC 2.10).
 
@@ -254,6 +255,11 @@ def lopd_loss_from_stats(
     summing over micro-batches (and adding ``beta * m`` to ``loss`` and ``m`` to
     ``margin_gap``) gives the whole batch's values; ``beta`` and ``delta_per_rollout``
     are not summed.
+
+    ``loss_terms`` (differentiable, [3]) holds the loss's three terms -- distillation,
+    ``-beta Delta_w`` and ``lambda anchor`` -- summing to the loss less the constant
+    ``beta m``, for per-term gradients. ``reference_logp`` [B, S] (the teacher's log-probs without latents) adds
+    ``delta_vs_plain_teacher``: Delta with it in the student's place.
     """
     _check_weighting("composer_kl_weighting", composer_kl_weighting, COMPOSER_KL_WEIGHTINGS)
     _check_weighting("composer_margin_weighting", composer_margin_weighting, COMPOSER_MARGIN_WEIGHTINGS)
@@ -298,6 +304,11 @@ def lopd_loss_from_stats(
     }
     if "teacher_topm_mass" in stats:
         metrics["teacher_topm_mass"] = masked_token_mean(sg(stats["teacher_topm_mass"]), mask, n_tok)
+    if reference_logp is not None:
+        metrics["delta_vs_plain_teacher"] = sg(privilege_delta(stats["teacher_logp"], reference_logp, mask,
+                                                               advantages, n_tok)[0])
+    # without the constant beta * m: shares of micro-batches and passes then sum to the whole batch's
+    metrics["loss_terms"] = jnp.stack([distill, -beta * margin_delta, anchor_weight * anchor])
     return loss, metrics
 
 
@@ -322,6 +333,7 @@ def lopd_objective(
     totals: dict[str, jax.Array] | None = None,
     composer_margin_weighting: str = "rollout_mean",
     logits_dtype=jnp.float32,
+    reference_logp: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The fused LOPD scalar for one step: student and composer gradients in one backward.
 
@@ -349,6 +361,8 @@ def lopd_objective(
       latents, latents0: c_phi and the cold-start c_phi0 for the anchor (or both None).
       totals: the whole batch's :func:`lopd_totals` when this is one micro-batch of it
         (see :func:`lopd_loss_from_stats`); None = this is the whole batch.
+      reference_logp: the teacher's token log-probs without latents (optional; see
+        :func:`lopd_loss_from_stats`).
 
     Returns:
       ``(loss, metrics)``; metrics are stop-gradient scalars (plus ``delta_per_rollout``).
@@ -378,6 +392,7 @@ def lopd_objective(
         composer_kl_weighting=composer_kl_weighting,
         totals=totals,
         composer_margin_weighting=composer_margin_weighting,
+        reference_logp=reference_logp,
     )
 
 
