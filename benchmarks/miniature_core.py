@@ -14,7 +14,8 @@
    student-side randomness. Finished runs are skipped (rerun to resume).
 3. ``W/results.json``: one record per arm x seed (arm, seed, overrides, rollouts, held-out
    reward and success before / after, wall seconds, rollouts per minute) and the table
-   (mean +- std over seeds) printed as Markdown.
+   (mean +- sample SD over seeds) printed as Markdown, then :mod:`benchmarks.rank_arms`'s
+   contrasts (paired bootstrap intervals, Holm-corrected) and ranking.
 
 Arm names: ``lopd``, ``grpo``, ``lopd_frozen_composer``, ``m0`` (LOPD with
 ``steps.margin=0``), any other ``TrainConfig.arm``.
@@ -32,6 +33,9 @@ import sys
 import time
 
 import numpy as np
+
+from benchmarks import rank_arms
+from lopd_jax.method.statistics import sample_sd
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARM_OVERRIDES = {"lopd": [], "m0": ["steps.margin=0"]}
@@ -101,7 +105,7 @@ def record(run_dir: str, arm: str, seed: int, overrides: list[str], wall: float 
 
 
 def table(records: list[dict]) -> str:
-    """Markdown table: mean +- std over seeds per arm; seconds are means (``s / step``: the
+    """Markdown table: mean +- sample SD (ddof=1; nan with one seed) over seeds per arm; seconds are means (``s / step``: the
     training stage's seconds over its steps, rollouts included; ``run wall s``: the whole
     training process of the run, evaluation after and export included)."""
     lines = ["| arm | seeds | rollouts | held-out reward before | after | success before | after | "
@@ -109,7 +113,7 @@ def table(records: list[dict]) -> str:
     arms = list(dict.fromkeys(r["arm"] for r in records))
     for arm in arms:
         rs = [r for r in records if r["arm"] == arm]
-        ms = lambda k: f"{np.mean([r[k] for r in rs]):.4f} ± {np.std([r[k] for r in rs]):.4f}"  # noqa: E731
+        ms = lambda k: f"{np.mean([r[k] for r in rs]):.4f} ± {sample_sd([r[k] for r in rs]):.4f}"  # noqa: E731
         lines.append(f"| {arm} | {len(rs)} | {rs[0]['rollouts']} | {ms('reward_before')} | {ms('reward_after')} | "
                      f"{ms('success_before')} | {ms('success_after')} | "
                      f"{np.mean([r['train_stage_seconds'] for r in rs]):.0f} | "
@@ -180,6 +184,7 @@ def main(argv=None) -> int:
         with open(os.path.join(W, "results.json"), "w") as f:
             json.dump({"config": args.config, "overrides": args.overrides, "records": records}, f, indent=1)
         print(table(records))
+        print(rank_arms.format_report(rank_arms.report(W)))
         print("\n".join(sweep_report(W, arms, seeds)))
         return 0
     if not _ledger(prefix).get("cold_start", {}).get("done"):
@@ -215,6 +220,7 @@ def main(argv=None) -> int:
     with open(os.path.join(W, "results.json"), "w") as f:
         json.dump(out, f, indent=1)
     print(table(records))
+    print(rank_arms.format_report(rank_arms.report(W)))
     print(f"sweep wall time this invocation: {out['sweep_seconds']:.0f}s")
     return 0 if len(records) == len(jobs) else 1
 

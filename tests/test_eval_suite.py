@@ -301,3 +301,15 @@ def test_ungradable_tasks_make_an_error_row(tmp_path):
     out = eval_suite.run_benchmark(bench, _oracle_roll(answer), _args(tmp_path))
     assert out["status"] == "error" and out["score"] is None and out["ungraded"] == 1
     assert out["ungraded_tasks"] == ["Mbpp/5"] and "1 of 2 problems could not be graded" in out["reason"]
+
+
+def test_score_rows_interval_is_a_bootstrap_over_problems():
+    from lopd_jax.method.statistics import bootstrap_ci
+    tasks = [{"category": "a" if i < 6 else "b", "passed": [i % 3 == 0, i % 2 == 0]} for i in range(10)]
+    per_problem = [100.0 * eval_suite.pass_at_k(2, sum(t["passed"]), 1) for t in tasks]
+    flat = eval_suite.score_rows(tasks, 2, average_categories=False)
+    assert flat["score_ci95"] == pytest.approx([round(v, 2) for v in bootstrap_ci(per_problem)])
+    assert flat["score_ci95"][0] <= flat["score"] <= flat["score_ci95"][1]
+    avg = eval_suite.score_rows(tasks, 2, average_categories=True)
+    strata = [t["category"] for t in tasks]
+    assert avg["score_ci95"] == pytest.approx([round(v, 2) for v in bootstrap_ci(per_problem, strata=strata)])

@@ -224,5 +224,7 @@ def test_micro_batched_sharded_step_equals_single_device(single_device_run):
     assert num_micro_steps(system, B) == 2
     _, _, _, hist = _run_steps(system, 2, _batch())
     for k in hist1[0]:
+        # the shares of a gradient at float-noise level (the anchor's at phi = phi0) differ by ~1e-5 across layouts
+        atol = 1e-4 if k.startswith("composer_grad_share") else 1e-6
         for h1, h in zip(hist1, hist):
-            np.testing.assert_allclose(h[k], h1[k], rtol=2e-4, atol=1e-6, err_msg=k)
+            np.testing.assert_allclose(h[k], h1[k], rtol=2e-4, atol=atol, err_msg=k)

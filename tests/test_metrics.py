@@ -132,3 +132,22 @@ def test_plot_run_places_held_out_evaluations_at_their_rollouts(tmp_path):
     np.testing.assert_allclose(y, [0.25, 0.5, 0.75])
     assert plot_run(path, tmp_path / "run.png", margin=0.05).endswith("run.png")
     assert _held_out_series(path, read_metrics(path, "lopd"), ("nothing",), "reward_mean", "rollouts") is None
+
+
+def test_plot_run_draws_the_margin_metrics(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+    from train.metrics import SHARE_KEYS
+    with MetricsWriter(tmp_path, enabled=True, tensorboard=False) as w:
+        for s in range(6):
+            w.write(s + 1, "lopd", {"reward_mean": 0.3, "delta": 0.01 * s, "beta": 0.1, "rollouts": 8,
+                                    "delta_vs_plain_teacher": 0.02 * s,
+                                    **dict(zip(SHARE_KEYS, (0.6, 0.3, 0.1)))})
+    figs = []
+    monkeypatch.setattr(plt, "close", figs.append)  # keep the figure to inspect it
+    plot_run(tmp_path / "metrics.jsonl", tmp_path / "run.png", margin=0.05)
+    axes = figs[0].axes
+    assert len(axes) == 4
+    assert [t.get_text() for t in axes[1].get_legend().get_texts()][:2] == ["vs the student",
+                                                                         "vs the teacher without latents"]
+    assert [t.get_text() for t in axes[3].get_legend().get_texts()] == ["distillation", "margin", "anchor"]
+    np.testing.assert_allclose(axes[3].lines[1].get_ydata(), 0.3)

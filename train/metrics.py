@@ -263,14 +263,19 @@ def _held_out_series(path, records, eval_stages, reward_key: str, rollouts_key: 
     return (np.array([p[0] for p in pts]), np.array([p[1] for p in pts])) if pts else None
 
 
+PLAIN_DELTA_KEY = "delta_vs_plain_teacher"
+SHARE_KEYS = ("composer_grad_share_distill", "composer_grad_share_margin", "composer_grad_share_anchor")
+
+
 def plot_run(metrics_jsonl: str | os.PathLike, out_png: str | os.PathLike, *, stage: str | None = "lopd",
              reward_key: str = "reward_mean", delta_key: str = "delta", beta_key: str = "beta",
              rollouts_key: str = "rollouts", margin: float | None = None, title: str | None = None,
              eval_stages: tuple[str, ...] = ("eval_before", "eval", "eval_after")) -> str:
-    """Figure 4 layout: reward, Delta and beta against cumulative rollouts; returns the path.
+    """Figure 4 layout: reward, Delta and beta against cumulative rollouts, then each loss
+    term's share of the composer's gradient; returns the path.
 
-    Three stacked panels sharing the x axis. ``margin`` draws the target m on the Delta
-    panel. The held-out evaluations (records of ``eval_stages``, logged at LOPD step s)
+    Stacked panels sharing the x axis. ``margin`` draws the target m on the Delta panel,
+    beside Delta against the teacher without latents when the run logged it. The held-out evaluations (records of ``eval_stages``, logged at LOPD step s)
     join the reward panel as a second line at the rollouts done by step s. Metrics absent
     from the file are left out; none present is an error.
     """
@@ -279,7 +284,8 @@ def plot_run(metrics_jsonl: str | os.PathLike, out_png: str | os.PathLike, *, st
     import matplotlib.pyplot as plt  # after use('Agg'): no display needed
 
     records = read_metrics(metrics_jsonl, stage)
-    panels = [(reward_key, "mean reward"), (delta_key, "Δ (privilege margin)"), (beta_key, "β (dual variable)")]
+    panels = [(reward_key, "mean reward"), (delta_key, "Δ (privilege margin)"), (beta_key, "β (dual variable)"),
+              (SHARE_KEYS[0], "share of the\ncomposer's gradient")]
     series = [(k, label, *_series(records, k, rollouts_key)) for k, label in panels]
     series = [s for s in series if len(s[2])]
     if not series:
@@ -287,7 +293,7 @@ def plot_run(metrics_jsonl: str | os.PathLike, out_png: str | os.PathLike, *, st
                          f"{f' for stage {stage!r}' if stage else ''}; nothing to plot.")
     has_rollouts = any(rollouts_key in r for r in records)
     fig, axes = plt.subplots(len(series), 1, sharex=True, figsize=(6.4, 2.2 * len(series) + 0.6), squeeze=False)
-    colors = ("tab:blue", "tab:orange", "tab:green")
+    colors = ("tab:blue", "tab:orange", "tab:green", "tab:purple")
     held_out = _held_out_series(metrics_jsonl, records, eval_stages, reward_key, rollouts_key)
     for ax, (key, label, x, y), color in zip(axes[:, 0], series, colors):
         ax.plot(x, y, color=color, lw=1.5, marker="o" if len(x) < 40 else None, ms=3,
@@ -295,8 +301,20 @@ def plot_run(metrics_jsonl: str | os.PathLike, out_png: str | os.PathLike, *, st
         if key == reward_key and held_out:
             ax.plot(*held_out, color="tab:red", lw=1.5, marker="s", ms=4, label="held-out (greedy)")
             ax.legend(loc="best", fontsize=8)
-        if key == delta_key and margin is not None:
-            ax.axhline(margin, color="gray", ls="--", lw=1, label=f"m = {margin:g}")
+        if key == delta_key:
+            plain = _series(records, PLAIN_DELTA_KEY, rollouts_key)
+            if len(plain[0]):
+                ax.lines[-1].set_label("vs the student")
+                ax.plot(*plain, color="tab:brown", lw=1.2, ls="-.", label="vs the teacher without latents")
+            if margin is not None:
+                ax.axhline(margin, color="gray", ls="--", lw=1, label=f"m = {margin:g}")
+            if len(plain[0]) or margin is not None:
+                ax.legend(loc="best", fontsize=8)
+        if key == SHARE_KEYS[0]:
+            ax.lines[-1].set_label("distillation")
+            for k, c, name in zip(SHARE_KEYS[1:], ("tab:red", "tab:gray"), ("margin", "anchor")):
+                ax.plot(*_series(records, k, rollouts_key), color=c, lw=1.5, label=name)
+            ax.set_ylim(-0.02, 1.02)
             ax.legend(loc="best", fontsize=8)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)

@@ -34,7 +34,8 @@ def log(msg: str) -> None:
 
 def evaluate_policy(ctx: RunContext, params, step: int = 0) -> dict[str, Any]:
     """Greedy rollouts of the held-out tasks as they stand after ``step`` training steps
-    (the task source's ``at_step``): mean reward, success rate and Table-3 stats."""
+    (the task source's ``at_step``): mean reward, success rate, Table-3 stats and the
+    per-task outcomes (:func:`per_task_outcomes`)."""
     greedy = dataclasses.replace(ctx.cfg.rollout.sampling, temperature=0.0)
     key = jax.random.fold_in(jax.random.key(ctx.cfg.seed), EVAL_RNG_OFFSET)
     B = ctx.cfg.env.tasks_per_step
@@ -47,11 +48,19 @@ def evaluate_policy(ctx: RunContext, params, step: int = 0) -> dict[str, Any]:
     out = {k: v for k, v in stats.items() if isinstance(v, (int, float))}
     out["reward_mean"] = float(np.mean([t.reward for t in trajs]))
     out["eval_tasks"] = len(trajs)
+    out["per_task"] = per_task_outcomes(ctx.source, trajs)
     if getattr(ctx, "no_tool_baseline", None) is None:  # the same for every evaluation of a run
         ctx.no_tool_baseline = no_tool_baseline(ctx.source.make_env, ctx.eval_tasks)
     out["no_tool_baseline"] = ctx.no_tool_baseline
     out["eval_seconds"] = time.perf_counter() - t0
     return out
+
+
+def per_task_outcomes(source, trajs) -> dict[str, list]:
+    """Each evaluated task's id, cluster key (:meth:`lopd_jax.envs.base.TaskSource.cluster_key`)
+    and reward, in evaluation order: what a paired bootstrap between runs resamples."""
+    return {"task_id": [t.task.task_id for t in trajs], "cluster": [source.cluster_key(t.task) for t in trajs],
+            "reward": [float(t.reward) for t in trajs]}
 
 
 def put_batch(system, batch: dict) -> dict:

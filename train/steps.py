@@ -64,10 +64,52 @@ def lopd_loss(system: LOPDSystem, student_p, composer_p, state, frozen, batch, r
     if "row_valid" in batch:  # padding rows of a bucketed pass: no anchor term
         w = batch["row_valid"].astype(latents.dtype)[:, None, None]
         latents, latents0 = latents * w, latents0 * w
+    loss_cfg, dtype = system.step_cfg.loss, system.model_cfg.jnp_dtype
+    # the teacher without latents (its slots masked, same prompt): the reference of delta_vs_plain_teacher
+    plain = sg(teacher_hidden_states(teacher, tokens, amask, batch["insert_at"], sg(latents), system.layout,
+                                     slot_mask(jnp.zeros_like(batch["exp_mask"]), system.composer_cfg.num_latents)))
+    plain_logp = chunked_token_logp(plain[:, :-1], sg(teacher.lm_head_kernel()), tokens[:, 1:],
+                                    chunk_size=loss_cfg.logits_chunk, compute_dtype=dtype,
+                                    logits_dtype=loss_cfg.logits_jnp_dtype(dtype))
     return losses.lopd_objective(
         s_hidden[:, :-1], student.lm_head_kernel(), t_hidden[:, :-1], sg(teacher.lm_head_kernel()),
         tokens[:, 1:], mask, adv, state["beta"], latents, latents0,
-        loss=system.step_cfg.loss, compute_dtype=system.model_cfg.jnp_dtype, totals=totals)
+        loss=loss_cfg, compute_dtype=dtype, totals=totals, reference_logp=plain_logp)
+
+
+TERMS = ("distill", "margin", "anchor")  # lopd_loss's loss_terms, in order
+
+
+def lopd_grads(fn, sp, cp, with_composer: bool, per_term: bool = True):
+    """``fn(sp, cp) -> (loss, metrics)`` (:func:`lopd_loss`): ``(metrics, (student grads,
+    composer grads), composer grads of the margin and anchor terms)`` from one forward
+    (``jax.vjp``): the full gradient is the pullback of ones over ``loss_terms``, each
+    term's the pullback of its basis vector (the distillation term's is the remainder).
+    Without the composer: ``(metrics, (student grads,), None)``; without ``per_term``:
+    ``(metrics, grads, None)`` (the one pullback)."""
+    def terms(sp, cp):
+        _, metrics = fn(sp, cp)
+        return metrics["loss_terms"], metrics
+
+    if not with_composer:
+        _, pull, metrics = jax.vjp(lambda p: terms(p, cp), sp, has_aux=True)
+        return metrics, pull(jnp.ones(len(TERMS), jnp.float32)), None
+    _, pull, metrics = jax.vjp(terms, sp, cp, has_aux=True)
+    grads = pull(jnp.ones(len(TERMS), jnp.float32))
+    if not per_term:
+        return metrics, grads, None
+    per_term = tuple(pull(jnp.eye(len(TERMS), dtype=jnp.float32)[k])[1] for k in (1, 2))
+    return metrics, grads, per_term
+
+
+def grad_shares(composer_grads, per_term) -> dict:
+    """Each term's share of the composer's gradient: the global norm of its gradient over
+    the sum of the three norms (``composer_grad_share_{distill,margin,anchor}``, summing to 1)."""
+    margin, anchor = per_term
+    distill = jax.tree.map(lambda g, m, a: g - m - a, composer_grads, margin, anchor)
+    norms = jnp.stack([optax.global_norm(g) for g in (distill, margin, anchor)])
+    shares = norms / jnp.maximum(jnp.sum(norms), 1e-30)
+    return {f"composer_grad_share_{t}": shares[i] for i, t in enumerate(TERMS)}
 
 
 def num_micro_steps(system: LOPDSystem, batch_size: int) -> int:
@@ -101,14 +143,16 @@ def _micro_merge(x, shards: int):
 _NOT_SUMMED = ("beta", "delta_per_rollout")
 
 
-def _accumulated_grads(system: LOPDSystem, state, frozen, batch, rng, argnums, grad_shardings):
+def _accumulated_grads(system: LOPDSystem, state, frozen, batch, rng, argnums, grad_shardings, with_shares=False):
     """Gradients and metrics of the whole batch from micro-batches under ``lax.scan``.
 
     Every normalizer (supervised tokens N, rollouts R, anchor elements) comes from the
     whole batch's masks up front (:func:`lopd_jax.method.losses.lopd_totals`) and beta is fixed
     during the step, so each micro-batch's loss is an exact share of the whole batch's and
     the summed gradients (accumulated in fp32) equal the one-pass gradients up to float
-    rounding. LoRA dropout (default 0) draws per micro-batch.
+    rounding. LoRA dropout (default 0) draws per micro-batch. ``with_shares`` also
+    accumulates the margin and anchor terms' composer gradients and adds
+    :func:`grad_shares` to the metrics.
     """
     cfg = system.step_cfg
     B = batch["tokens"].shape[0]
@@ -124,20 +168,29 @@ def _accumulated_grads(system: LOPDSystem, state, frozen, batch, rng, argnums, g
     params = tuple(params[i] for i in argnums)
     f32 = lambda t: jax.tree.map(lambda x: x.astype(jnp.float32), t)  # noqa: E731
 
+    with_composer = with_shares and len(argnums) == 2
+    term_sh = None if grad_shardings is None or not with_composer else (grad_shardings[1],) * 2
+
     def body(acc, xs):
         mb, i = xs
         fn = lambda sp, cp: lopd_loss(system, sp, cp, state, frozen, mb, jax.random.fold_in(rng, i), totals)  # noqa: E731
-        (_, metrics), grads = jax.value_and_grad(fn, argnums=argnums, has_aux=True)(
-            state["student"], state["composer"])
-        acc = jax.tree.map(jnp.add, acc, f32(grads))
+        metrics, grads, per_term = lopd_grads(fn, state["student"], state["composer"], len(argnums) == 2,
+                                              with_composer)
+        g = jax.tree.map(jnp.add, acc[0], f32(grads))
+        terms = None if per_term is None else jax.tree.map(jnp.add, acc[1], f32(per_term))
         if grad_shardings is not None:
-            acc = jax.lax.with_sharding_constraint(acc, grad_shardings)
-        return acc, metrics
+            g = jax.lax.with_sharding_constraint(g, grad_shardings)
+            terms = terms if term_sh is None else jax.lax.with_sharding_constraint(terms, term_sh)
+        return (g, terms), metrics
 
     zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), params)
-    grads, per_micro = jax.lax.scan(body, zeros, (micro, jnp.arange(n_micro)), unroll=scans_unrolled())
+    term_zeros = (zeros[1], zeros[1]) if with_composer else None
+    (grads, per_term), per_micro = jax.lax.scan(body, (zeros, term_zeros), (micro, jnp.arange(n_micro)),
+                                                unroll=scans_unrolled())
+    shares = grad_shares(grads[1], per_term) if with_composer else {}
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
     metrics = {k: (v if k in _NOT_SUMMED else jnp.sum(v, axis=0)) for k, v in per_micro.items()}
+    metrics.update(shares)
     metrics["beta"] = per_micro["beta"][0]
     metrics["delta_per_rollout"] = _micro_merge(per_micro["delta_per_rollout"], shards)
     return grads, finish_summed_metrics(metrics, cfg.loss.margin)
@@ -157,6 +210,7 @@ def lopd_update(system: LOPDSystem, state, grads, metrics, rng, mean_reward, tok
     each for the student and (unless frozen) the composer, the dual step on beta, the
     non-finite guard; ``rng`` becomes the state's key. Returns ``(state, metrics)``."""
     cfg = system.step_cfg
+    metrics = {k: v for k, v in metrics.items() if k != "loss_terms"}  # a [3] vector: its gradients were the use
     new = dict(state)
     new["student"], new["student_opt"] = _apply(system.student_opt, grads[0], state["student_opt"], state["student"])
     metrics["student_grad_norm"] = optax.global_norm(grads[0])
@@ -200,11 +254,13 @@ def make_lopd_step(system: LOPDSystem, example_state, example_batch):
         argnums = (0,) if cfg.freeze_composer else (0, 1)
         if num_micro_steps(system, batch["tokens"].shape[0]) > 1:
             grads, metrics = _accumulated_grads(system, state, frozen, batch, sub, argnums,
-                                                None if grad_sh is None else tuple(grad_sh[i] for i in argnums))
+                                                None if grad_sh is None else tuple(grad_sh[i] for i in argnums),
+                                                with_shares=True)
         else:
             fn = lambda sp, cp: lopd_loss(system, sp, cp, state, frozen, batch, sub)  # noqa: E731
-            (loss, metrics), grads = jax.value_and_grad(fn, argnums=argnums, has_aux=True)(
-                state["student"], state["composer"])
+            metrics, grads, per_term = lopd_grads(fn, state["student"], state["composer"], len(argnums) == 2)
+            if per_term is not None:
+                metrics.update(grad_shares(grads[1], per_term))
         return lopd_update(system, state, grads, metrics, rng, jnp.mean(batch["rewards"].astype(jnp.float32)),
                            jnp.sum(batch["attention_mask"].astype(jnp.float32)))
 

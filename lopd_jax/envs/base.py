@@ -431,6 +431,12 @@ class TaskSource(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} ({self.env_id!r}) has no oracle hint "
                                   f"for task {task.task_id!r}; implement oracle_hint(task)")
 
+    def cluster_key(self, task: Task) -> str:
+        """What makes the outcomes of this task dependent on others' (the unit a bootstrap
+        over tasks resamples, :mod:`lopd_jax.method.statistics`): by default the task itself
+        (a code problem, a BFCL entry); families sharing a hidden parameter name it."""
+        return task.task_id
+
 
 class HeldoutTaskSource(TaskSource):
     """An evaluation-only task source: every loaded task is held out, none trains.

@@ -95,6 +95,10 @@ class HintedTaskSource(TaskSource):
         """The wrapped source's hint."""
         return self.source.oracle_hint(task)
 
+    def cluster_key(self, task: Task) -> str:
+        """The wrapped source's cluster key."""
+        return self.source.cluster_key(task)
+
     def make_env(self) -> HintedEnvironment:
         """A wrapped environment whose prompts carry the hint."""
         return HintedEnvironment(self.source.make_env(), self.source.oracle_hint, self.before, self.after)

@@ -220,6 +220,7 @@ def lopd_loss_from_stats(
     *,
     loss: LossConfig = LossConfig(),
     totals: dict[str, jax.Array] | None = None,
+    reference_logp: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """L = L_distill + beta (m - Delta) + lambda anchor from per-token stats, with m, lambda
     and the weightings from ``loss``.
@@ -245,6 +246,11 @@ def lopd_loss_from_stats(
     summing over micro-batches (and adding ``beta * m`` to ``loss`` and ``m`` to
     ``margin_gap``) gives the whole batch's values; ``beta`` and ``delta_per_rollout``
     are not summed.
+
+    ``loss_terms`` (differentiable, [3]) holds the loss's three terms -- distillation,
+    ``-beta Delta_w`` and ``lambda anchor`` -- summing to the loss less the constant
+    ``beta m``, for per-term gradients. ``reference_logp`` [B, S] (the teacher's log-probs without latents) adds
+    ``delta_vs_plain_teacher``: Delta with it in the student's place.
     """
     if (latents is None) != (latents0 is None):
         raise ValueError("pass both latents and latents0 for the anchor, or neither.")
@@ -287,6 +293,11 @@ def lopd_loss_from_stats(
     }
     if "teacher_topm_mass" in stats:
         metrics["teacher_topm_mass"] = masked_token_mean(sg(stats["teacher_topm_mass"]), mask, n_tok)
+    if reference_logp is not None:
+        metrics["delta_vs_plain_teacher"] = sg(privilege_delta(stats["teacher_logp"], reference_logp, mask,
+                                                               advantages, n_tok)[0])
+    # without the constant beta * m: shares of micro-batches and passes then sum to the whole batch's
+    metrics["loss_terms"] = jnp.stack([distill, -beta * margin_delta, loss.anchor_weight * anchor])
     return value, metrics
 
 
@@ -305,6 +316,7 @@ def lopd_objective(
     loss: LossConfig = LossConfig(),
     compute_dtype=jnp.float32,
     totals: dict[str, jax.Array] | None = None,
+    reference_logp: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The fused LOPD scalar for one step: student and composer gradients in one backward.
 
@@ -335,6 +347,8 @@ def lopd_objective(
       compute_dtype: the model's compute dtype (the LM-head inputs are cast to it).
       totals: the whole batch's :func:`lopd_totals` when this is one micro-batch of it
         (see :func:`lopd_loss_from_stats`); None = this is the whole batch.
+      reference_logp: the teacher's token log-probs without latents (optional; see
+        :func:`lopd_loss_from_stats`).
 
     Returns:
       ``(loss, metrics)``; metrics are stop-gradient scalars (plus ``delta_per_rollout``).
@@ -352,7 +366,8 @@ def lopd_objective(
         teacher_kl_grad_scale=scale,
         logits_dtype=loss.logits_jnp_dtype(compute_dtype),
     )
-    return lopd_loss_from_stats(stats, mask, advantages, beta, latents, latents0, loss=loss, totals=totals)
+    return lopd_loss_from_stats(stats, mask, advantages, beta, latents, latents0, loss=loss, totals=totals,
+                                reference_logp=reference_logp)
 
 
 def group_advantages(

@@ -21,8 +21,9 @@ The demo copies that starting point into ``<workdir>/start`` and then, at once:
   a copy in ``<workdir>/seed<k>``: only the training stage, the evaluations and the export
   run), with a held-out evaluation halfway.
 
-It prints the held-out reward before and after LOPD per seed, the mean gain against the
-seed-to-seed spread, writes ``<workdir>/demo.json`` and plots ``<workdir>/demo.png``.
+It prints the held-out reward before and after LOPD per seed and the mean gain with its 95%
+paired bootstrap interval over seeds and held-out tasks clustered by customer
+(:mod:`lopd_jax.programs.arm_stats`; with one seed, over tasks alone), writes ``<workdir>/demo.json`` and plots ``<workdir>/demo.png``.
 Dotted overrides are passed to every LOPD run (e.g. ``stages.lopd_steps=8``). Exit status:
 0 done, 1 a run failed (its log is named), 2 a bad argument or no starting point.
 """
@@ -46,6 +47,8 @@ matplotlib.use("Agg")  # files only: no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
 from lopd_jax.io.paths import REPO_ROOT  # noqa: E402
+from lopd_jax.method import statistics  # noqa: E402
+from lopd_jax.programs.arm_stats import cluster_name, contrast, ledger_outcomes, run_outcomes, verdict  # noqa: E402
 from lopd_jax.io.startup import configure_platform  # noqa: E402
 
 START_DIR = os.path.join(REPO_ROOT, "data", "demo", "start")
@@ -178,16 +181,47 @@ def held_out_curve(run_dir: str) -> list[tuple[int, float]]:
     return sorted(pts.items())
 
 
+def before_outcomes(run_dir: str, premise: dict) -> dict[str, list] | None:
+    """The per-task held-out outcomes before LOPD: the run's evaluation before when it kept
+    them, else the premise check's ``base`` row (theta0, greedy, the same tasks and key)."""
+    return run_outcomes(run_dir, "eval_before") or premise.get("rows", {}).get("base", {}).get("per_task")
+
+
+def gain_interval(runs: dict[int, dict]) -> dict[str, Any] | None:
+    """Paired bootstrap of after - before over seeds and held-out tasks, clustered by the
+    tasks' cluster keys (customer); None when a run lacks per-task outcomes."""
+    rs = list(runs.values())
+    if any(r.get("after_tasks") is None for r in rs) or rs[0].get("before_tasks") is None:
+        return None
+    c = contrast([r["after_tasks"] for r in rs], [rs[0]["before_tasks"]])
+    c["cluster_name"] = cluster_name([rs[0]["after_tasks"]])
+    return c
+
+
 def summarize(premise: dict, runs: dict[int, dict]) -> dict[str, Any]:
-    """The demo's numbers: before, after per seed, mean, spread (std and range) and gain."""
+    """The demo's numbers: before, after per seed, mean, sample SD, range, gain and its
+    interval (:func:`gain_interval`)."""
     before = next(iter(runs.values()))["before"]
     after = np.array([r["after"] for r in runs.values()])
     spread = float(after.max() - after.min())
     gain = float(after.mean() - before)
-    return {"before": before, "after_mean": float(after.mean()), "after_std": float(after.std()),
-            "after_range": spread, "gain": gain, "gain_exceeds_spread": bool(gain > spread),
+    return {"before": before, "after_mean": float(after.mean()), "after_sd": statistics.sample_sd(after),
+            "after_range": spread, "gain": gain, "gain_interval": gain_interval(runs),
             "no_tool_baseline": premise.get("no_tool_baseline"), "premise": premise.get("rows", {}),
-            "runs": {str(k): v for k, v in runs.items()}}
+            "runs": {str(k): {n: v for n, v in r.items() if not n.endswith("_tasks")} for k, r in runs.items()}}
+
+
+def gain_line(s: dict[str, Any]) -> str:
+    """The verdict: the gain with its interval, or why there is none."""
+    c = s["gain_interval"]
+    if c is None:
+        return (f"gain {s['gain']:+.4f} (no interval: the runs kept no per-task outcomes; rerun them with this "
+                f"version)")
+    line = (f"gain {statistics.format_interval(c)} ({statistics.describe_design(c, c['cluster_name'])}); "
+            f"{verdict(c)}")
+    if not c["seed_resampling"]:
+        line += "; a seed-to-seed interval needs >= 2 seeds"
+    return line
 
 
 def report(s: dict[str, Any]) -> str:
@@ -204,10 +238,11 @@ def report(s: dict[str, Any]) -> str:
     for k, r in s["runs"].items():
         curve = dict(r["curve"])
         lines.append(f"| {k} | " + " | ".join(f"{curve[st]:.4f}" if st in curve else "-" for st in steps) + " |")
-    verdict = "exceeds" if s["gain_exceeds_spread"] else "does NOT exceed"
-    lines += ["", f"held-out reward before LOPD: {s['before']:.4f}; after: {s['after_mean']:.4f} "
-                  f"± {s['after_std']:.4f} (mean ± std over {len(s['runs'])} seeds, range {s['after_range']:.4f})",
-              f"gain {s['gain']:+.4f}: it {verdict} the seed-to-seed spread (range {s['after_range']:.4f})"]
+    n = len(s["runs"])
+    spread = (f" ± {s['after_sd']:.4f} (mean ± sample SD over {n} seeds, range {s['after_range']:.4f})" if n > 1
+              else " (one seed)")
+    lines += ["", f"held-out reward before LOPD: {s['before']:.4f}; after: {s['after_mean']:.4f}{spread}",
+              gain_line(s)]
     return "\n".join(lines)
 
 
@@ -261,7 +296,8 @@ def run_demo(workdir: str, start: str, seeds: Sequence[int], parallel: int, extr
         led = _read_json(os.path.join(run_dir, "stages.json"))
         runs[k] = {"before": led["eval_before"]["reward_mean"], "after": led["eval_after"]["reward_mean"],
                    "curve": held_out_curve(run_dir), "train_stage_seconds": led["lopd"]["seconds"],
-                   "wall_seconds": round(walls[k], 1)}
+                   "wall_seconds": round(walls[k], 1), "after_tasks": ledger_outcomes(led, "eval_after"),
+                   "before_tasks": before_outcomes(run_dir, premise)}
     s = summarize(premise, runs)
     s.update(start=os.path.abspath(start), config=config, start_overrides=overrides, extra_overrides=list(extra),
              premise_seconds=round(walls["premise"], 1))

@@ -32,6 +32,7 @@ from lopd_jax.envs.envscaler import ENV_ITEMS_FILE, HELDOUT_FILE, EnvScalerTaskS
 from lopd_jax.envs.code.evalplus import EvalPlusTaskSource
 from lopd_jax.envs.code.livecodebench import LiveCodeBenchTaskSource
 from lopd_jax.io import files
+from lopd_jax.method.statistics import bootstrap_ci
 
 TABLES = {"tool_use": "Table 1: tool use", "code": "Table 2: code"}
 SUITES = ("tool_use", "code", "all")
@@ -175,7 +176,8 @@ def _acebench_row(row: dict) -> dict:
             process[c] = round(100.0 * sum(xs) / len(xs), 2)
     out = {**row, "per_category": per_category, "category_counts": aggregate_counts(row["tasks"]),
            "normal_special_score": per_category.get("normal_special"), "process_accuracy": process,
-           "score": per_category.get("agent"), "user_simulator": row.get("user_simulator") or "none"}
+           "score": per_category.get("agent"), "user_simulator": row.get("user_simulator") or "none",
+           "score_ci95": None}  # upstream's aggregation, not a mean over problems: no interval here
     missing = [c for c in AGENT_CATEGORIES if c not in per_category]
     if missing:
         out.update(status="partial", score=None, reason=(
@@ -215,7 +217,9 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def score_rows(per_task: list[dict[str, Any]], n: int, average_categories: bool) -> dict[str, Any]:
     """Scores (0-100) from per-task sample results: ``{"category", "passed": [bool] * n,
-    "base": [bool] * n (optional)}``."""
+    "base": [bool] * n (optional)}``. ``score_ci95``: the pass@1 score's 95% percentile
+    bootstrap interval over problems (a problem's samples stay together: clustered by
+    problem; resampled within each category when the score averages categories)."""
     ks = [k for k in (1, 5, 10) if k <= n] + ([n] if n not in (1, 5, 10) else [])
 
     def mean_pass(tasks, key="passed", k=1):
@@ -230,7 +234,9 @@ def score_rows(per_task: list[dict[str, Any]], n: int, average_categories: bool)
         by_cat["base"] = round(mean_pass(with_base, "base"), 2)
     score = (sum(mean_pass(ts) for ts in cats.values()) / len(cats) if average_categories
              else mean_pass(per_task))
-    return {"score": round(score, 2), "per_category": by_cat,
+    per_problem = [100.0 * pass_at_k(n, sum(t["passed"]), 1) for t in per_task]
+    lo, hi = bootstrap_ci(per_problem, strata=[t["category"] for t in per_task] if average_categories else None)
+    return {"score": round(score, 2), "score_ci95": [round(lo, 2), round(hi, 2)], "per_category": by_cat,
             "category_counts": {c: len(ts) for c, ts in sorted(cats.items())},
             "pass_at_k": {f"pass@{k}": round(mean_pass(per_task, k=k), 2) for k in ks}}
 
@@ -318,12 +324,13 @@ def render_markdown(report: dict[str, Any]) -> str:
         rows = [r for r in report["rows"] if r["table"] == table]
         if not rows:
             continue
-        lines += [f"## {title}", "", "| benchmark | score (0-100) | problems | wall s | status |",
-                  "|---|---|---|---|---|"]
+        lines += [f"## {title}", "", "| benchmark | score (0-100) | 95% CI (bootstrap over problems) | problems | "
+                  "wall s | status |", "|---|---|---|---|---|---|"]
         for r in rows:
             score = "-" if r["score"] is None else f"{r['score']:.1f}"
+            ci = f"[{r['score_ci95'][0]:.1f}, {r['score_ci95'][1]:.1f}]" if r.get("score_ci95") else "-"
             status = "ok" if r["status"] == "ok" else f"{r['status']}: {r['reason']}"
-            lines.append(f"| {r['benchmark']} | {score} | {r.get('problems', 0)} | "
+            lines.append(f"| {r['benchmark']} | {score} | {ci} | {r.get('problems', 0)} | "
                          f"{r.get('wall_s', 0.0):.1f} | {status} |")
         lines.append("")
     lines += ["## Per category", ""]

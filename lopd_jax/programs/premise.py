@@ -6,8 +6,9 @@ format) this measures three rows: ``base`` (theta0); ``base + oracle text`` (eac
 oracle hint as text in the latent slot's place: OPSD's teacher, :mod:`lopd_jax.envs.privileged`);
 ``base + composer`` (the cold-start composer's latents of retrieved experiences,
 :mod:`lopd_jax.programs.composer_eval`). Each row reports reward, success, calls and
-errors per episode, the gap to ``base`` and the teacher-forced log-prob per token of the
-oracle demonstration (:func:`oracle_logprob`), beside the no-tool baseline.
+errors per episode, the gap to ``base`` with its 95% bootstrap interval over the tasks
+(clustered by their cluster keys, :func:`add_gaps`) and the teacher-forced log-prob per
+token of the oracle demonstration (:func:`oracle_logprob`), beside the no-tool baseline.
 
     python -m lopd_jax.premise --config=miniature --workdir=W [key=value ...]
     python -m lopd_jax.premise --workdir=W        # a run that has finished its cold start
@@ -32,13 +33,14 @@ import jax
 from lopd_jax.envs.privileged import HintedTaskSource
 from lopd_jax.io import files
 from lopd_jax.method.eval_stats import behaviour_stats, no_tool_baseline
+from lopd_jax.programs.arm_stats import cluster_name, contrast
 from lopd_jax.programs.composer_eval import latent_context, load_composer_run
 from lopd_jax.programs.train import USER_ERRORS, resolve_config, run_training
 from train import warmup
 from train.batches import cold_start_batch
 from train.ledger import StageLedger
 from lopd_jax.rollout.episodes import rollout, training_arrays
-from train.stage_loop import EVAL_RNG_OFFSET
+from train.stage_loop import EVAL_RNG_OFFSET, per_task_outcomes
 from train.steps import cold_start_loss
 
 ROWS = ("base", "base + oracle text", "base + composer")
@@ -58,11 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _row(trajs, seconds: float) -> dict[str, Any]:
+def _row(trajs, seconds: float, source) -> dict[str, Any]:
     s = behaviour_stats(trajs)
     return {"reward": s["mean_reward"], "success_rate": s["success_rate"], "tool_calls": s["mean_tool_calls"],
             "errors": s["mean_errors"], "episodes": len(trajs), "seconds": round(seconds, 2),
-            "reward_by_family": s["reward_by_family"]}
+            "reward_by_family": s["reward_by_family"], "per_task": per_task_outcomes(source, trajs)}
 
 
 def measure(run, tasks: Sequence) -> dict[str, dict[str, Any]]:
@@ -83,12 +85,21 @@ def measure(run, tasks: Sequence) -> dict[str, dict[str, Any]]:
             latents = latent_context(run, batch) if name == "base + composer" else None
             trajs += rollout(ctx.engine, params, ctx.fmt, make_env, batch, jax.random.fold_in(key, i),
                              r.caps, greedy, latents=latents)
-        out[name] = _row(trajs, time.perf_counter() - t0)
-    base = out["base"]
-    for row in out.values():
+        out[name] = _row(trajs, time.perf_counter() - t0, ctx.source)
+    add_gaps(out)
+    return out
+
+
+def add_gaps(rows: dict[str, dict[str, Any]]) -> None:
+    """Each row's reward and success gap to ``base`` and the reward gap's 95% bootstrap
+    interval over the tasks, clustered by the tasks' cluster keys (``reward_gap_ci``)."""
+    base = rows["base"]
+    for row in rows.values():
         row["reward_gap"] = row["reward"] - base["reward"]
         row["success_gap"] = row["success_rate"] - base["success_rate"]
-    return out
+        c = contrast([row["per_task"]], [base["per_task"]])
+        row["reward_gap_ci"] = [c["lo"], c["hi"]]
+        row["clusters"] = c["clusters"]
 
 
 def _per_token_logprob(batch_metrics: Iterable[Mapping[str, Any]]) -> float:
@@ -132,14 +143,18 @@ def oracle_logprob(run, tasks: Sequence) -> dict[str, float]:
 
 def format_table(rows: dict[str, dict[str, Any]], no_tool: float) -> str:
     """The rows as a Markdown table, the no-tool baseline in the header line."""
+    base = rows["base"]
     lines = [f"no-tool baseline (answer at once, no tool call): reward {no_tool:.4f}",
              "oracle-token log-prob: teacher-forced mean log-prob per token of the oracle demonstrations",
-             "| row | reward | success | gap to base (reward / success) | tool calls | errors | oracle-token log-prob |",
-             "|---|---|---|---|---|---|---|"]
+             f"reward gap interval: 95% bootstrap over the {len(base['per_task']['task_id'])} tasks, clustered by "
+             f"{cluster_name([base['per_task']])} ({base.get('clusters', '?')} clusters); one run, so no seed spread",
+             "| row | reward | success | gap to base (reward [95% CI] / success) | tool calls | errors | "
+             "oracle-token log-prob |", "|---|---|---|---|---|---|---|"]
     for name, r in rows.items():
         lp = r.get("oracle_logprob")
-        lines.append(f"| {name} | {r['reward']:.4f} | {r['success_rate']:.1%} | {r['reward_gap']:+.4f} / "
-                     f"{r['success_gap']:+.1%} | {r['tool_calls']:.2f} | {r['errors']:.2f} | "
+        lo, hi = r["reward_gap_ci"]
+        lines.append(f"| {name} | {r['reward']:.4f} | {r['success_rate']:.1%} | {r['reward_gap']:+.4f} "
+                     f"[{lo:+.4f}, {hi:+.4f}] / {r['success_gap']:+.1%} | {r['tool_calls']:.2f} | {r['errors']:.2f} | "
                      f"{'-' if lp is None else f'{lp:.4f}'} |")
     return "\n".join(lines)
 

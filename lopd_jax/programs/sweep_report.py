@@ -3,7 +3,8 @@
 :func:`collect` reads one finished run (``stages.json``, ``metrics.jsonl``, and the
 ``base_composer.json`` that :func:`base_composer_eval` writes) into a record;
 :func:`write_report` writes ``results.json`` (one record per arm x grid point x seed),
-``results.md`` (mean +- std over seeds) and the figures (see :mod:`lopd_jax.sweep`).
+``results.md`` (mean +- sample SD over seeds, then every pair of run groups as a paired
+bootstrap interval, Holm-corrected: :func:`contrasts`) and the figures (see :mod:`lopd_jax.sweep`).
 
 ``python -m lopd_jax.sweep_report base-composer RUN_DIR`` evaluates the paper's
 "Base + Composer" row of a composer run: theta0 conditioned on the run's final composer
@@ -24,7 +25,9 @@ import jax
 import numpy as np
 
 from lopd_jax.io import files
+from lopd_jax.method import statistics
 from lopd_jax.method.eval_stats import behaviour_stats
+from lopd_jax.programs.arm_stats import cluster_name, contrast_family, format_contrasts, ranking
 from lopd_jax.programs.composer_eval import latent_context, load_composer_run
 from lopd_jax.programs.eval_suite import sweep_suite_table
 from lopd_jax.rollout.episodes import rollout
@@ -73,6 +76,7 @@ def collect(spec, root: str) -> dict[str, Any]:
     timed = train[1:] if len(train) > 1 else train
     rsec, rcount = (sum(float(r.get(k, 0)) for r in timed) for k in ("rollout_seconds", "rollouts"))
     bc = _read_json(files.join(wd, "base_composer.json"))
+    per_task = ledger.get("eval_after", {}).get("per_task")
     suite = _read_json(files.join(wd, "suite", "report.json"))  # evaluate --suite --out_dir=<workdir>/suite
     return {
         "suite": None if suite is None else {r["benchmark"]: r.get("score") for r in suite.get("rows", [])},
@@ -81,6 +85,7 @@ def collect(spec, root: str) -> dict[str, Any]:
         "steps": len(train), "rollouts": cum[-1] if cum else 0.0,
         "bank_rollouts": ledger.get("bank", {}).get("rollouts"),
         "before": _numeric(ledger.get("eval_before", {})), "after": _numeric(ledger.get("eval_after", {})),
+        "per_task": per_task,
         "base_composer": None if bc is None else _numeric(bc),
         "seconds": secs,
         "shared_stages": [k for k, v in ledger.items() if isinstance(v, dict) and v.get("shared_from")],
@@ -127,6 +132,24 @@ def default_threshold(records: list[dict]) -> float | None:
         return None
     b = float(np.mean(before))
     return b + 0.5 * (max(finals) - b)
+
+
+def contrasts(records: list[dict], resamples: int = statistics.RESAMPLES) -> str:
+    """Every pair of run groups whose runs all kept per-task outcomes: the difference of
+    final held-out reward with its 95% paired bootstrap interval over seeds and held-out
+    tasks (clustered by the tasks' cluster keys), Holm-corrected over the pairs, and the
+    ranking those intervals allow; "" with fewer than two such groups."""
+    groups = {n: [r["per_task"] for r in g] for n, g in _groups(records).items()
+              if all(r.get("per_task") for r in g)}
+    if len(groups) < 2:
+        return ""
+    names = list(groups)
+    rows = contrast_family(groups, [(a, b) for i, a in enumerate(names) for b in names[i + 1:]],
+                           resamples=resamples)
+    first = next(iter(groups.values()))
+    return (f"95% paired bootstrap over seeds and held-out tasks, clustered by {cluster_name(first)}; "
+            f"p two-sided, Holm-corrected over the {len(rows)} pairs.\n\n{format_contrasts(rows)}\n\n"
+            "Ranking (only where a corrected interval excludes 0):\n\n" + "\n".join(f"* {x}" for x in ranking(rows)))
 
 
 def table(records: list[dict], threshold: float | None) -> str:
@@ -278,11 +301,14 @@ def write_report(root: str, specs, threshold: float | None = None) -> list[str]:
     md = os.path.join(root, "results.md")
     with open(md, "w") as f:
         f.write(f"# Sweep results ({len(finished)} finished runs of {len(records)})\n\n")
-        f.write("Held-out reward: greedy, mean over the run's evaluation tasks; mean ± std over seeds. "
+        f.write("Held-out reward: greedy, mean over the run's evaluation tasks; mean ± sample SD over seeds. "
                 "Success: reward >= 1. Rollouts: training-stage rollouts (bank rollouts not counted). "
                 "Rollouts to threshold: first held-out evaluation at or above it (seeds reaching it). "
                 "Table-3 statistics after training.\n\n")
         f.write(table(finished, thr) + "\n")
+        pairs = contrasts(finished)
+        if pairs:
+            f.write("\n## Contrasts\n\n" + pairs + "\n")
         suite_md = sweep_suite_table(finished)
         if suite_md:
             f.write("\n## Benchmark suite (Tables 1 and 2, 0-100)\n\n" + suite_md + "\n")

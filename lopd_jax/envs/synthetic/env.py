@@ -230,6 +230,13 @@ class SyntheticTaskSource(TaskSource):
         ``hint="calls"``."""
         return oracle_hint(task, calls_only=self.hint == "calls")
 
+    def cluster_key(self, task: Task) -> str:
+        """The hidden rule's key for a family with one (``dispatch.ship:customer=carol``: every
+        task of a customer depends on the same hidden hub), else the task id."""
+        rule = HIDDEN_RULES.get(task.family)
+        params = task.payload.get("params", {})
+        return f"{task.family}:{rule.key}={params[rule.key]}" if rule is not None and rule.key in params else task.task_id
+
 
 def _without_descriptions(schema: Any) -> Any:
     """A copy of a JSON schema without its ``description`` fields."""

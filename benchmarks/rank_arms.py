@@ -1,0 +1,141 @@
+"""Rank arms from the finished runs under one prefix, with intervals.
+
+    python -m benchmarks.rank_arms --workdir=W [--stage=eval_after] [--resamples=10000] [--json=OUT]
+
+``W`` is a directory :mod:`benchmarks.miniature_core` wrote (``W/runs/ARM_sSEED``) or a
+:mod:`lopd_jax.sweep` directory (``W/runs/NAME/seedK``; ``lopd__steps.margin=0`` is the arm
+``m0``). Only finished runs are read (those whose ``stage`` kept per-task outcomes); the
+missing ones are listed. The pre-registered contrasts (LOPD against the frozen composer,
+m = 0, GRPO and OPSD) are paired hierarchical bootstraps over seeds and held-out tasks
+clustered by their cluster keys (customer for the hub family), Holm-corrected over the
+family; the ranking states only what a corrected interval separates. The metric is the
+greedy held-out reward; the student's teacher-forced probability of the oracle tool-call
+argument is listed as not recorded until the runs keep it (docs/statistics.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from typing import Any
+
+from lopd_jax.method.statistics import RESAMPLES, sample_sd
+from lopd_jax.programs.arm_stats import (cluster_name, contrast_family, format_contrasts, ranking,
+                                          run_outcomes)
+
+CONTRASTS = (("lopd", "lopd_frozen_composer"), ("lopd", "m0"), ("lopd", "grpo"), ("lopd", "opsd"))
+PRIMARY = "oracle_arg_prob"  # per-task key the primary metric would have in the per-task outcomes
+SECONDARY = "reward"
+_MINIATURE = re.compile(r"^(?P<arm>.+)_s(?P<seed>\d+)$")
+_SWEEP_SEED = re.compile(r"^seed(?P<seed>\d+)$")
+
+
+def arm_of(sweep_name: str) -> str:
+    """The arm a :mod:`lopd_jax.sweep` run name stands for: ``m0`` for LOPD at margin 0, the
+    plain arm for LOPD at another margin, else the name itself."""
+    arm, *grid = sweep_name.split("__")
+    if arm == "lopd" and grid == ["steps.margin=0"]:
+        return "m0"
+    if arm == "lopd" and len(grid) == 1 and grid[0].startswith("steps.margin="):
+        return "lopd"
+    return sweep_name
+
+
+def find_runs(workdir: str) -> dict[str, dict[int, str]]:
+    """Arm -> seed -> run directory, for both layouts (finished or not)."""
+    root = os.path.join(workdir, "runs")
+    if not os.path.isdir(root):
+        raise ValueError(f"{workdir} has no runs/ directory; pass the --workdir of benchmarks.miniature_core "
+                         f"or lopd_jax.sweep")
+    out: dict[str, dict[int, str]] = {}
+    for name in sorted(os.listdir(root)):
+        path = os.path.join(root, name)
+        if not os.path.isdir(path) or name.endswith(".tmp"):
+            continue
+        m = _MINIATURE.match(name)
+        if m and os.path.exists(os.path.join(path, "config.json")):
+            out.setdefault(m["arm"], {})[int(m["seed"])] = path
+            continue
+        for sub in sorted(os.listdir(path)):
+            s = _SWEEP_SEED.match(sub)
+            if s and os.path.isdir(os.path.join(path, sub)):
+                out.setdefault(arm_of(name), {})[int(s["seed"])] = os.path.join(path, sub)
+    return out
+
+
+def collect(workdir: str, stage: str = "eval_after") -> tuple[dict[str, list], list[str]]:
+    """Finished runs' per-task outcomes per arm (seed order) and the unfinished runs' names."""
+    arms: dict[str, list] = {}
+    missing = []
+    for arm, seeds in find_runs(workdir).items():
+        for seed in sorted(seeds):
+            outcomes = run_outcomes(seeds[seed], stage)
+            if outcomes is None:
+                missing.append(f"{arm} seed {seed} ({os.path.relpath(seeds[seed], workdir)}: no finished {stage} "
+                               f"with per-task outcomes)")
+            else:
+                arms.setdefault(arm, []).append(outcomes)
+    return arms, missing
+
+
+def report(workdir: str, stage: str = "eval_after", resamples: int = RESAMPLES) -> dict[str, Any]:
+    """The arms' means, the contrasts and the ranking (see the module docstring)."""
+    arms, missing = collect(workdir, stage)
+    for a, b in CONTRASTS:
+        for arm in (a, b):
+            if arm not in arms:
+                missing.append(f"{arm}: no finished run (needed by {a} − {b})")
+    means = {arm: [sum(r[SECONDARY]) / len(r[SECONDARY]) for r in runs] for arm, runs in arms.items()}
+    has_primary = bool(arms) and all(PRIMARY in r for runs in arms.values() for r in runs)
+    rows = contrast_family(arms, CONTRASTS, key=PRIMARY if has_primary else SECONDARY, resamples=resamples)
+    return {"workdir": workdir, "stage": stage, "metric": PRIMARY if has_primary else SECONDARY,
+            "primary_recorded": has_primary, "means": means, "missing": sorted(set(missing)),
+            "contrasts": rows, "ranking": ranking(rows),
+            "clusters": cluster_name(next(iter(arms.values()))) if arms else None}
+
+
+def format_report(r: dict[str, Any]) -> str:
+    """The printed report."""
+    lines = [f"arms under {r['workdir']} ({r['stage']}, greedy held-out reward per seed):",
+             "| arm | seeds | mean | sample SD |", "|---|---|---|---|"]
+    for arm, xs in r["means"].items():
+        sd = sample_sd(xs)
+        lines.append(f"| {arm} | {len(xs)} | {sum(xs) / len(xs):.4f} | {'-' if sd != sd else f'{sd:.4f}'} |")
+    if not r["primary_recorded"]:
+        lines.append(f"primary metric ({PRIMARY}: the student's teacher-forced probability of the oracle tool-call "
+                     f"argument, averaged per customer) not recorded by these runs; contrasts use the secondary "
+                     f"(greedy held-out reward)")
+    lines += ["", f"pre-registered contrasts: 95% paired bootstrap over seeds and held-out tasks, clustered by "
+                  f"{r['clusters']}; p two-sided, Holm-corrected over the {len(CONTRASTS)} contrasts",
+              format_contrasts(r["contrasts"], r["metric"]), "", "ranking (only where a corrected interval excludes 0):"]
+    lines += [f"  {x}" for x in r["ranking"]] or ["  nothing to rank"]
+    if r["missing"]:
+        lines += ["", "missing:"] + [f"  {m}" for m in r["missing"]]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    """Entry point: print the report (and write it as JSON with --json)."""
+    p = argparse.ArgumentParser(prog="python -m benchmarks.rank_arms", description=__doc__.split("\n\n")[0])
+    p.add_argument("--workdir", required=True, help="benchmarks.miniature_core or lopd_jax.sweep directory")
+    p.add_argument("--stage", default="eval_after", help="the held-out evaluation compared (default eval_after)")
+    p.add_argument("--resamples", type=int, default=RESAMPLES, help=f"bootstrap resamples (default {RESAMPLES})")
+    p.add_argument("--json", default=None, help="also write the report here")
+    args = p.parse_args(argv)
+    try:
+        r = report(args.workdir, args.stage, args.resamples)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(format_report(r))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(r, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""Arms compared from their runs' per-task held-out outcomes: what the demo, the sweep report,
+the miniature benchmark and ``benchmarks.rank_arms`` print beside a mean.
+
+A finished run's ledger (``stages.json``) keeps each held-out evaluation's per-task
+outcomes (``per_task``: task ids, cluster keys, rewards; :func:`train.stage_loop.per_task_outcomes`).
+:func:`outcome_matrix` lines the seeds of an arm up over the tasks they share and
+:func:`contrast` bootstraps the difference of two arms (:func:`lopd_jax.method.statistics.paired_bootstrap`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from lopd_jax.method import statistics
+
+
+def ledger_outcomes(ledger: Mapping[str, Any], stage: str = "eval_after") -> dict[str, list] | None:
+    """The per-task outcomes ``stage`` recorded in a ledger dict (None: not finished, or run
+    before per-task outcomes were kept)."""
+    entry = ledger.get(stage) or {}
+    return entry.get("per_task") if entry.get("done") else None
+
+
+def run_outcomes(run_dir: str, stage: str = "eval_after") -> dict[str, list] | None:
+    """:func:`ledger_outcomes` of the run in ``run_dir`` (None without a ledger)."""
+    path = os.path.join(run_dir, "stages.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return ledger_outcomes(json.load(f), stage)
+
+
+def outcome_matrix(runs: Sequence[Mapping[str, list]], tasks: Sequence[str] | None = None,
+                   key: str = "reward") -> tuple[np.ndarray, list[str], list[str]]:
+    """``[seeds, tasks]`` outcomes of ``runs`` (per-task dicts) over ``tasks`` (default: the
+    first run's), with the task ids and their cluster keys. A run missing a task is an error."""
+    if not runs:
+        raise ValueError("no run to line up; finish at least one run with per-task outcomes")
+    first = runs[0]
+    tasks = list(first["task_id"] if tasks is None else tasks)
+    cluster_of = dict(zip(first["task_id"], first["cluster"]))
+    rows = []
+    for r in runs:
+        by_id = dict(zip(r["task_id"], r[key]))
+        missing = [t for t in tasks if t not in by_id]
+        if missing:
+            raise ValueError(f"a run lacks {len(missing)} of the compared tasks (e.g. {missing[0]!r}); "
+                             f"compare runs evaluated on the same held-out tasks")
+        rows.append([float(by_id[t]) for t in tasks])
+        cluster_of.update(zip(r["task_id"], r["cluster"]))
+    return np.array(rows), tasks, [cluster_of[t] for t in tasks]
+
+
+def contrast(a_runs: Sequence[Mapping[str, list]], b_runs: Sequence[Mapping[str, list]],
+             key: str = "reward", **kwargs: Any) -> dict[str, Any]:
+    """Paired hierarchical bootstrap of mean(a) - mean(b) over the tasks both arms' runs share
+    (seeds paired by position when both arms have as many; ``kwargs`` go to
+    :func:`lopd_jax.method.statistics.paired_bootstrap`)."""
+    shared = [t for t in a_runs[0]["task_id"] if all(t in set(r["task_id"]) for r in [*a_runs, *b_runs])]
+    a, tasks, clusters = outcome_matrix(a_runs, shared, key)
+    b, _, _ = outcome_matrix(b_runs, shared, key)
+    out = statistics.paired_bootstrap(a, b, clusters, **kwargs)
+    # of the per-task differences (seeds averaged): how many independent tasks the contrast is worth
+    out["effective_sample_size"] = statistics.effective_sample_size(a.mean(0) - b.mean(0), clusters)
+    return out
+
+
+def cluster_name(runs: Sequence[Mapping[str, list]]) -> str:
+    """What the runs' cluster keys are, in words: the hidden rule's key for ``family:key=value``
+    keys (``customer``), ``task`` when each task is its own cluster."""
+    r = runs[0]
+    names = sorted({str(c).rsplit(":", 1)[1].split("=", 1)[0] for c in r["cluster"] if "=" in str(c)})
+    if names:
+        return "/".join(names)
+    return "task" if list(r["cluster"]) == list(r["task_id"]) else "cluster"
+
+
+def verdict(c: Mapping[str, Any]) -> str:
+    """Whether the interval excludes 0, in words."""
+    if c["lo"] > 0:
+        return "the interval excludes 0 (a gain)"
+    if c["hi"] < 0:
+        return "the interval excludes 0 (a loss)"
+    return "the interval includes 0 (no difference shown)"
+
+
+def contrast_family(arms: Mapping[str, Sequence[Mapping[str, list]]], pairs: Sequence[tuple[str, str]],
+                    key: str = "reward", **kwargs: Any) -> list[dict[str, Any]]:
+    """:func:`contrast` of each ``(a, b)`` in ``pairs`` whose arms both have runs (``arms``: name
+    -> its seeds' per-task outcomes), with Holm-adjusted p-values over the family
+    (``p_holm``) and ``significant`` (adjusted p < 1 - level: the family-wise interval
+    excludes 0). Pairs with an arm missing come back with ``missing`` set."""
+    out = []
+    for a, b in pairs:
+        missing = [n for n in (a, b) if not arms.get(n)]
+        row: dict[str, Any] = {"a": a, "b": b, "missing": missing}
+        if not missing:
+            row.update(contrast(arms[a], arms[b], key, **kwargs))
+        out.append(row)
+    done = [r for r in out if not r["missing"]]
+    for r, p in zip(done, statistics.holm([r["p_value"] for r in done])):
+        r["p_holm"] = p
+        r["significant"] = bool(p < 1.0 - r["level"])
+    return out
+
+
+def format_contrasts(rows: Sequence[Mapping[str, Any]], unit: str = "reward") -> str:
+    """The contrasts as a Markdown table: estimate [95% CI], raw and Holm p, the design."""
+    lines = [f"| contrast | Δ {unit} [95% CI] | p | p (Holm) | seeds | tasks (clusters, Kish n_eff) | verdict |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        name = f"{r['a']} − {r['b']}"
+        if r["missing"]:
+            lines.append(f"| {name} | - | - | - | - | - | no finished run of {', '.join(r['missing'])} |")
+            continue
+        ess = r["effective_sample_size"]
+        v = ("excludes 0 after Holm" if r["significant"] else
+             "includes 0 after Holm" if r["lo"] <= 0 <= r["hi"] else "excludes 0 alone, not after Holm")
+        lines.append(f"| {name} | {statistics.format_interval(r)} | {format_p(r['p_value'], r)} | "
+                     f"{format_p(r['p_holm'], r)} | "
+                     f"{r['seeds'][0]} vs {r['seeds'][1]} | {r['tasks']} ({r['clusters']}, {ess['n_eff']:.1f}) | "
+                     f"{v} |")
+    return "\n".join(lines)
+
+
+def format_p(p: float, r: Mapping[str, Any]) -> str:
+    """A bootstrap p-value; 0 is printed as below the resolution 1 / resamples."""
+    return f"< {1.0 / r['resamples']:.0e}" if p == 0.0 else f"{p:.4f}"
+
+
+def ranking(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Ordered statements only where a Holm-corrected contrast excludes 0 (``a > b``); the
+    pairs whose interval includes 0 are named as not ranked."""
+    out = []
+    for r in rows:
+        if r["missing"]:
+            continue
+        if r["significant"]:
+            hi, lo = (r["a"], r["b"]) if r["estimate"] > 0 else (r["b"], r["a"])
+            out.append(f"{hi} > {lo} ({statistics.format_interval(r)}, Holm p {format_p(r['p_holm'], r)})")
+        else:
+            out.append(f"{r['a']} vs {r['b']}: not ranked (Holm-corrected interval includes 0)")
+    return out

@@ -1,0 +1,57 @@
+"""benchmarks.rank_arms on run directories built here (both layouts)."""
+
+import json
+import os
+
+import numpy as np
+
+from benchmarks import rank_arms
+
+
+def _write_run(path, rewards, done=True):
+    os.makedirs(path)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump({}, f)
+    n = len(rewards)
+    per_task = {"task_id": [f"dispatch.ship/heldout/{i:04d}" for i in range(n)],
+                "cluster": [f"dispatch.ship:customer=c{i % 8}" for i in range(n)],
+                "reward": [float(r) for r in rewards]}
+    ledger = {"eval_before": {"done": True, "reward_mean": 0.2}}
+    if done:
+        ledger["eval_after"] = {"done": True, "reward_mean": float(np.mean(rewards)), "per_task": per_task}
+    with open(os.path.join(path, "stages.json"), "w") as f:
+        json.dump(ledger, f)
+
+
+def test_rank_arms_ranks_only_what_an_interval_separates(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    W = tmp_path / "mini"
+    p = {"lopd": 0.9, "lopd_frozen_composer": 0.2, "m0": 0.85, "grpo": 0.3}
+    for arm, prob in p.items():
+        for seed in range(3):
+            _write_run(str(W / "runs" / f"{arm}_s{seed}"), rng.random(64) < prob)
+    _write_run(str(W / "runs" / "opsd_s0"), rng.random(64) < 0.5, done=False)
+    r = rank_arms.report(str(W), resamples=2000)
+    rows = {(c["a"], c["b"]): c for c in r["contrasts"]}
+    assert rows[("lopd", "lopd_frozen_composer")]["significant"] and rows[("lopd", "grpo")]["significant"]
+    assert not rows[("lopd", "m0")]["significant"]
+    assert rows[("lopd", "opsd")]["missing"] == ["opsd"]
+    assert any("opsd seed 0" in m for m in r["missing"])
+    assert r["metric"] == "reward" and not r["primary_recorded"] and r["clusters"] == "customer"
+    holm = sorted(c["p_holm"] for c in rows.values() if not c["missing"])
+    raw = sorted(c["p_value"] for c in rows.values() if not c["missing"])
+    assert all(h >= q for h, q in zip(holm, raw))
+    assert rank_arms.main(["--workdir", str(W), "--resamples", "500"]) == 0
+    out = capsys.readouterr().out
+    assert "lopd > lopd_frozen_composer" in out and "lopd vs m0: not ranked" in out
+    assert "no finished run of opsd" in out and "not recorded" in out
+
+
+def test_rank_arms_reads_the_sweep_layout(tmp_path):
+    rng = np.random.default_rng(1)
+    for name, arm in (("lopd__steps.margin=0.05", "lopd"), ("lopd__steps.margin=0", "m0"), ("grpo", "grpo")):
+        for seed in range(2):
+            _write_run(str(tmp_path / "runs" / name / f"seed{seed}"), rng.random(16) < 0.5)
+    runs = rank_arms.find_runs(str(tmp_path))
+    assert sorted(runs) == ["grpo", "lopd", "m0"] and sorted(runs["m0"]) == [0, 1]
+    assert rank_arms.main(["--workdir", str(tmp_path / "nowhere")]) == 2
