@@ -227,13 +227,14 @@ def test_a_new_run_stopped_by_a_config_error_leaves_no_trace(tmp_path):
 
     new = tmp_path / "new"
     save_run_config(apply_overrides(load_config("tiny"), [f"workdir={new}"]))
-    _undo_new_run(str(new), existed=False)
+    _undo_new_run(str(new), existed=False, before=None)
     assert not new.exists()
     old = tmp_path / "old"
     old.mkdir()
     (old / "notes.txt").write_text("mine")
+    before = {p.name for p in old.iterdir()}
     save_run_config(apply_overrides(load_config("tiny"), [f"workdir={old}"]))
-    _undo_new_run(str(old), existed=True)
+    _undo_new_run(str(old), existed=True, before=before)
     assert sorted(p.name for p in old.iterdir()) == ["notes.txt"]
 
 
