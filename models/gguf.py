@@ -1,20 +1,14 @@
 """Read a llama.cpp GGUF file as a Hugging Face checkpoint (config.json + safetensors).
 
-:class:`GGUFStorage` is a read-only :class:`models.storage.Storage` that presents one
-``.gguf`` file as a checkpoint directory: ``config.json`` is built from the file's
-metadata and ``model.safetensors`` lists the file's tensors under their Hugging Face names
-in float32. Each tensor is dequantized on demand (``gguf.quants.dequantize``), so
-:func:`models.hf_import.from_pretrained` loads a GGUF file exactly as it loads safetensors
-(one tensor in host memory at a time, sharded or not) and casts to the run's dtype.
-
-llama.cpp's converter permutes the rows of Llama's q / k projections (it interleaves the
-two RoPE halves of each head, for its rotate-adjacent-pairs RoPE); :func:`unpermute_qk`
-undoes that, as ``transformers``' GGUF loader does (``LlamaTensorProcessor``).
-
-Supported: architecture ``llama``; tensor types F32, F16 and every block quantization the
-installed ``gguf`` package can dequantize (Q4_0, Q4_1, Q8_0, the K-quants, ...). Anything
-else raises :class:`UnsupportedGGUFError` naming the architecture or the tensor types.
+:class:`GGUFStorage` is a read-only :class:`models.storage.Storage` presenting one ``.gguf`` file
+as a checkpoint directory: ``config.json`` from the file's metadata, ``model.safetensors``
+listing its tensors under Hugging Face names in float32, each dequantized on demand, so
+:func:`models.hf_import.from_pretrained` loads it exactly as it loads safetensors.
+:func:`unpermute_qk` undoes llama.cpp's interleaving of the q / k rows, as ``transformers``'
+GGUF loader does. Supported: architecture ``llama``; F32, F16 and every block quantization the
+installed ``gguf`` package can dequantize; anything else raises :class:`UnsupportedGGUFError`.
 The tokenizer and chat template come from the file too (:mod:`models.gguf_vocab`).
+Details: ``docs/smollm2.md``.
 """
 
 from __future__ import annotations

@@ -1,28 +1,16 @@
 """Length-bucketed training steps: work that follows the trajectories' real lengths.
 
 A padded step runs every row at the total-token cap. Here a step's rows are split into
-*passes* (:func:`lopd_jax.settings.length_model.plan_passes`): each pass holds rows of one bucket
-length, cut to it, a multiple of the batch shards long (so every row is sharded as in the
-padded step). Step kinds: LOPD, GRPO, text distillation (OPSD / SDPO / SDFT / Skill-SD)
-and the composer cold start here, the warm-up in :class:`train.warmup.BucketedSFTStep`.
-One jitted pass function per step kind computes a pass's gradients and adds them (fp32)
-and its metrics to an accumulator on the devices; ``jax.jit`` compiles it once per bucket
-length. One jitted update then applies the optimizers (and the dual step)
-to the summed gradients: the global batch stays one update.
+*passes* (:func:`lopd_jax.settings.length_model.plan_passes`) of one bucket length each; one
+jitted pass function per step kind (LOPD, GRPO, text distillation, composer cold start; the
+warm-up in :class:`train.warmup.BucketedSFTStep`) accumulates a pass's gradients and metrics on
+the devices, and one jitted update applies the optimizers to the sum: the global batch stays
+one update. Every normalizer comes from the whole batch before the passes run, so the summed
+gradients equal the padded step's up to fp32 summation order.
 
-Exactness: every normalizer comes from the whole batch before the passes run, as in
-:func:`train.steps._accumulated_grads` -- the supervised tokens N, the rollouts with
-supervision R and the anchor's elements (LOPD, :func:`lopd_jax.method.losses.lopd_totals`), the
-group advantages and N (GRPO), the distilled tokens (text distillation: supervised tokens
-of rows with ``row_weight`` != 0), the supervised tokens (cold start) -- so each pass's
-loss is an exact share of the padded step's and the summed gradients equal its gradients
-up to fp32 summation order. A row's computation does not depend on its padding (causal
-attention, right padding), so cutting rows to their bucket changes nothing they compute.
-Padding rows that fill a pass carry no supervision and (``row_valid``) no anchor term.
-
-Multi-host: :class:`BucketedBatch` is built from the *whole* batch on every process (the
-rows' lengths decide the plan, which must be the same everywhere); :meth:`BucketedBatch.put`
-hands each process's devices their rows of every pass.
+Multi-host: :class:`BucketedBatch` is built from the whole batch on every process (the plan
+must be the same everywhere); :meth:`BucketedBatch.put` hands each process its rows.
+Exactness argument and measurements: ``docs/length_buckets.md``.
 """
 
 from __future__ import annotations

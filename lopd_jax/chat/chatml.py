@@ -1,27 +1,13 @@
 """Plain ChatML, the chat format of the Llama family's SmolLM2 instruct models.
 
-SmolLM2-135M-Instruct's template (stored in its GGUF file) knows only roles and text::
-
-    <|im_start|>{role}\\n{content}<|im_end|>\\n ... <|im_start|>assistant\\n
-
-with a default system turn ("You are a helpful AI assistant named SmolLM, trained by
-Hugging Face") when the conversation does not start with one. It has no tool convention,
-so this format adds one inside the text and keeps the template for the rest:
-
-* tool schemas go into the system turn (after the system text, or after the default one),
-  as a ``<tools>`` list of JSON schemas with the instruction to answer with
-  ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``;
-* an assistant turn's calls are appended to its text as such blocks, one per line;
-* tool results are ``tool`` turns.
-
-:meth:`ChatMLChatFormat.plain_messages` performs exactly that rewrite; the rendering is then
-the template's own (``tests/test_chat_template_parity.py`` checks it against
-``apply_chat_template`` with the file's template). A run with the checkpoint's template
-(``model.hf_path``) renders the rewritten messages through ``transformers``.
-
-In SmolLM2's vocabulary ``<tool_call>`` is ordinary text (several tokens), so only the ChatML
-markers are required special tokens; the latent slot falls back to ``<empty_output>``, a
-special token the instruct model never writes.
+SmolLM2-135M-Instruct's template knows only roles and text
+(``<|im_start|>{role}\\n{content}<|im_end|>\\n``, with a default SmolLM system turn) and has no
+tool convention, so this format adds one inside the text: tool schemas go into the system turn
+as a ``<tools>`` list with the instruction to answer with ``<tool_call>{...}</tool_call>``,
+an assistant's calls are appended to its text as such blocks, tool results are ``tool`` turns.
+:meth:`ChatMLChatFormat.plain_messages` performs that rewrite; rendering is then the template's
+own (``tests/test_chat_template_parity.py``). ``<tool_call>`` is ordinary text in SmolLM2's
+vocabulary; the latent slot falls back to ``<empty_output>``. Details: ``docs/smollm2.md``.
 """
 
 from __future__ import annotations

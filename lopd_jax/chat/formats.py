@@ -1,17 +1,13 @@
 """Chat formats by family, chosen by configuration: ``make_chat_format("qwen3", tokenizer)``.
 
-The interface and the token-in-token-out helpers live in :mod:`lopd_jax.chat.base`; the
-families in :mod:`lopd_jax.chat.qwen3`, :mod:`lopd_jax.chat.olmo3` and
-:mod:`lopd_jax.chat.chatml` (the Llama family: SmolLM2's ChatML). A typical rollout::
+The interface and token-in-token-out helpers live in :mod:`lopd_jax.chat.base`; the families in
+:mod:`lopd_jax.chat.qwen3`, :mod:`lopd_jax.chat.olmo3` and :mod:`lopd_jax.chat.chatml`. A rollout::
 
     fmt = make_chat_format(cfg.chat_format, tokenizer, enable_thinking=False)
-    traj = TokenTrajectory()
     traj.add_context(fmt.prompt_ids(messages, tools))
     while True:
-        generated = sample(traj.ids, stop_ids=fmt.stop_ids)  # ends with a stop id if closed
-        traj.add_generated(generated)
-        turn = fmt.parse_generated(generated)
-        result = env.step(turn)
+        generated = sample(traj.ids, stop_ids=fmt.stop_ids); traj.add_generated(generated)
+        result = env.step(fmt.parse_generated(generated))
         if result.done:
             break
         closed = bool(generated) and generated[-1] in fmt.stop_ids

@@ -1,25 +1,13 @@
 """Jinja chat templates for the chat-format families, as ``tokenizer.chat_template`` text.
 
-These are installed on the tokenizers this project builds offline (``lopd_jax.chat.tokenizers``)
-so that ``tokenizer.apply_chat_template`` exists for them and the hand-written renderers in
+Installed on the tokenizers this project builds offline (``lopd_jax.chat.tokenizers``) so that
+``tokenizer.apply_chat_template`` exists for them and the hand-written renderers in
 ``lopd_jax.chat.qwen3`` / ``lopd_jax.chat.olmo3`` can be checked against it.
-
-* ``QWEN3_CHAT_TEMPLATE`` is Qwen3's own hybrid-thinking template (Qwen3-0.6B ... 8B),
-  reconstructed from published copies of the checkpoints' ``tokenizer_config.json``: tools
-  in the system turn ("# Tools ... <tools></tools> ..."), ``<tool_call>`` JSON blocks,
-  tool results grouped into one user turn of ``<tool_response>`` blocks, ``<think>``
-  handling with ``last_query_index``, and the ``enable_thinking`` switch on the generation
-  prompt. It uses the later revision's ``content is string`` guards.
-* ``OLMO3_CHAT_TEMPLATE`` is Olmo-3-7B-Instruct's template (reconstructed likewise): a
-  default system turn when none is given, tool schemas in ``<functions>``, calls as
-  Python-style ``name(key=<json>, ...)`` lines inside ``<function_calls>``, tool results
-  in ``environment`` turns. Like the official template it adds nothing to the generation
-  prompt for ``enable_thinking``.
-
-Runs with a real checkpoint (``model.hf_path``) render prompts with the checkpoint's own
-template through ``apply_chat_template`` (``model.chat_template=auto``); these serve
-tokenizer-less tiny runs, and tests/test_chat_template_parity.py checks the Qwen3 one
-against the official template's text.
+``QWEN3_CHAT_TEMPLATE`` is Qwen3's hybrid-thinking template and ``OLMO3_CHAT_TEMPLATE``
+Olmo-3-7B-Instruct's, both reconstructed from published copies of the checkpoints'
+``tokenizer_config.json``. Runs with a real checkpoint (``model.hf_path``,
+``model.chat_template=auto``) use the checkpoint's own template; these serve tokenizer-less tiny
+runs, and tests/test_chat_template_parity.py checks the Qwen3 one against the official text.
 """
 
 QWEN3_CHAT_TEMPLATE = r"""{%- if tools %}

@@ -1,21 +1,14 @@
 """A task source whose prompts carry each task's oracle hint as text (the privileged context).
 
-OPSD's teacher is theta0 with a fixed text context -- the task's reference solution or
-oracle hint (:meth:`lopd_jax.envs.base.TaskSource.oracle_hint`) -- in the slot LOPD's latents
-use: the start of the first user message's content. :class:`HintedTaskSource` wraps any
-task source so that every episode's first user message reads::
-
-    {before}\\n{hint}\\n{after}\\n\\n{instruction}
-
-and is otherwise the wrapped family unchanged (same tools, steps and reward). Rolling a
-policy out on it measures "Base + oracle text context" (:mod:`lopd_jax.premise`); its
-oracle demonstrations teach a random-init tiny model to read such a context during the
-warm-up (``stages.warmup_hint_fraction``), the CPU stand-in for the in-context learning a
-pre-trained model brings.
-
-The framing sentences are OPSD's (:data:`lopd_jax.method.text_context.FRAMING`). The text is part
-of the rendered prompt, so the tokenizer sees it together with the instruction; OPSD's
-training step tokenizes the block on its own, so the ids can differ at the two seams.
+OPSD's teacher is theta0 with a fixed text context (the task's oracle hint,
+:meth:`lopd_jax.envs.base.TaskSource.oracle_hint`) where LOPD's latents go: the start of the first
+user message. :class:`HintedTaskSource` wraps any task source so that the first user message reads
+``{before}\\n{hint}\\n{after}\\n\\n{instruction}`` (framing from
+:data:`lopd_jax.method.text_context.FRAMING`) and is otherwise unchanged. Rolling out on it
+measures "Base + oracle text context" (:mod:`lopd_jax.premise`); its demonstrations teach a tiny
+model to read such a context during the warm-up (``stages.warmup_hint_fraction``). The hint is
+tokenized with the instruction here but on its own in OPSD's step, so the ids can differ at the
+two seams. Details: ``docs/baselines.md``.
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
 """Evaluation statistics over finished rollouts: success, reward and the behaviour
 statistics of the paper's Table 3.
 
-Definitions (per evaluated trajectory, then averaged over trajectories unless noted):
-
-* ``success_rate``: fraction with reward >= ``success_threshold`` (default 1.0: all checks
-  passed / all tests passed).
-* ``mean_reward``: mean reward in [0, 1].
-* ``mean_env_steps``: environment steps (assistant turns passed to ``Environment.step``).
-* ``tool_calls_per_step``: total tool calls / total environment steps (pooled).
-* ``repeated_calls``: tool calls identical (name and arguments) to an earlier call of the
-  same episode.
-* ``first_response_tokens``: generated tokens in the first assistant turn (end-of-turn id
-  included).
-* ``reward_per_call``: total reward / total tool calls (pooled; ``None`` without calls).
-
-:func:`no_tool_baseline` is the reward of the policy that answers at once without any tool
-call, measured on the same tasks: the floor a reported reward should be read against.
-
-Also reported: mean tool calls, error observations and generated / total tokens per
-trajectory, finish-reason counts and the mean reward per task family.
+Per trajectory, then averaged: ``success_rate`` (reward >= ``success_threshold``),
+``mean_reward``, ``mean_env_steps``, ``repeated_calls`` (identical to an earlier call of the
+episode) and ``first_response_tokens``; pooled: ``tool_calls_per_step`` and ``reward_per_call``
+(``None`` without calls). Also mean tool calls, error observations, tokens, finish reasons and
+the mean reward per task family. :func:`no_tool_baseline` is the reward of answering at once
+without any tool call on the same tasks: the floor a reported reward should be read against.
+Definitions in full: ``docs/evaluation.md``.
 """
 
 from __future__ import annotations

@@ -2,45 +2,16 @@
 
     python -m lopd_jax.compile_check --config=qwen3_8b --topology=v5p-32 [dotted.key=value ...]
 
-Compiles exactly the step ``python -m lopd_jax.train --config=NAME`` runs: the attention
-kernel, micro-batching, mesh and sharding rules, dtypes, remat and lengths all come from
-``configs/NAME.py`` through :func:`train.step_spec.step_spec` (the function the trainer
-builds its system from); batch = ``env.tasks_per_step * env.group_size``, sequence =
-``rollout.max_total_tokens`` (rounded up to 128), experiences =
-``composer.n_ret x composer.max_experience_tokens`` (uncut inputs, ``None``, are sized at
-``train.step_spec.UNCUT_EXP_LEN`` = 2048 tokens: the trainer pads them to a per-batch
-power-of-two bucket). Change any of them with the trainer's
-dotted overrides (``env.tasks_per_step=16 rollout.max_total_tokens=8192
-steps.micro_batch=0 mesh.fsdp=8 model.attention_impl=blockwise``); ``--rule=LOGICAL=AXIS``
-remaps one logical sharding axis on top of the config's rules.
+Compiles exactly the step ``python -m lopd_jax.train --config=NAME`` runs (attention, micro-batching,
+mesh, sharding rules, dtypes, remat and lengths from :func:`train.step_spec.step_spec`), with JAX's
+AOT path (``libtpu``, no chips), abstract shapes and no weights; ``--topology=cpu:8`` uses
+simulated CPU devices. Prints per-chip memory against HBM and model FLOPs per step, then each
+training step's largest length-bucketed pass (:mod:`lopd_jax.programs.compile_buckets`);
+``--flops`` also counts compiled FLOPs. Overrides are the trainer's dotted keys; ``--rule``
+remaps one logical sharding axis.
 
-Uses JAX's AOT path with ``libtpu`` installed and no chips (``jax.experimental.topologies``),
-abstract shapes and no weights. Prints per-chip memory (arguments, outputs, temporaries,
-total vs HBM) and analytic model FLOPs per step. ``--topology=cpu:8`` does the same on
-simulated CPU devices. Exit status (:data:`EXIT_CODES`): 0 fits, 1 does not fit in HBM,
-2 bad arguments or config (an unknown topology included), 3 cannot compile here (no
-``libtpu`` for a TPU topology: ``make tpu``).
-
-Then, for every training step the config runs (warm-up, cold start, the arm's LOPD / GRPO /
-text-distillation step; ``--steps`` picks some), :mod:`lopd_jax.programs.compile_buckets` compiles
-the largest length-bucketed pass of each bucket (``lengths.buckets``) and the update and
-prints the largest pass's per-chip memory, model FLOPs per real token and the step time at
-100% of peak for the ``lengths.*`` distribution beside the padded step's. The padded LOPD
-step compiles only when ``lopd`` is one of the steps.
-
-``--flops`` also counts the compiled FLOPs (minutes more at real sizes):
-``compiled.cost_analysis()`` counts a scan / while body once, so the FLOP count compiles
-two extra *unrolled* variants (1 and 2 layers; layer, logits-chunk and micro-batch loops
-unrolled) and extrapolates linearly in depth; remat recomputation is included, as it is in
-the real step. With ``--attention=splash`` the variants keep the Pallas kernel, which XLA
-does not cost: every splash custom call in the compiled HLO is counted by what it executes
-(2 / 3 / 4 matmuls of block_q x block_kv x head_dim per active block and head for the
-forward / dq / dkv kernels; causal block sparsity; blocks padded to the kernel block
-size); these variants run one trajectory per batch shard (no micro-batching: unrolled
-micro-steps would not fit) and are scaled to the batch (FLOPs per trajectory are the same;
-the optimizer's ~1e-6 share is scaled too). Other attention impls count with plain
-attention and one logits chunk at the full batch (which may not fit at long sequences). The compressor's shared-block loop stays a loop (its FLOPs
-are counted for one of ``depth`` iterations; they are < 0.1% of the step).
+Exit status (:data:`EXIT_CODES`): 0 fits, 1 does not fit in HBM, 2 bad arguments or config,
+3 cannot compile here (no ``libtpu``: ``make tpu``). Details: ``docs/results.md``, "Compile check".
 """
 
 from __future__ import annotations

@@ -2,30 +2,15 @@
 
     python -m lopd_jax.demo [--workdir=workdirs/demo] [--seeds=0,1,2] [--parallel=3] [key=value ...]
 
-The miniature (``configs/miniature.py``, ``docs/miniature.md``) is a tool-use family with a
-hidden per-customer rule that only the privileged context reveals. Its first stages --
-the warm-up (theta0), the experience bank, the composer's cold start (phi0) -- take from a
-quarter of an hour to an hour on two CPU cores (idle to busy), and whether the warm-up
-teaches theta0 to read a hint depends on the seed. So the repository ships their output
-for a seed where it does (:data:`START_DIR`, 2.7 MB), made by
+The miniature's first stages (warm-up theta0, experience bank, composer cold start) are slow on
+a CPU and seed-dependent, so the repository ships their output (:data:`START_DIR`, made with
+``--pack=W``). The demo copies it into ``<workdir>/start``, measures the premise rows there
+(``python -m lopd_jax.premise``) and runs LOPD from it once per seed, then prints the held-out
+reward before and after per seed and the mean gain with its 95% paired bootstrap interval
+(:mod:`lopd_jax.programs.arm_stats`), and writes ``demo.json`` and ``demo.png``. Dotted overrides
+go to every LOPD run. Details: ``docs/miniature.md``, ``docs/results.md``.
 
-    python -m lopd_jax.premise --config=miniature --workdir=W seed=2 stages.warmup_lr=2e-3 stages.warmup_steps=440
-    python -m lopd_jax.demo --pack=W stages.warmup_lr=2e-3 stages.warmup_steps=440   # W's first stages -> data/demo/start
-
-The demo copies that starting point into ``<workdir>/start`` and then, at once:
-
-* measures the premise rows there (``python -m lopd_jax.premise``): theta0 alone, theta0
-  with the oracle hint as text, theta0 with the cold-start composer's latents, and the
-  no-tool baseline;
-* runs LOPD from it once per seed (``python -m lopd_jax.train --config=miniature`` resuming
-  a copy in ``<workdir>/seed<k>``: only the training stage, the evaluations and the export
-  run), with a held-out evaluation halfway.
-
-It prints the held-out reward before and after LOPD per seed and the mean gain with its 95%
-paired bootstrap interval over seeds and held-out tasks clustered by customer
-(:mod:`lopd_jax.programs.arm_stats`; with one seed, over tasks alone), writes ``<workdir>/demo.json`` and plots ``<workdir>/demo.png``.
-Dotted overrides are passed to every LOPD run (e.g. ``stages.lopd_steps=8``). Exit status:
-0 done, 1 a run failed (its log is named), 2 a bad argument or no starting point.
+Exit status: 0 done, 1 a run failed (its log is named), 2 a bad argument or no starting point.
 """
 
 from __future__ import annotations

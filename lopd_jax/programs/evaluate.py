@@ -3,42 +3,14 @@
     python -m lopd_jax.evaluate --model=HF_DIR_or_tiny --env=synthetic --split=heldout \\
         [--num_tasks N] [--out FILE] [--temperature 0.7 --top_p 0.95 --top_k 20] ...
 
-``--model`` is a Hugging Face checkpoint directory (or ``gs://`` prefix) with its tokenizer
-files, or ``tiny``: the ``tiny_qwen3`` backbone with random weights (seeded by ``--seed``)
-and the tiny Qwen3-format tokenizer, for smoke runs. A run's export (``<workdir>/export``
-or ``python -m lopd_jax.export``) carries the run's task source and episode caps
-(``lopd_run.json``); options left unset take them from there (:func:`fill_run_defaults`), so
-the tiny run's student is evaluated with its 96-token turns rather than a real model's
-2,048. A progress bar counts finished episodes, with rate and ETA.
-
-``--composer_from=WORKDIR`` (instead of ``--model``) evaluates the paper's "Base + Composer"
-row: the run's base policy theta0 with its composer's latents (from ``n_ret`` experiences
-retrieved from the run's bank per task) spliced into the prompt, on the run's own task
-source, tokenizer and chat format (:mod:`lopd_jax.programs.composer_eval`);
-``--composer_stage`` picks the LOPD or cold-start composer (default: LOPD if present). Tasks are rolled out in batches of
-``--batch_size`` with :func:`lopd_jax.rollout.episodes.rollout` on the rollout engine (``--slots`` decode
-slots; with ``--composer_from``, the run's ``engine`` settings); task ``i`` is episode ``i``
-under ``--seed`` whatever the batch, so sampled trajectories do not depend on
-``--batch_size`` or the slots. The statistics are
-:func:`lopd_jax.method.eval_stats.behaviour_stats`. The metrics are printed as JSON and, with
-``--out``, written with per-task results. Bad arguments exit with status 2.
-
-On a pod, run the same command on every host (with ``--coordinator_address=HOST:PORT
---num_processes=N --process_id=I`` off Cloud TPU VMs, or ``JAX_COORDINATOR_ADDRESS``,
-``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``; see ``docs/pods.md``): the policy is sharded
-over every device of every host, each batch of tasks is split across the hosts (each
-process runs the environments of the rows it owns, :func:`rollout_batch`), the
-trajectories are gathered and process 0 prints and writes the results.
-
-``--suite=tool_use|code|all --data_dir=DIR`` (instead of ``--env``) runs the paper's
-Tables 1 and 2 (EnvScaler, BFCL-v3, ACEBench; LiveCodeBench v5/v6, HumanEval+, MBPP+,
-HumanEval) with the same policy (``--model`` or ``--composer_from``) and writes
-``report.md`` / ``report.json`` to ``--out_dir`` (default ``DATA_DIR/reports/SUITE-MODEL``;
-:func:`suite`, :mod:`lopd_jax.programs.eval_suite`, ``docs/evaluation.md``); greedy pass@1
-unless ``--temperature`` / ``--suite_samples`` say otherwise.
-
-Argument parsing lives in :func:`build_parser` / :func:`parse_args` so training-config and
-checkpoint options (``--config``, ``--checkpoint``) can be added there later.
+``--model`` is a Hugging Face checkpoint directory (or ``gs://`` prefix), a run's export (its
+``lopd_run.json`` fills unset options, :func:`fill_run_defaults`) or ``tiny`` (random weights);
+``--composer_from=WORKDIR`` evaluates the run's theta0 with its composer's latents ("Base +
+Composer"). Tasks roll out in batches on the rollout engine; task ``i`` is episode ``i`` under
+``--seed`` whatever the batch. ``--suite=tool_use|code|all --data_dir=DIR`` runs the paper's
+Tables 1 and 2 (:mod:`lopd_jax.programs.eval_suite`). On a pod, run the same command on every
+host (``docs/pods.md``); process 0 prints and writes the results. Bad arguments exit with
+status 2. Details: ``docs/evaluation.md``.
 """
 
 from __future__ import annotations

@@ -1,21 +1,17 @@
 """The premise check of self-distillation: does a privileged context help theta0 at all?
 
-Self-distillation can only help where the teacher -- theta0 with a privileged context --
-does better than theta0 alone. On a run's held-out tasks (greedy, the run's caps and chat
-format) this measures three rows: ``base`` (theta0); ``base + oracle text`` (each task's
-oracle hint as text in the latent slot's place: OPSD's teacher, :mod:`lopd_jax.envs.privileged`);
-``base + composer`` (the cold-start composer's latents of retrieved experiences,
-:mod:`lopd_jax.programs.composer_eval`). Each row reports reward, success, calls and
-errors per episode, the gap to ``base`` with its 95% bootstrap interval over the tasks
-(clustered by their cluster keys, :func:`add_gaps`) and the teacher-forced log-prob per
-token of the oracle demonstration (:func:`oracle_logprob`), beside the no-tool baseline.
+Self-distillation can only help where the teacher (theta0 with a privileged context) does
+better than theta0 alone. On a run's held-out tasks this measures ``base``, ``base + oracle
+text`` (:mod:`lopd_jax.envs.privileged`) and ``base + composer``
+(:mod:`lopd_jax.programs.composer_eval`): reward, success, calls and errors, the gap to ``base``
+with its 95% clustered bootstrap interval (:func:`add_gaps`) and the oracle demonstration's
+log-prob per token (:func:`oracle_logprob`), beside the no-tool baseline.
 
     python -m lopd_jax.premise --config=miniature --workdir=W [key=value ...]
     python -m lopd_jax.premise --workdir=W        # a run that has finished its cold start
-    python -m lopd_jax.premise --config=tiny      # in the config's workdir, as lopd_jax.train
 
-Without a finished cold start in ``W`` the run's first stages run there first. The table
-is printed and written to ``W/premise.json`` (docs/miniature.md, "The premise check").
+Without a finished cold start in ``W`` the run's first stages run there first. The table is
+printed and written to ``W/premise.json`` (docs/miniature.md, "The premise check").
 """
 
 from __future__ import annotations

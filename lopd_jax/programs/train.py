@@ -1,23 +1,16 @@
 """Train with LOPD end to end: ``python -m lopd_jax.train --config=NAME --workdir=DIR [key=value ...]``.
 
-Runs the stages of :mod:`train.loop` (tiny warm-up, held-out evaluation, experience bank,
-composer cold start, LOPD steps, evaluation, Hugging Face export, plot); a rerun of the
-same command resumes. Overrides are dotted config keys (``stages.lopd_steps=8``,
-``bank.min_reward=0.5``, ``env.kwargs.n_train_per_family=4``); ``--workdir`` is the
-``workdir`` key. On a multi-host TPU slice run the same command on every host
-(``tpu_scripts/run.sh``); ``jax.distributed.initialize()`` is called when the slice has
-more than one host. Elsewhere N cooperating processes are started with
-``--coordinator_address=HOST:PORT --num_processes=N --process_id=I`` (or the environment
-variables ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``); see
-``docs/pods.md``.
+Runs the stages of :mod:`train.loop` (warm-up, evaluation, experience bank, composer cold start,
+LOPD steps, evaluation, export, plot); a rerun resumes. Overrides are dotted config keys
+(``stages.lopd_steps=8``). On a multi-host slice run the same command on every host
+(``tpu_scripts/run.sh``); elsewhere ``--coordinator_address --num_processes --process_id`` or the
+``JAX_*`` variables (``docs/pods.md``).
 
-Exit status: 0 done (or preempted with a checkpoint saved: rerun to resume); 2 a problem
-the user fixes, named in one line: a bad config, unknown key, bad value, missing path or
-package, a checkpoint missing a shard, a partial or corrupt newest checkpoint (the message
-names its step and how to resume from the one before); 3 the run stopped with an
-explanation (e.g. the experience bank came out empty, or too many consecutive steps had
-non-finite gradients); 130 interrupted (Ctrl-C): the message gives the command that resumes.
-A new run that stops before it saved anything removes the files it wrote.
+Exit status: 0 done (or preempted with a checkpoint saved: rerun to resume); 2 a problem the
+user fixes, named in one line (bad config, key or value, missing path or package, a missing
+shard, a partial or corrupt newest checkpoint); 3 the run stopped with an explanation (empty
+experience bank, too many non-finite steps); 130 interrupted (the message gives the command that
+resumes). A new run that stops before it saved anything removes the files it wrote.
 """
 
 from __future__ import annotations

@@ -1,30 +1,15 @@
 """A schedule model of the rollout engine and of the static sampler it replaces.
 
-Time is counted in decode steps (one token for every decode row). Episodes are drawn from
-the run's length distribution (:class:`lopd_jax.settings.length_model.LengthConfig`: prompt,
-geometric turns, lognormal turn and observation lengths) with the rollout's caps applied
-as the rollout applies them: at most ``max_turns`` turns, a turn at most
-``max_turn_tokens`` and never past ``max_total_tokens``; an episode ends when the next
-observation would reach the total cap.
+Time is counted in decode steps. Episodes are drawn from the run's length distribution
+(:class:`lopd_jax.settings.length_model.LengthConfig`) with the rollout's caps applied as the
+rollout applies them. :func:`simulate_engine` models the engine's policy (slots refilled FIFO,
+``in_flight`` episodes, decode chunks, environment latency holding pages but no slot);
+:func:`simulate_static` models lockstep batches whose turns last until the longest live one.
+Both return utilisation (useful slot-steps over slot-steps, as the engine's metrics count) and
+time utilisation; the engine also its steady utilisation, decode context per call and live
+tokens, which size the page pool (:func:`pool_pages`).
 
-* :func:`simulate_engine` -- the engine's policy (:mod:`lopd_jax.rollout.engine`): ``slots`` decode
-  rows refilled FIFO from a ready queue, at most ``in_flight`` episodes started and not
-  finished, decode in chunks of ``chunk`` steps (a row whose turn ends mid-chunk idles to
-  the chunk's end), each turn followed by ``env_steps`` steps of environment latency during
-  which the episode holds its pages but no slot. Prefill is not counted in slot-steps
-  (on TPU the ragged kernel mixes it into decode; see docs/engine.md).
-* :func:`simulate_static` -- the static schedule: ``rows`` episodes per batch decoded in
-  lockstep; each turn lasts until the batch's longest live turn ends, then every live
-  row's environment runs (in parallel: ``env_steps`` once per turn).
-
-Both return useful slot-steps over slot-steps (``utilisation``: every decode call's rows,
-as the engine's metrics count) and over ``rows x elapsed steps`` (``time_utilisation``:
-idle waits for environments included); the engine also ``steady_utilisation`` (up to the
-moment the last episode of the round starts: the schedule's own losses, before the
-round's drain, where the longest episodes finish alone), the decoding rows' context per
-call (``running_tokens_mean``: the KV a decode step reads) and the live tokens (context of
-every started, unfinished episode: what its pages hold) at each chunk, which sizes the
-page pool (:func:`pool_pages`).
+Why and what it predicts: ``docs/engine.md`` (``benchmarks.sim_engine_schedule``).
 """
 
 from __future__ import annotations

@@ -2,19 +2,13 @@
 delivery) and the airline, as state objects whose public methods are the agent's APIs.
 
 Our implementation of upstream's scenario classes (github.com/ACEBench/ACEBench, commit
-e6db74b, ``model_inference/multi_turn/scenariosen/phone_platform/{base_api,message,
-reminder,food_services}.py`` and ``scenariosen/travel.py``; the ``multi_step`` copies are
-identical): the same initial data, the same return values and messages, and the same
-state changes, because the agent categories are graded on the end state
-(:data:`SAVED_ATTRS`) and on the exact call texts. Upstream's quirks are kept where they
-change a result: ``ReminderApi`` and ``FoodPlatform`` skip the base initialiser (no
-``wifi`` / ``logged_in`` until a scenario is loaded), ``cancel_reservation`` refunds but
-keeps the reservation, and a wrong password in ``reserve_flight`` fails on a missing key.
-
-:func:`build_instances` makes one object per involved class and loads the scenario as
-upstream's ``execute_agent_func_call`` does; :func:`execute` runs parsed calls against
-them (a method name shared by several classes runs on each, the last result is returned)
-and formats the results as upstream's execution role does.
+e6db74b): the same initial data, return values, messages and state changes, because the agent
+categories are graded on the end state (:data:`SAVED_ATTRS`) and the exact call texts. Upstream's
+quirks are kept where they change a result: ``ReminderApi`` and ``FoodPlatform`` skip the base
+initialiser, ``cancel_reservation`` refunds but keeps the reservation, and a wrong password in
+``reserve_flight`` fails on a missing key. :func:`build_instances` loads a scenario as upstream
+does; :func:`execute` runs parsed calls and formats the results as upstream's execution role.
+Details: ``docs/evaluation.md``.
 """
 
 from __future__ import annotations

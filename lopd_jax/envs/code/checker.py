@@ -1,25 +1,14 @@
 """The trusted HumanEval checker: runs a problem's ``check(candidate)`` outside the sandbox.
 
-It runs in an :class:`lopd_jax.envs.workers.isolation.Worker` subprocess (fault isolation: a
-time limit per request, rlimits, killed on a hang), never in the sandbox and never in the
-process that trains. ``candidate`` is a proxy: it answers each call with the value the
-model's function returned *in the sandbox* for the same arguments, decoded from the
-plain-data wire format (:mod:`lopd_jax.envs.workers.wire`), so the asserts compare the test's own
-expected values with plain built-in data - an object with an always-true ``__eq__`` cannot
-reach this process. The test's ``==`` comparisons inside asserts are made type-strict
-(:func:`strict_equal`: ``True`` is not ``1``, ``[True]`` is not ``[1]``).
-
-One request, :meth:`CheckHandler.handle` ``{"op": "check", ...}``, evaluates the check
-against the known call results: with none it only *collects* the calls (their arguments,
-wire-encoded) that the test makes; with results it returns the verdict. Results are keyed
-by the arguments: each distinct argument list runs once in the sandbox, and a repeated
-call gets the same (freshly decoded) value. Asserts are run
-one by one (each wrapped so a failure is recorded and the test goes on), so one pass sees
-every call even when early asserts fail. When the test makes a call that was not answered
-(an input that depends on an earlier output, or an assert message evaluated only on
-failure) and no assert has failed before it, the reply lists the calls to run next
-instead of a verdict. ``random`` is reseeded before every pass, so tests drawing
-unseeded random inputs make the same calls in every pass.
+It runs in an :class:`lopd_jax.envs.workers.isolation.Worker` subprocess, never in the sandbox
+nor in the training process. ``candidate`` is a proxy answering each call with the value the
+model's function returned *in the sandbox* for the same arguments, decoded from the plain-data
+wire format, so an object with an always-true ``__eq__`` cannot reach it; asserts compare
+type-strictly (:func:`strict_equal`). One request, :meth:`CheckHandler.handle`, either collects
+the calls the test makes (no results yet), returns the verdict, or lists further calls to run
+when the test needs an answer it lacks. Asserts run one by one so one pass sees every call;
+``random`` is reseeded before every pass so the calls are the same each time.
+Details: ``docs/sandbox.md``.
 """
 
 from __future__ import annotations

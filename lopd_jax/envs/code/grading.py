@@ -1,26 +1,15 @@
 """Grading for the code environments: the verdict is computed outside the sandbox.
 
-:func:`evaluate_code` runs the model's code in :mod:`lopd_jax.envs.code.sandbox` under a
-harness (:mod:`lopd_jax.envs.code.harness`) that holds only the test *inputs*: it reports
-the code's outputs as plain data (:mod:`lopd_jax.envs.workers.wire`) and never sees an expected
-output or a pass marker (there is none). The outputs are then compared by a process the
-code never ran in:
+:func:`evaluate_code` runs the model's code in :mod:`lopd_jax.envs.code.sandbox` under a harness
+(:mod:`lopd_jax.envs.code.harness`) that holds only the test *inputs* and reports the code's
+outputs as plain data (:mod:`lopd_jax.envs.workers.wire`); no expected output or pass marker is
+ever inside the sandbox. The outputs are compared by a process the code never ran in: HumanEval
+by the problem's own ``check`` in the trusted checker (:mod:`lopd_jax.envs.code.checker`, with
+further sandbox rounds up to ``MAX_ROUNDS`` when inputs depend on outputs); TACO function-call
+and standard-input tests here, type-strictly, floats within ``FLOAT_TOLERANCE``, as TACO/APPS do.
 
-* HumanEval: the problem's own ``check(candidate)`` runs in the trusted checker worker
-  (:mod:`lopd_jax.envs.code.checker`), where ``candidate`` answers with the decoded
-  outputs; a call that raised in the sandbox raises ``CandidateError`` there, so it only
-  fails the test if the test really makes it. The calls the test makes are collected
-  once per problem (cached); a test whose inputs depend on earlier outputs gets another
-  sandbox round (at most ``MAX_ROUNDS``, sharing the one ``timeout_s``).
-* TACO function-call tests: compared here, type-strictly (``True`` is not ``1``), tuples
-  as lists, a singly wrapped expected value accepted, floats within ``FLOAT_TOLERANCE``
-  (relative, at least absolute) as TACO/APPS do.
-* TACO standard-input tests: each run's captured standard output is compared here (lines
-  with trailing blanks stripped, or token by token with the float tolerance).
-
-Returns (reward 1.0 or 0.0, feedback text for the model, the sandbox result of the last
-run). A program that exits early (``sys.exit(0)``, ``os._exit(0)``) reports no results and
-fails; one that prints a fake results line has, at most, answered with those outputs.
+Returns (reward 1.0 or 0.0, feedback text for the model, the last sandbox result). A program
+that exits early reports no results and fails. Details: ``docs/sandbox.md``.
 """
 
 from __future__ import annotations

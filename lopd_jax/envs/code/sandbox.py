@@ -1,44 +1,16 @@
 """Run untrusted, model-generated Python in a separate, confined process.
 
 :func:`run_python` writes the program into a fresh temporary directory and starts
-:mod:`lopd_jax.envs.code.sandbox_launcher` (``python -I -S -B sandbox_launcher.py <config>``) in
-its own session / process group. The launcher applies, in order, whatever the OS permits
-(each layer is tried and recorded in ``SandboxResult.enforced``, so a caller can see what
-was really in force):
+:mod:`lopd_jax.envs.code.sandbox_launcher` in its own session / process group. The launcher
+applies whatever the OS permits, in order: pids and memory cgroups
+(:mod:`lopd_jax.envs.code.sandbox_memory`), namespaces (no network, own PIDs, a read-only mount
+namespace with ``hidden_paths`` covered), capabilities dropped, rlimits, and a best-effort Python
+audit-hook prelude; each layer is recorded in ``SandboxResult.enforced`` so a caller sees what
+was really in force. The parent enforces the wall-clock timeout and the output cap, kills the
+process group and every process left in the cgroup, and deletes the temporary directory.
 
-1. **pids cgroup** (root, cgroup v1 ``pids`` or v2 with the controller delegated): a hard
-   cap on processes+threads (``max_processes``); also the list used to kill every survivor.
-   Next to it a **memory cgroup** (:mod:`lopd_jax.envs.code.sandbox_memory`: v2
-   ``memory.max`` with ``memory.swap.max = 0``, else v1 ``memory.limit_in_bytes`` +
-   ``memory.memsw.limit_in_bytes``) bounds the memory of all the run's processes together
-   (``memory_total_bytes``); an OOM kill there is status ``"memory"``. Without a writable memory cgroup one warning is issued.
-2. **Namespaces** (``unshare``): new network namespace (no interfaces but a down loopback,
-   so no network at all), PID namespace (the program cannot see or signal outside
-   processes, and when the namespace's init exits the kernel kills everything in it), mount
-   namespace in which every mount is bind-remounted **read-only** except the temporary
-   directory, and a fresh read-only ``/proc``; IPC and UTS namespaces. As root these are
-   created directly; otherwise inside a new user namespace when unprivileged user
-   namespaces are allowed. ``hidden_paths`` (the task data with expected outputs) are
-   covered in that mount namespace, so the program cannot read the answers from disk.
-3. **Capabilities dropped** before ``exec`` (bounding set emptied, ``SECBIT_NOROOT`` locked,
-   ``no_new_privs``): a program started as root keeps uid 0 (the interpreter may live under
-   ``/root``) but cannot remount, override file permissions, or regain capabilities.
-4. **rlimits**: ``RLIMIT_CPU`` (CPU seconds), ``RLIMIT_AS`` (address space),
-   ``RLIMIT_FSIZE`` (largest file), ``RLIMIT_NPROC`` (only effective for a non-root uid:
-   Linux exempts uid 0, hence the cgroup), ``RLIMIT_CORE`` = 0.
-5. **A Python prelude** (audit hook, always installed, cannot be removed from Python code):
-   refuses ``open`` for writing outside the temporary directory, and - when there is no
-   network namespace - socket creation. This is best effort only (``ctypes`` can bypass it);
-   the kernel layers above are the real enforcement where they are available.
-
-The parent enforces the wall-clock timeout and the output cap (reads at most
-``max_output_bytes`` per stream, then kills), kills the whole process group, every process
-left in the cgroup, and reaps the launcher: nothing is left behind. HOME and TMPDIR point
-at the temporary directory, which is deleted afterwards.
-
-Measured on the project's dev VM (root, kernel 6.x, cgroup v1 pids and memory): every
-layer is in force. Without root and without user namespaces only layers 4-5 plus process-group killing
-remain; a program that double-forks into its own session can then outlive the run.
+The layers, what each blocks and what remains without root or user namespaces:
+``docs/sandbox.md``.
 """
 
 from __future__ import annotations
