@@ -2,21 +2,15 @@
 with ACEBench's own code, on the real agent data of an ACEBench checkout you already have
 (nothing is downloaded).
 
-For every row of ``data_agent_multi_step.json`` and ``data_agent_multi_turn.json`` it
-replays three agent message sequences -- the row's milestones (the first alternative),
-the milestones without the last one, and the milestones with a string argument of the
-last call replaced -- through our environment and through upstream's execution roles
-(``model_inference/multi_step/execution_role_step.py`` ``EXECUTION_STEP`` and
-``multi_turn/execution_role.py`` ``EXECUTION``, which run upstream's scenario classes),
-then grades both end states with upstream's ``model_eval/checker.py`` ``agent_checker``
-inside ``eval_main.agent_eval``'s matching loop. It counts the sequences on which (a) every
-execution message, (b) the end state and (c) the verdict agree, and how many replays of
-the milestones pass (upstream's data has milestones that do not parse or do not reach its
-ground truth). Multi-turn messages that are not calls go to a user who always answers
-"ok". Upstream's execution ``eval``s the call texts; here they are the data's own
-milestones and our corruptions of them.
+For every multi-step and multi-turn agent row it replays three message sequences (the row's
+milestones, the milestones without the last one, and with a string argument of the last call
+replaced) through our environment and through upstream's execution roles, grades both end
+states with upstream's ``agent_checker`` and counts the sequences on which every execution
+message, the end state and the verdict agree, and how many milestone replays pass.
 
     python -m benchmarks.acebench_agent_parity --upstream /path/to/ACEBench
+
+Method and measurements: ``docs/evaluation.md``.
 """
 
 from __future__ import annotations

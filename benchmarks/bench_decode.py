@@ -1,26 +1,15 @@
 """Batched decode throughput: benchmarks.static_sampler vs ``transformers`` ``generate`` (CPU).
 
-What is compared, and how:
-
-* the same random-weight Qwen3 model (a 41.6M-parameter config by default: hidden 512,
-  8 layers, vocab 32,000, tied embeddings, fp32) -- saved by ``transformers`` and loaded by
-  ``models.from_pretrained``, so both hold identical weights;
-* the same batch of prompts (different lengths: ours right-pads into its KV cache,
-  ``transformers`` left-pads with an attention mask);
-* exactly ``--new`` new tokens per row (no stop id: ``min_new_tokens = max_new_tokens``);
-* two modes: greedy, and sampled with the method's defaults (temperature 0.7, top-p 0.95,
-  top-k 20) on both sides;
-* ``torch.set_num_threads(--threads)`` (default 2 = this machine's cores); XLA uses its own
-  pool over the same cores;
-* one warm-up call of each side per mode is excluded (ours compiles there; its compile
-  time is printed separately), then ``--repeats`` timed calls alternate between the two so
-  a change in machine load hits both; the ratio is of the medians (best-of ratio too).
-
-Greedy outputs are checked to be identical. Tokens/s counts generated tokens (batch x new)
-over the wall time of the whole call (prefill included) on each side.
+The same random-weight Qwen3 (41.6M parameters by default) on both sides, the same batch of
+prompts of different lengths, exactly ``--new`` new tokens per row, greedy and sampled with the
+method's defaults; one warm-up call per side and mode is excluded, then timed calls alternate and
+the ratio is of the medians. Greedy outputs are checked to be identical; tokens/s counts
+generated tokens over the whole call (prefill included).
 
     python -m benchmarks.bench_decode                       # batch 8, 128 new tokens
     python -m benchmarks.bench_decode --batch 4 --new 64 --layers 4 --modes greedy
+
+Methodology and measurements: ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations

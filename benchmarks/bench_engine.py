@@ -1,29 +1,16 @@
 """Continuous batching (lopd_jax/rollout/engine.py, which every rollout runs on) vs a static lockstep
-schedule (benchmarks/static_sampler.py, driven turn by turn as rollouts were before the engine) on one
-multi-turn workload, CPU.
+schedule (benchmarks/static_sampler.py, driven turn by turn) on one multi-turn workload, CPU.
 
-Workload (issue 23's distribution, token lengths scaled by ``--scale``): turns per episode
-geometric (mean 8, at most 30), tokens per turn lognormal (median 300, sigma 1, capped at
-10,000), observations lognormal (median 150, sigma 1), the rollout's caps (2,048 per turn,
-40,960 per episode) scaled too. Turn lengths are forced with per-row caps and no stop id;
-a scripted environment returns the drawn observation ids and ends an episode after its
-turns (or when the next observation would reach the episode cap, as rollout does).
-
-* **static**: episodes in batches of ``slots`` rows; each turn is one ``Sampler.extend``
-  call that decodes until every live row reaches its cap; finished episodes drop out and
-  the cache compacts to a smaller batch bucket (the former static rollout's schedule).
-* **engine**: ``slots`` decode rows, ``--chunk`` steps per device call, refilled as turns
-  end (each call computes only the occupied slots, padded to slots / 2^k rows); environments
-  on a thread pool; paged cache.
-
-Both use the same random tiny Qwen3 model and sampling settings. Nothing compiles inside
-a timing: the static schedule is deterministic, so a warm-up round on the same workload
-compiles every shape its timed round meets; the engine's batching depends on environment
-timing, so it first compiles every variant it can meet with ``Engine.precompile``. Useful tokens = generated
-tokens; utilisation = useful decode slot-steps / decode slot-steps (``slots`` per step for
-both schedules; the engine line also prints the rows its calls computed per slot-step).
+Episodes come from the length model's turn distribution scaled by ``--scale``, turn lengths
+forced with per-row caps, observations from a scripted environment. **static**: batches of
+``slots`` rows, one ``Sampler.extend`` per turn; **engine**: ``slots`` decode rows, ``--chunk``
+steps per call, refilled as turns end, environments on a thread pool, paged cache. Same tiny
+random Qwen3 and sampling on both; nothing compiles inside a timing. Prints useful tokens/s
+and slot utilisation for each.
 
     python -m benchmarks.bench_engine --slots 8 32 --episodes_per_slot 2
+
+Workload details and measurements: ``docs/engine.md``, "Benchmark".
 """
 
 from __future__ import annotations

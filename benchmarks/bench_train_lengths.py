@@ -1,25 +1,16 @@
 """LOPD train step on real lengths: length-bucketed passes vs every row padded to the cap (CPU).
 
-What is compared, and how:
-
-* the same tiny LOPD system (``tiny_qwen3`` backbone by default, blockwise attention,
-  composer with 3 retrieved experiences of 64 tokens, fp32) and the same trajectories:
-  ``--rows`` episode lengths drawn from the issue's distribution
-  (:func:`lopd_jax.settings.length_model.sample_lengths`: prompt median 1,500, geometric turns with
-  mean 8, turns of median 300 (sigma 1.2), observations of median 150) with every median
-  scaled by ``--cap`` / 40,960, capped at ``--cap`` (4,096);
-* *padded*: :func:`train.steps.make_lopd_step` on the batch padded to the cap (one pass,
-  as the trainer ran before ``lengths.buckets``); *length-aware*:
-  :class:`train.bucketed_steps.BucketedLOPDStep` on the same batch in passes of
-  ``--buckets`` (plus the cap), ``lengths.bucket_tokens`` = the padded step's tokens;
-* each side's first step per batch is excluded (compiles; times printed), then
-  ``--repeats`` rounds alternate between the sides on ``--batches`` different draws; the
-  ratio is of the summed medians. Both sides train on the same real tokens, so the ratio of
-  real tokens per second is the inverse ratio of step times. The losses of the two sides
-  on each batch are printed (they agree to fp32 rounding).
+The same tiny LOPD system and the same trajectories (``--rows`` lengths from
+:func:`lopd_jax.settings.length_model.sample_lengths`, scaled to ``--cap``): *padded*
+(:func:`train.steps.make_lopd_step` at the cap) against *length-aware*
+(:class:`train.bucketed_steps.BucketedLOPDStep` in passes of ``--buckets``). Compiles are
+excluded, rounds alternate on ``--batches`` draws and the ratio is of the summed medians;
+both sides train on the same real tokens and their losses are printed (they agree to fp32).
 
     python -m benchmarks.bench_train_lengths
     python -m benchmarks.bench_train_lengths --rows 16 --buckets 256,512,1024,2048
+
+Methodology and measurements: ``docs/length_buckets.md``, ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations

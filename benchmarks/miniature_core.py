@@ -3,22 +3,13 @@
     python -m benchmarks.miniature_core --config=miniature --workdir=W \\
         [--arms=lopd,grpo,lopd_frozen_composer,m0] [--seeds=0,1,2] [--parallel=2] [key=value ...]
 
-1. ``W/prefix``: the run's shared stages -- warm-up (theta0), held-out evaluation before,
-   experience bank, composer cold start -- once (``python -m lopd_jax.train ...
-   stages.lopd_steps=0``). Like the paper's seeds, which all start from one pre-trained
-   checkpoint, every arm and seed starts from this theta0, bank and phi0.
-2. ``W/runs/ARM_sSEED``: a copy of the prefix (its ledger without the training stage,
-   evaluation after and export) whose config sets the arm and ``seed``; ``python -m
-   lopd_jax.train`` resumes it, so only the training stage, the evaluation after and the
-   export run. Seeds change the training stage's task order, sampling and initial
-   student-side randomness. Finished runs are skipped (rerun to resume).
-3. ``W/results.json``: one record per arm x seed (arm, seed, overrides, rollouts, held-out
-   reward and success before / after, wall seconds, rollouts per minute) and the table
-   (mean +- sample SD over seeds) printed as Markdown, then :mod:`benchmarks.rank_arms`'s
-   contrasts (paired bootstrap intervals, Holm-corrected) and ranking.
-
-Arm names: ``lopd``, ``grpo``, ``lopd_frozen_composer``, ``m0`` (LOPD with
-``steps.margin=0``), any other ``TrainConfig.arm``.
+Runs the shared stages (warm-up, evaluation before, bank, cold start) once in ``W/prefix``, as
+the paper's seeds all start from one checkpoint; then each arm x seed resumes a copy of it in
+``W/runs/ARM_sSEED`` (training stage, evaluation after, export; finished runs are skipped).
+``W/results.json`` holds one record per run; the table (mean +- sample SD over seeds) is printed
+with :mod:`benchmarks.rank_arms`'s contrasts and ranking. Arms: ``lopd``, ``grpo``,
+``lopd_frozen_composer``, ``m0`` (``steps.margin=0``), any other ``TrainConfig.arm``.
+Details: ``docs/miniature.md``.
 """
 
 from __future__ import annotations

@@ -1,21 +1,16 @@
 """Slot utilisation at production scale: the static schedule vs the engine's, simulated.
 
-Episodes come from the run config's length distribution (``lengths``: prompt median 1,500,
-turns geometric mean 8, turn median 300 sigma 1.2, observation median 150 sigma 0.8) with
-issue 23's caps (at most 30 turns, 10,000 tokens per turn, 40,960 per episode);
-:mod:`lopd_jax.rollout.schedule` runs both schedules on the same episodes, in decode steps:
-
-* static: ``slots`` rows per batch in lockstep, a turn lasts until the batch's longest;
-* engine: ``slots`` rows refilled from a FIFO queue, ``in_flight`` episodes started at
-  once, decode chunks of ``--chunk`` steps, ``--env_steps`` steps of environment latency
-  per turn (the slot is given to other work meanwhile).
-
-Utilisation = useful decode slot-steps / decode slot-steps (what ``Engine.metrics``
-counts). ``steady`` is the engine's utilisation until the round's last episode starts;
-after that the round drains (its longest episodes finish alone), which is what more
-episodes per round amortise. Live tokens (what the page pool must hold) are per slice.
+Episodes come from the run config's length distribution (``lengths``) with the production caps;
+:mod:`lopd_jax.rollout.schedule` runs both schedules on the same episodes, in decode steps: static
+(``slots`` rows in lockstep) and engine (``slots`` rows refilled FIFO, ``in_flight`` episodes,
+``--chunk`` decode chunks, ``--env_steps`` environment latency per turn). Utilisation = useful
+decode slot-steps / decode slot-steps (as ``Engine.metrics`` counts); ``steady`` is the engine's
+until the round's last episode starts, before the drain that more episodes per round amortise.
+Live tokens (what the page pool must hold) are per slice.
 
     python -m benchmarks.sim_engine_schedule --slots 32 256 --episodes_per_slot 8 32
+
+Measurements: ``docs/engine.md``.
 """
 
 from __future__ import annotations
