@@ -360,7 +360,7 @@ def test_suite_row(tmp_path):
               "decoding": {"temperature": 0, "top_p": 1, "top_k": 0, "enable_thinking": True,
                            "max_turn_tokens": 8, "max_total_tokens": 16, "samples_per_problem": 1}}
     md = eval_suite.render_markdown(report)
-    assert "| ACEBench (multi-step/turn avg) | - | 21 |" in md and "partial: the paper's ACEBench cell" in md
+    assert "| ACEBench (multi-step/turn avg) | - | - | 21 |" in md and "partial: the paper's ACEBench cell" in md
     assert "normal_special 100.0 (n=17)" in md
     # the agent categories fill the Table 1 cell: their mean end-to-end accuracy
     for name in os.listdir(AGENT_FIXTURES):
@@ -379,7 +379,7 @@ def test_suite_row(tmp_path):
     assert full["process_accuracy"] == {"agent_multi_step": 100.0, "agent_multi_turn": 100.0}
     assert full["user_simulator"] == "scripted"
     md = eval_suite.render_markdown({**report, "rows": [full]})
-    assert "| ACEBench (multi-step/turn avg) | 100.0 | 27 |" in md and "user simulator: scripted" in md
+    assert "| ACEBench (multi-step/turn avg) | 100.0 | - | 27 |" in md and "user simulator: scripted" in md
     wrong = eval_suite.run_benchmark(bench, _oracle_roll(lambda t: "[]"), args, user=lambda chat: "ok")
     assert wrong["score"] == 100.0  # the agent replays are right, the normal answers wrong
     assert wrong["per_category"]["normal"] == 0.0
