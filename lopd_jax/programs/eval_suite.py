@@ -281,6 +281,14 @@ def run_benchmark(bench: Benchmark, roll: Callable, args: Any, user: Any = None)
                 entry.setdefault("process", []).append(float(traj.env_stats["process_accuracy"]))
             if traj.env_stats.get("grader_error"):
                 entry["grader_error"] = True
+            if getattr(traj, "finish_reason", None) == "env_error":  # the environment failed: never a silent 0
+                entry["env_error"] = getattr(traj, "error", None) or "env_error"
+    failed = [t for t in per_task if t.get("env_error")]
+    if failed:
+        return {**row, "status": "error", "score": None, "problems": len(tasks), "env_errors": len(failed),
+                "wall_s": round(time.perf_counter() - start, 2), "tasks": per_task,
+                "reason": (f"{len(failed)} of {len(tasks)} problems ended in an environment error, e.g. "
+                           f"{failed[0]['task_id']}: {failed[0]['env_error']}")}
     ungraded = [t["task_id"] for t in per_task if t.get("grader_error")]
     if ungraded:  # a task the grader cannot grade is never a silent 0
         return {**row, "status": "error", "score": None, "problems": len(tasks), "ungraded": len(ungraded),
