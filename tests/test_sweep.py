@@ -45,7 +45,7 @@ def test_plan_names_runs_and_rejects_bad_input(tmp_path):
     specs = sweep.plan(_args(tmp_path, "--arms=grpo,lopd@steps.margin=0@composer.n_ret=1", "--seeds=3"))
     assert [s.name for s in specs] == ["grpo", "lopd__steps.margin=0__composer.n_ret=1"]
     cfg = sweep.run_config("tiny", specs[1], str(tmp_path))
-    assert cfg.steps.margin == 0 and cfg.composer.n_ret == 1 and cfg.seed == 3 and cfg.arm == "lopd"
+    assert cfg.steps.loss.margin == 0 and cfg.composer.n_ret == 1 and cfg.seed == 3 and cfg.arm == "lopd"
     for bad in (["--arms=lopd,ppo"], ["--seeds=a"], ["--grid", "steps.margin"], ["--grid", "steps.nope=1"],
                 ["--arms=lopd@steps.margin"]):
         with pytest.raises(ConfigError):
