@@ -5,7 +5,8 @@ Layer parameters are stacked along a leading ``layers`` axis and the layers
 of depth) with a configurable remat policy. Inputs are token ids or input embeddings (for
 latent splicing); the call can return the final hidden states without the LM head (for
 chunked losses and the experience encoder), and can read / write a dense KV cache
-(:class:`KVCache`) for prefill and one-token decode steps.
+(:class:`KVCache`) for prefill and one-token decode steps. Training rows may pack several
+sequences (``segment_ids``), each attending only within itself.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from flax import nnx
 
 from models.config import ModelConfig
 from models.layer import (decoder_layer, dense_cache_attention, layer_tables, projection_shapes, rms_norm,
-                          rope_tables, sequence_attention, stacked_weights)
+                          rope_tables, segment_positions, sequence_attention, stacked_weights)
 from models.lora import init_lora_pair, merged_weight
 from models.partitioning import Rules, constrain
 
@@ -135,7 +136,7 @@ class Decoder(nnx.Module):
     # ----- forward -----
     def __call__(self, input_ids=None, *, inputs_embeds=None, positions=None, attention_mask=None,
                  lora: bool = False, return_hidden: bool = False, cache: KVCache | None = None,
-                 dropout_rng=None):
+                 dropout_rng=None, segment_ids=None):
         """Run the decoder.
 
         Args:
@@ -150,6 +151,13 @@ class Decoder(nnx.Module):
             queries attend to everything cached so far. The call then returns
             ``(output, new_cache)``.
           dropout_rng: PRNG key for LoRA dropout (no dropout when None).
+          segment_ids: [B, S] int32 for packed rows: each row numbers its sequences 1, 2, ...
+            (a segment = a run of equal ids), 0 on padding. A token attends only to its own
+            segment (and, as ever, not to keys where ``attention_mask`` is False); outputs at
+            segment-0 tokens are unspecified. Without ``positions`` each segment's positions
+            restart at 0 (:func:`models.layer.segment_positions`), so every segment gives what
+            it gives alone and every attention impl stays exact; with explicit positions,
+            splash / causal_plain run blockwise / plain as above. Not with ``cache``.
         """
         cfg = self.cfg
         if (input_ids is None) == (inputs_embeds is None):
@@ -161,7 +169,17 @@ class Decoder(nnx.Module):
         if attention_mask is None:
             attention_mask = jnp.ones((B, S), bool)
         attention_mask = attention_mask.astype(bool)
+        if segment_ids is not None and cache is not None:
+            raise ValueError("segment_ids (packed rows) work only without a KV cache; decode each sequence in "
+                             "its own row instead.")
         default_positions = positions is None and cache is None
+        if segment_ids is not None:
+            if segment_ids.shape != (B, S):
+                raise ValueError(f"segment_ids has shape {segment_ids.shape}; it must be [batch, seq] = {(B, S)} "
+                                 "like the inputs.")
+            segment_ids = segment_ids.astype(jnp.int32)
+            if positions is None:
+                positions = segment_positions(segment_ids)
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S))
             if cache is not None:
@@ -188,7 +206,8 @@ class Decoder(nnx.Module):
             rng = None if dropout_rng is None else jax.random.fold_in(dropout_rng, layer["idx"])
             if ck_all is None:
                 attend = sequence_attention(cfg, positions, attention_mask, layer["window"],
-                                            default_positions=default_positions, rules=self.rules)
+                                            default_positions=default_positions, rules=self.rules,
+                                            segment_ids=segment_ids)
             else:
                 ck = jax.lax.dynamic_index_in_dim(ck_all, layer["idx"], 0, keepdims=False)
                 cv = jax.lax.dynamic_index_in_dim(cv_all, layer["idx"], 0, keepdims=False)

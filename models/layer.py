@@ -32,7 +32,8 @@ from models.partitioning import Rules, constrain
 from models.rope import apply_rope, cos_sin, inv_frequencies
 
 __all__ = ["decoder_layer", "dense_cache_attention", "layer_tables", "layer_weights", "paged_cache_attention",
-           "project", "projection_shapes", "rms_norm", "rope_tables", "sequence_attention", "stacked_weights"]
+           "project", "projection_shapes", "rms_norm", "rope_tables", "segment_positions", "sequence_attention",
+           "stacked_weights"]
 
 # attend(q [B, S, KV, G, hd], k [B, S, KV, hd], v [B, S, KV, hd]) -> (out [B, S, KV, G, hd], new cache)
 Attend = Callable[[jax.Array, jax.Array, jax.Array], tuple]
@@ -172,11 +173,23 @@ def decoder_layer(cfg: ModelConfig, x, p, cos, sin, attend: Attend, *, lora: boo
     return constrain(x, ("act_batch", "act_seq", "act_embed"), rules), cache
 
 
+def segment_positions(segment_ids: jax.Array) -> jax.Array:
+    """Positions [B, S] int32 restarting at 0 at the first token of each segment (a maximal
+    run of equal ids in ``segment_ids`` [B, S]) and counting up by one within it."""
+    S = segment_ids.shape[1]
+    index = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), segment_ids.shape)
+    starts = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool), segment_ids[:, 1:] != segment_ids[:, :-1]],
+                             axis=1)
+    return index - jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
+
+
 def sequence_attention(cfg: ModelConfig, positions, valid, window, *, default_positions: bool,
-                       rules: Rules | None = None) -> Attend:
+                       rules: Rules | None = None, segment_ids=None) -> Attend:
     """Attention among the call's own tokens (no cache; the returned cache is None) by
     ``cfg.attention_impl``. Splash masks and causal tiles are index-based, exact only for
-    ``default_positions`` (0 .. S-1): other positions run blockwise / plain instead."""
+    ``default_positions`` (0 .. S-1, or :func:`segment_positions` of ``segment_ids``): other
+    positions run blockwise / plain instead. ``segment_ids`` [B, S] (packed rows) keep each
+    query to the keys of its own segment."""
     impl = cfg.attention_impl
     if not default_positions:
         impl = {"splash": "blockwise", "causal_plain": "plain"}.get(impl, impl)
@@ -185,7 +198,7 @@ def sequence_attention(cfg: ModelConfig, positions, valid, window, *, default_po
     def attend(q, k, v):
         return attn_lib.attention(q, k, v, positions, positions, valid, window, 1.0 / math.sqrt(q.shape[-1]),
                                   impl=impl, block_q=cfg.attention_block_q, block_kv=cfg.attention_block_kv,
-                                  windows=windows, rules=rules), None
+                                  windows=windows, rules=rules, segment_ids=segment_ids), None
     return attend
 
 

@@ -4,9 +4,10 @@ The splash kernel is a Mosaic kernel XLA cannot auto-partition, so on a mesh it 
 ``jax.shard_map`` (batch over the batch axes, KV heads over ``tensor`` when they divide),
 one kernel call per local sequence. Its masks are static and index-based, the decoder's
 position-based (:mod:`models.attention`); they agree when every row's positions are
-``0 .. S-1``, as in all training forwards. Causal and sliding-window layers pick their
-mask with ``lax.switch`` on the per-layer window; padding is a segment id, so a valid query
-sees exactly the valid keys the reference allows. The sequence is padded internally to a
+``0 .. S-1`` (or restart at 0 in each segment of a packed row), as in all training
+forwards. Causal and sliding-window layers pick their mask with ``lax.switch`` on the
+per-layer window; padding is segment id 0, so a valid query sees exactly the valid keys of
+its own segment that the reference allows. The sequence is padded internally to a
 multiple of the block size and q is pre-scaled. The kernel does not run on CPU;
 ``interpret=True`` runs the Pallas interpreter there (tests only).
 """
@@ -80,7 +81,7 @@ def _local(q, k, v, seg, window, *, windows, block, interpret):
 
 
 def splash_attention(q, k, v, k_valid, window, scale, *, windows=(0,), rules: Rules | None = None,
-                     block: int = 512):
+                     block: int = 512, segment_ids=None):
     """Causal / sliding-window GQA attention with the splash kernel; returns [B, S, KV, G, hd].
 
     Args:
@@ -90,6 +91,8 @@ def splash_attention(q, k, v, k_valid, window, scale, *, windows=(0,), rules: Ru
       windows: every window value the caller may pass (static; e.g. ``(0, 4096)``).
       rules: the mesh and logical-axis rules (shard_map over it); None = one device.
       block: kernel block size (q and kv, forward and backward).
+      segment_ids: [B, S] int32 packed-row segments (>= 1; 0 = padding) or None (one segment
+        per row); positions restart at 0 in each segment, so the index-based masks stay exact.
     """
     platform = _platform(rules)
     interpret = _INTERPRET[-1]
@@ -102,7 +105,8 @@ def splash_attention(q, k, v, k_valid, window, scale, *, windows=(0,), rules: Ru
     pad = (-S) % bs
     qh = (q.astype(jnp.float32) * scale).astype(q.dtype).reshape(B, S, KV * G, hd)
     qh, kh, vh = (jnp.pad(jnp.swapaxes(x, 1, 2), ((0, 0), (0, 0), (0, pad), (0, 0))) for x in (qh, k, v))
-    seg = jnp.pad(k_valid.astype(jnp.int32), ((0, 0), (0, pad)))
+    seg = k_valid.astype(jnp.int32) if segment_ids is None else jnp.where(k_valid, segment_ids.astype(jnp.int32), 0)
+    seg = jnp.pad(seg, ((0, 0), (0, pad)))
     window = jnp.asarray(window, jnp.int32)
     body = functools.partial(_local, windows=windows, block=bs, interpret=interpret)
     if rules is None:
