@@ -103,14 +103,19 @@ def bucketed_batch(batch: dict, buckets: Sequence[int], shard_tokens: int, shard
         mb["row_valid"] = valid.astype(np.float32)
         mb["row_index"] = idx.astype(np.int32)
         passes.append(mb)
+    return BucketedBatch(passes, plan, B, batch_stats(batch))
+
+
+def batch_stats(batch: dict) -> dict:
+    """The whole-batch numbers a pass-accumulating step needs (:class:`BucketedBatch`'s
+    ``stats``), from the whole step batch (numpy, every row)."""
     counts = (np.asarray(batch["loss_mask"])[:, 1:] != 0).sum(1)
     if "row_weight" in batch:  # text distillation: rows with weight 0 are not distilled (train.text_steps)
         counts = np.where(np.asarray(batch["row_weight"]) != 0, counts, 0)
-    stats = {"mean_reward": float(np.mean(np.asarray(batch["rewards"], np.float32))) if "rewards" in batch else 0.0,
-             "tokens": float(np.asarray(batch["attention_mask"]).astype(np.float32).sum()),
-             "supervised": float(counts.sum()), "rollouts": float((counts > 0).sum()), "rows": B,
-             "weight": float(np.maximum(np.asarray(batch["loss_mask"], np.float32)[:, 1:], 0).sum())}
-    return BucketedBatch(passes, plan, B, stats)
+    return {"mean_reward": float(np.mean(np.asarray(batch["rewards"], np.float32))) if "rewards" in batch else 0.0,
+            "tokens": float(np.asarray(batch["attention_mask"]).astype(np.float32).sum()),
+            "supervised": float(counts.sum()), "rollouts": float((counts > 0).sum()), "rows": len(counts),
+            "weight": float(np.maximum(np.asarray(batch["loss_mask"], np.float32)[:, 1:], 0).sum())}
 
 
 def _f32(t):
@@ -150,7 +155,7 @@ class _BucketedStep:
         m = {}
         for k, v in acc["metrics"].items():
             if k == "delta_per_rollout":  # each row's value at its place in the batch
-                idx = mb["row_index"]
+                idx = mb["row_index"].reshape(-1)  # [rows], or [P * K] segments of a packed pass
                 idx = jnp.where(idx < 0, v.shape[0], idx)
                 m[k] = v.at[idx].add(metrics[k], mode="drop")
             elif k == "beta":
@@ -339,9 +344,15 @@ def grpo_bucketed_batch(batch: dict, group_size: int, buckets, shard_tokens: int
                         fill: str = "longest_first") -> BucketedBatch:
     """:func:`bucketed_batch` of a GRPO batch, with each row's group advantage computed
     over the whole batch first (a group's rollouts may land in different passes)."""
+    return bucketed_batch(with_group_advantages(batch, group_size), buckets, shard_tokens, shards, fill)
+
+
+def with_group_advantages(batch: dict, group_size: int) -> dict:
+    """A GRPO batch plus ``advantages`` [B]: each row's group advantage over the whole batch
+    (before its rows are split into passes, where a group's rollouts may part)."""
     adv = np.asarray(losses.group_advantages(jnp.asarray(batch["rewards"], jnp.float32), group_size=group_size))
-    return bucketed_batch({**batch, "advantages": adv.astype(np.float32)}, buckets, shard_tokens, shards, fill)
+    return {**batch, "advantages": adv.astype(np.float32)}
 
 
-__all__ = ["SEQ_KEYS", "row_lengths", "BucketedBatch", "bucketed_batch", "grpo_bucketed_batch",
+__all__ = ["SEQ_KEYS", "row_lengths", "BucketedBatch", "bucketed_batch", "batch_stats", "with_group_advantages", "grpo_bucketed_batch",
            "BucketedLOPDStep", "BucketedGRPOStep", "BucketedTextStep", "BucketedColdStartStep"]

@@ -24,7 +24,8 @@ from lopd_jax.settings.errors import ConfigError
 from models import from_pretrained
 from models.decoder import Decoder
 from train import distributed, mesh as mesh_lib
-from train.bucketed_steps import bucketed_batch, grpo_bucketed_batch
+from train.bucketed_steps import bucketed_batch, grpo_bucketed_batch, with_group_advantages
+from train.packed_batches import packed_batch
 from lopd_jax.rollout.engine import Engine
 from lopd_jax.rollout.episodes import rollout
 from train.step_spec import splice_layout, step_spec
@@ -207,7 +208,8 @@ class RunContext:
 
     def bucketed(self, batch: dict, group_size: int | None = None):
         """The whole step batch ``batch`` (numpy, every row; the same on every process) as a
-        :class:`train.bucketed_steps.BucketedBatch` of ``lengths.buckets`` passes; GRPO
+        :class:`train.bucketed_steps.BucketedBatch` of ``lengths.buckets`` passes (of packed
+        rows with ``lengths.packing``, :func:`train.packed_batches.packed_batch`); GRPO
         batches (``group_size``) get their group advantages first. Tokens per batch shard
         and pass: ``lengths.bucket_tokens``, or the padded step's (``steps.micro_batch``
         rows, or all of a shard's rows, times the cap)."""
@@ -215,6 +217,11 @@ class RunContext:
         local = max(1, rows // shards)
         micro = self.cfg.steps.micro_batch
         per_shard = self.cfg.lengths.bucket_tokens or (micro if 0 < micro < local else local) * self.spec.seq
+        if self.cfg.lengths.packing:
+            if group_size is not None:
+                batch = with_group_advantages(batch, group_size)
+            splice = self.system.layout if "exp_tokens" in batch else None  # LOPD and cold start: latents
+            return packed_batch(batch, self.length_buckets(), per_shard, shards, splice)
         args = (self.length_buckets(), per_shard, shards, self.cfg.lengths.fill)
         if group_size is not None:
             return grpo_bucketed_batch(batch, group_size, *args)

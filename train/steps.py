@@ -22,11 +22,22 @@ import optax
 from lopd_jax.method import losses
 from lopd_jax.method.composer import slot_mask
 from lopd_jax.method.losses_kl import chunked_token_logp, scans_unrolled
+from lopd_jax.method.packing import is_packed, packed_teacher_hidden, segment_rows, unpack
 from lopd_jax.method.splice import teacher_hidden_states
 from train.nonfinite import all_finite, keep_if_finite
 from train.system import LOPDSystem
 
 sg = jax.lax.stop_gradient
+
+
+def per_trajectory(batch):
+    """``(view, rows)``: functions giving a batch's next-token arrays ``[B, S - 1]`` and
+    per-trajectory arrays ``[B, ...]`` one row per trajectory -- the identity on a padded
+    batch; on a packed pass (:mod:`lopd_jax.method.packing`) the unpacked ``[P * K, L]``
+    view and the ``[P * K, ...]`` segment rows."""
+    if not is_packed(batch):
+        return (lambda x: x), (lambda x: x)
+    return (lambda x: unpack(x, batch["unpack_index"])), segment_rows
 
 
 def _jit(fn, system: LOPDSystem, state_sh, frozen_sh, batch_sh, donate=(0,)):
@@ -51,30 +62,40 @@ def lopd_loss(system: LOPDSystem, student_p, composer_p, state, frozen, batch, r
     the padding rows (0) out of the anchor; they carry no supervised token either.
     """
     frozen = sg(frozen)
-    latents = system.latents(frozen, composer_p, batch["exp_tokens"], batch["exp_mask"], rng)
-    latents0 = sg(system.latents(frozen, sg(state["composer0"]), batch["exp_tokens"], batch["exp_mask"]))
+    packed = is_packed(batch)
+    rows = segment_rows if packed else (lambda x: x)
+    exp_tokens, exp_mask = rows(batch["exp_tokens"]), rows(batch["exp_mask"])
+    latents = system.latents(frozen, composer_p, exp_tokens, exp_mask, rng)
+    latents0 = sg(system.latents(frozen, sg(state["composer0"]), exp_tokens, exp_mask))
     teacher = system.backbone(frozen, sg(composer_p["lora"]))
     tokens, amask = batch["tokens"], batch["attention_mask"].astype(bool)
-    t_hidden = teacher_hidden_states(teacher, tokens, amask, batch["insert_at"], latents, system.layout,
-                                     slot_mask(batch["exp_mask"], system.composer_cfg.num_latents))
+    n_lat = system.composer_cfg.num_latents
+
+    def teacher_hidden(lat, slots):
+        if packed:
+            return packed_teacher_hidden(teacher, batch, lat, slots)
+        return teacher_hidden_states(teacher, tokens, amask, batch["insert_at"], lat, system.layout, slots)
+
+    t_hidden = teacher_hidden(latents, slot_mask(exp_mask, n_lat))
     student, use_lora = system.student(student_p, frozen, composer_p["lora"])
-    s_hidden = student(tokens, attention_mask=amask, lora=use_lora, return_hidden=True)
+    s_hidden = student(tokens, attention_mask=amask, segment_ids=batch.get("segment_ids"), lora=use_lora,
+                       return_hidden=True)
     mask = batch["loss_mask"][:, 1:].astype(jnp.float32)
-    adv = losses.advantages_from_rewards(batch["rewards"].astype(jnp.float32))
-    if "row_valid" in batch:  # padding rows of a bucketed pass: no anchor term
-        w = batch["row_valid"].astype(latents.dtype)[:, None, None]
+    adv = losses.advantages_from_rewards(rows(batch["rewards"]).astype(jnp.float32))
+    if "row_valid" in batch:  # padding rows (segments) of a bucketed (packed) pass: no anchor term
+        w = rows(batch["row_valid"]).astype(latents.dtype)[:, None, None]
         latents, latents0 = latents * w, latents0 * w
     loss_cfg, dtype = system.step_cfg.loss, system.model_cfg.jnp_dtype
     # the teacher without latents (its slots masked, same prompt): the reference of delta_vs_plain_teacher
-    plain = sg(teacher_hidden_states(teacher, tokens, amask, batch["insert_at"], sg(latents), system.layout,
-                                     slot_mask(jnp.zeros_like(batch["exp_mask"]), system.composer_cfg.num_latents)))
+    plain = sg(teacher_hidden(sg(latents), slot_mask(jnp.zeros_like(exp_mask), n_lat)))
     plain_logp = chunked_token_logp(plain[:, :-1], sg(teacher.lm_head_kernel()), tokens[:, 1:],
                                     chunk_size=loss_cfg.logits_chunk, compute_dtype=dtype,
                                     logits_dtype=loss_cfg.logits_jnp_dtype(dtype))
     return losses.lopd_objective(
         s_hidden[:, :-1], student.lm_head_kernel(), t_hidden[:, :-1], sg(teacher.lm_head_kernel()),
         tokens[:, 1:], mask, adv, state["beta"], latents, latents0,
-        loss=loss_cfg, compute_dtype=dtype, totals=totals, reference_logp=plain_logp)
+        loss=loss_cfg, compute_dtype=dtype, totals=totals, reference_logp=plain_logp,
+        unpack_index=batch.get("unpack_index"))
 
 
 TERMS = ("distill", "margin", "anchor")  # lopd_loss's loss_terms, in order
@@ -274,11 +295,16 @@ def cold_start_loss(system: LOPDSystem, composer_p, frozen, batch, rng, total_to
     length-bucketed pass of it (:mod:`train.bucketed_steps`): ``nll`` is then that pass's
     share of the whole batch's token mean."""
     frozen = sg(frozen)
-    latents = system.latents(frozen, composer_p, batch["exp_tokens"], batch["exp_mask"], rng)
+    rows = segment_rows if is_packed(batch) else (lambda x: x)
+    exp_tokens, exp_mask = rows(batch["exp_tokens"]), rows(batch["exp_mask"])
+    latents = system.latents(frozen, composer_p, exp_tokens, exp_mask, rng)
     teacher = system.backbone(frozen, sg(composer_p["lora"]))
     tokens, amask = batch["tokens"], batch["attention_mask"].astype(bool)
-    t_hidden = teacher_hidden_states(teacher, tokens, amask, batch["insert_at"], latents, system.layout,
-                                     slot_mask(batch["exp_mask"], system.composer_cfg.num_latents))
+    slots = slot_mask(exp_mask, system.composer_cfg.num_latents)
+    if is_packed(batch):  # the NLL is a global token mean: no per-trajectory view needed
+        t_hidden = packed_teacher_hidden(teacher, batch, latents, slots)
+    else:
+        t_hidden = teacher_hidden_states(teacher, tokens, amask, batch["insert_at"], latents, system.layout, slots)
     loss_cfg = system.step_cfg.loss
     logp = chunked_token_logp(t_hidden[:, :-1], sg(teacher.lm_head_kernel()), tokens[:, 1:],
                               chunk_size=loss_cfg.logits_chunk, compute_dtype=system.model_cfg.jnp_dtype,
@@ -331,13 +357,16 @@ def grpo_loss(system: LOPDSystem, student_p, state, frozen, batch, group_size: i
     """
     student, use_lora = system.student(student_p, sg(frozen), state["composer"]["lora"])
     tokens, amask = batch["tokens"], batch["attention_mask"].astype(bool)
-    hidden = student(tokens, attention_mask=amask, lora=use_lora, return_hidden=True)
+    hidden = student(tokens, attention_mask=amask, segment_ids=batch.get("segment_ids"), lora=use_lora,
+                     return_hidden=True)
     logp = chunked_token_logp(hidden[:, :-1], student.lm_head_kernel(), tokens[:, 1:],
                               chunk_size=system.step_cfg.loss.logits_chunk, compute_dtype=system.model_cfg.jnp_dtype)
-    adv = (batch["advantages"].astype(jnp.float32) if "advantages" in batch
+    view, rows = per_trajectory(batch)
+    adv = (rows(batch["advantages"]).astype(jnp.float32) if "advantages" in batch
            else losses.group_advantages(batch["rewards"].astype(jnp.float32), group_size=group_size))
-    mask = batch["loss_mask"][:, 1:].astype(jnp.float32)
-    old = batch["old_logp"][:, 1:]
+    mask = view(batch["loss_mask"][:, 1:].astype(jnp.float32))
+    old = view(batch["old_logp"][:, 1:])
+    logp = view(logp)
     eps = system.step_cfg.loss.grpo_clip_eps
     n = total_tokens
     loss = losses.ppo_clip_loss(logp, old, adv, mask, clip_eps=eps, total_tokens=n)

@@ -23,7 +23,9 @@ import jax.numpy as jnp
 import optax
 
 from lopd_jax.method import losses
+from lopd_jax.method.packing import is_packed, packed_teacher_hidden
 from lopd_jax.method.text_context import align_teacher_hidden, text_teacher_inputs
+from train.steps import per_trajectory
 from train.system import LOPDSystem
 
 sg = jax.lax.stop_gradient
@@ -50,18 +52,24 @@ def text_distill_loss(system: LOPDSystem, student_p, state, frozen, batch, use_e
     cfg = system.step_cfg
     tokens, amask = batch["tokens"], batch["attention_mask"].astype(bool)
     teacher, lora_on = teacher_modules(system, state, frozen, use_ema)
-    t_ids, t_mask = text_teacher_inputs(tokens, amask, batch["insert_at"], batch["ctx_ids"], batch["ctx_len"])
-    t_full = teacher(t_ids, attention_mask=t_mask, lora=lora_on, return_hidden=True)
-    t_hidden = sg(align_teacher_hidden(t_full, batch["insert_at"], batch["ctx_len"], tokens.shape[1]))
+    if is_packed(batch):  # each segment's context block sits in the host-built teacher rows
+        t_hidden = sg(packed_teacher_hidden(teacher, batch, lora=lora_on))
+    else:
+        t_ids, t_mask = text_teacher_inputs(tokens, amask, batch["insert_at"], batch["ctx_ids"], batch["ctx_len"])
+        t_full = teacher(t_ids, attention_mask=t_mask, lora=lora_on, return_hidden=True)
+        t_hidden = sg(align_teacher_hidden(t_full, batch["insert_at"], batch["ctx_len"], tokens.shape[1]))
     student, use_lora = system.student(student_p, sg(frozen), sg(state["composer"]["lora"]))
-    s_hidden = student(tokens, attention_mask=amask, lora=use_lora, return_hidden=True)
-    mask = batch["loss_mask"][:, 1:].astype(jnp.float32) * batch["row_weight"][:, None].astype(jnp.float32)
+    s_hidden = student(tokens, attention_mask=amask, segment_ids=batch.get("segment_ids"), lora=use_lora,
+                       return_hidden=True)
     stats = losses.chunked_distill_stats(
         s_hidden[:, :-1], student.lm_head_kernel(), t_hidden[:, :-1], sg(teacher.lm_head_kernel()), tokens[:, 1:],
         top_m=cfg.loss.top_m, chunk_size=cfg.loss.logits_chunk, compute_dtype=system.model_cfg.jnp_dtype)
+    view, rows = per_trajectory(batch)
+    stats = {k: view(v) for k, v in stats.items()}
+    mask = view(batch["loss_mask"][:, 1:].astype(jnp.float32)) * rows(batch["row_weight"])[:, None].astype(jnp.float32)
     n_all = total_tokens  # None: this batch's own count
     distill = losses.masked_token_mean(stats["kl"], mask, n_all)
-    adv = losses.advantages_from_rewards(batch["rewards"].astype(jnp.float32))
+    adv = losses.advantages_from_rewards(rows(batch["rewards"]).astype(jnp.float32))
     delta, delta_i, n = losses.privilege_delta(sg(stats["teacher_logp"]), stats["student_logp"], mask, adv, n_all)
     gap = losses.masked_token_mean(sg(stats["teacher_logp"] - stats["student_logp"]), mask, n_all)
     return distill, {"loss": sg(distill), "distill_kl": sg(distill), "delta": sg(delta),

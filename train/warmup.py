@@ -134,7 +134,7 @@ def sft_loss(system, params, lora0, batch, totals: dict | None = None):
     """
     model = system.backbone(params, jax.lax.stop_gradient(lora0))
     tokens, amask = batch["tokens"], batch["attention_mask"].astype(bool)
-    hidden = model(tokens, attention_mask=amask, return_hidden=True)
+    hidden = model(tokens, attention_mask=amask, segment_ids=batch.get("segment_ids"), return_hidden=True)
     weight = batch["loss_mask"][:, 1:].astype(jnp.float32)
     head_args = (hidden[:, :-1], model.lm_head_kernel(), tokens[:, 1:])
     chunking = dict(chunk_size=system.step_cfg.loss.logits_chunk, compute_dtype=system.model_cfg.jnp_dtype)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from lopd_jax.method import packing
 from lopd_jax.method.loss_config import COMPOSER_KL_WEIGHTINGS, LossConfig
 from lopd_jax.method.losses_kl import (
     TAIL_LOG_CLAMP,
@@ -317,6 +318,7 @@ def lopd_objective(
     compute_dtype=jnp.float32,
     totals: dict[str, jax.Array] | None = None,
     reference_logp: jax.Array | None = None,
+    unpack_index: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The fused LOPD scalar for one step: student and composer gradients in one backward.
 
@@ -349,11 +351,21 @@ def lopd_objective(
         (see :func:`lopd_loss_from_stats`); None = this is the whole batch.
       reference_logp: the teacher's token log-probs without latents (optional; see
         :func:`lopd_loss_from_stats`).
+      unpack_index: ``[P, K, L]`` when the rows are packed (:mod:`lopd_jax.method.packing`):
+        the hidden states, targets, mask and ``reference_logp`` are packed rows, while
+        ``advantages`` and the latents are per trajectory ``[P * K, ...]``. The LM-head
+        statistics run on the packed rows; every per-rollout reduction on their
+        per-trajectory view.
 
     Returns:
       ``(loss, metrics)``; metrics are stop-gradient scalars (plus ``delta_per_rollout``).
     """
-    scale = composer_kl_grad_scale(mask, loss.composer_kl_weighting, totals)
+    if unpack_index is None:
+        scale = composer_kl_grad_scale(mask, loss.composer_kl_weighting, totals)
+    else:
+        mask_u = packing.unpack(mask, unpack_index)
+        scale = composer_kl_grad_scale(mask_u, loss.composer_kl_weighting, totals)
+        scale = None if scale is None else packing.scatter(scale, unpack_index, mask.shape[1])
     stats = chunked_distill_stats(
         student_hidden,
         student_head,
@@ -366,6 +378,11 @@ def lopd_objective(
         teacher_kl_grad_scale=scale,
         logits_dtype=loss.logits_jnp_dtype(compute_dtype),
     )
+    if unpack_index is not None:
+        stats = {k: packing.unpack(v, unpack_index) for k, v in stats.items()}
+        mask = mask_u
+        if reference_logp is not None:
+            reference_logp = packing.unpack(reference_logp, unpack_index)
     return lopd_loss_from_stats(stats, mask, advantages, beta, latents, latents0, loss=loss, totals=totals,
                                 reference_logp=reference_logp)
 

@@ -39,7 +39,10 @@ class LengthConfig:
     bucket length, at least 1); 0 = what the padded step processes per micro-step
     (``steps.micro_batch`` rows, or all of a shard's rows, times the cap), so the largest
     pass needs no more memory than the padded step.
-    ``fill``: ``longest_first`` sorts rows longest first and fills each pass in that order
+    ``packing``: pack whole trajectories back to back into the passes' rows
+    (:mod:`lopd_jax.settings.pack_plan`, docs/packing.md) instead of one per row; the
+    rows' lengths are still the buckets (with no buckets, the cap).
+    ``fill``: (buckets without packing) ``longest_first`` sorts rows longest first and fills each pass in that order
     (a pass takes the bucket of its longest row; shorter rows may ride along instead of
     padding rows); ``own_bucket`` puts each row in its own bucket only (partly filled passes
     get padding rows).
@@ -54,6 +57,7 @@ class LengthConfig:
     """
 
     buckets: tuple[int, ...] = ()
+    packing: bool = False
     bucket_tokens: int = 0
     fill: Literal["longest_first", "own_bucket"] = "longest_first"
     prompt_median: float = 1500.0
@@ -91,8 +95,9 @@ class LengthConfig:
 
     @property
     def enabled(self) -> bool:
-        """Whether any bucket below the cap is configured (else every row is padded to the cap)."""
-        return bool(self.buckets)
+        """Whether steps run in length-aware passes: buckets below the cap, or packing
+        (else every row is padded to the cap)."""
+        return bool(self.buckets) or self.packing
 
 
 @dataclasses.dataclass(frozen=True)
