@@ -3,11 +3,11 @@
 Without buckets every training step pads every trajectory to the total-token cap. With length
 buckets (``lengths.buckets``) a step's rows are grouped into *passes* (micro-batches) of
 one bucket length each, compiled once per bucket, and the passes' gradients are summed
-into one optimizer update (:mod:`train.bucketed_steps`); docs/length_buckets.md says why
-buckets and not packing.
+into one optimizer update (:mod:`train.bucketed_steps`); with ``lengths.packing`` each row
+holds several whole trajectories (:mod:`lopd_jax.settings.pack_plan`, docs/packing.md).
 
-* :class:`LengthConfig` -- the ``lengths`` config section: the bucket lengths, the tokens
-  one batch shard takes per pass, how passes are filled, and the parameters of the
+* :class:`LengthConfig` -- the ``lengths`` config section: the bucket lengths, packing, the
+  tokens one batch shard takes per pass, how passes are filled, and the parameters of the
   episode-length distribution the compile check estimates step time for.
 * :func:`plan_passes` -- the passes of one batch from its rows' lengths (pure, so every
   process of a pod computes the same plan from the same lengths).
