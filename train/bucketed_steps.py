@@ -25,8 +25,8 @@ import numpy as np
 from lopd_jax.method import losses
 from lopd_jax.settings.length_model import Pass, plan_passes
 from train.distributed import global_array, row_range
-from train.steps import (cold_start_loss, cold_start_update, finish_summed_metrics, grpo_loss, grpo_update,
-                         lopd_loss, lopd_update)
+from train.steps import (cold_start_loss, cold_start_update, finish_summed_metrics, grad_shares, grpo_loss,
+                         grpo_update, lopd_grads, lopd_loss, lopd_update)
 from train.system import LOPDSystem
 from train.text_steps import text_distill_loss, text_state_shardings, text_update
 
@@ -230,20 +230,24 @@ class _BucketedStep:
 
 
 class BucketedLOPDStep(_BucketedStep):
-    """The LOPD step (:func:`train.steps.make_lopd_step`) on a :class:`BucketedBatch`."""
+    """The LOPD step (:func:`train.steps.make_lopd_step`) on a :class:`BucketedBatch`.
+
+    With the composer trained, each pass also accumulates the composer gradients of the
+    margin and anchor terms (:func:`train.steps.lopd_grads`), so the update logs the
+    whole batch's :func:`train.steps.grad_shares`, as the padded step does."""
 
     def __init__(self, system: LOPDSystem, example_state):
         cfg = system.step_cfg
         argnums = (0,) if cfg.freeze_composer else (0, 1)
+        with_composer = len(argnums) == 2
         self.elements = system.composer_cfg.num_slots * system.model_cfg.hidden_size
 
         def pass_grads(state, frozen, mb, totals, i):
             _, sub = jax.random.split(state["rng"])
             fn = lambda sp, cp: lopd_loss(system, sp, cp, state, frozen, mb, jax.random.fold_in(sub, i),  # noqa: E731
                                           totals)
-            (_, metrics), grads = jax.value_and_grad(fn, argnums=argnums, has_aux=True)(
-                state["student"], state["composer"])
-            return grads, metrics
+            metrics, grads, per_term = lopd_grads(fn, state["student"], state["composer"], with_composer)
+            return (tuple(grads) + tuple(per_term)) if with_composer else tuple(grads), metrics
 
         def update(state, acc, extras):
             rng, _ = jax.random.split(state["rng"])
@@ -251,9 +255,13 @@ class BucketedLOPDStep(_BucketedStep):
             grads = tuple(jax.tree.map(lambda g, p: g.astype(p.dtype), g, params[i])
                           for g, i in zip(acc["grads"], argnums))
             metrics = finish_summed_metrics(acc["metrics"], cfg.loss.margin)
+            if with_composer:  # acc["grads"]: student, composer, then the margin and anchor terms' composer grads
+                metrics.update(grad_shares(acc["grads"][1], acc["grads"][2:]))
             return lopd_update(system, state, grads, metrics, rng, extras["mean_reward"], extras["tokens"])
 
-        super().__init__(system, example_state, pass_grads, update, argnums, system.state_shardings(example_state))
+        keys = ("student", "composer", "composer", "composer") if with_composer else ("student",)
+        super().__init__(system, example_state, pass_grads, update, argnums, system.state_shardings(example_state),
+                         param_keys=keys)
 
     def _totals(self, batch: BucketedBatch) -> dict:
         s = batch.stats
