@@ -218,7 +218,8 @@ class TextArm:
         arr = training_arrays(trajs, buckets=ctx.seq_buckets(), minimum=128, pad_id=pad)
         batch = {"tokens": arr["tokens"], "attention_mask": arr["attention_mask"], "loss_mask": arr["mask"],
                  "insert_at": arr["insert_at"], "ctx_ids": ctx_ids, "ctx_len": ctx_len,
-                 "row_weight": np.asarray([x is not None for x in texts], np.float32), "rewards": arr["rewards"]}
+                 "row_weight": np.asarray([x is not None for x in texts], np.float32), "rewards": arr["rewards"],
+                 "old_logp": arr["raw_logprobs"]}  # the sampler's log-probs, for steps.is_correction
         # with lengths.buckets: every row in length-bucketed passes (train.bucketed_steps)
         return ctx.bucketed(batch) if ctx.cfg.lengths.enabled else batch
 

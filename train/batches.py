@@ -88,7 +88,8 @@ def _step_arrays(ctx, trajs: Sequence[Trajectory], bank: ExperienceBank, rows: i
     et, em = retrieved_experience_arrays(ctx, bank, [t.task for t in trajs])
     arr["mask"][real:] = 0  # padding rows (repeats of the last row) carry no supervision
     return {"tokens": arr["tokens"], "attention_mask": arr["attention_mask"], "loss_mask": arr["mask"],
-            "insert_at": arr["insert_at"], "exp_tokens": et, "exp_mask": em, "rewards": arr["rewards"]}
+            "insert_at": arr["insert_at"], "exp_tokens": et, "exp_mask": em, "rewards": arr["rewards"],
+            "old_logp": arr["raw_logprobs"]}
 
 
 def gather_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -113,7 +114,8 @@ def batch_rows(ctx, n: int) -> int:
 
 
 def lopd_batch(ctx, trajs: Sequence[Trajectory], bank: ExperienceBank) -> dict[str, np.ndarray]:
-    """The LOPD step batch of one step's rollouts (with n_ret retrieved experiences each);
+    """The LOPD step batch of one step's rollouts (with n_ret retrieved experiences each,
+    and ``old_logp``: the sampler's temperature-1 log-probs, for ``steps.is_correction``);
     multi-host: ``trajs`` are this process's rollouts, i.e. its rows of the batch."""
     total = len(trajs) * jax.process_count()
     if total % ctx.batch_shards:
@@ -127,4 +129,5 @@ def cold_start_batch(ctx, trajs: Sequence[Trajectory], bank: ExperienceBank) -> 
     rows of it (``trajs`` is the whole batch, the same on every process)."""
     batch = _step_arrays(ctx, trajs, bank, batch_rows(ctx, len(trajs)))
     batch.pop("rewards")
+    batch.pop("old_logp")  # the cold start fits the teacher to these trajectories: no behaviour policy
     return batch

@@ -307,7 +307,8 @@ class BucketedTextStep(_BucketedStep):
 
         def pass_grads(state, frozen, mb, totals, i):
             (_, metrics), grads = jax.value_and_grad(
-                lambda sp: text_distill_loss(system, sp, state, frozen, mb, use_ema, totals["tokens"]),
+                lambda sp: text_distill_loss(system, sp, state, frozen, mb, use_ema, totals["tokens"],
+                                             totals["rollouts"]),
                 has_aux=True)(state["student"])
             return (grads,), metrics
 
@@ -319,7 +320,7 @@ class BucketedTextStep(_BucketedStep):
         super().__init__(system, example_state, pass_grads, update, (0,), text_state_shardings(system, example_state))
 
     def _totals(self, batch: BucketedBatch) -> dict:
-        return {"tokens": jnp.float32(batch.stats["supervised"])}
+        return {"tokens": jnp.float32(batch.stats["supervised"]), "rollouts": jnp.float32(batch.stats["rollouts"])}
 
 
 class BucketedColdStartStep(_BucketedStep):

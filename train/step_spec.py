@@ -89,6 +89,7 @@ def abstract_lopd_batch(spec: StepSpec) -> dict:
         "exp_tokens": jax.ShapeDtypeStruct((b, n, e), jnp.int32),
         "exp_mask": jax.ShapeDtypeStruct((b, n, e), jnp.bool_),
         "rewards": jax.ShapeDtypeStruct((b,), jnp.float32),
+        "old_logp": jax.ShapeDtypeStruct((b, s), jnp.float32),
     }
 
 

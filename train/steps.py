@@ -7,8 +7,9 @@ on tokens (1 on generated assistant tokens). The loss at position j predicts tok
 so the steps use ``loss_mask[:, 1:]`` as the per-prediction mask.
 
 LOPD batch keys: tokens, attention_mask, loss_mask, insert_at [B], exp_tokens /
-exp_mask [B, n_ret, L_e], rewards [B].
-Cold start: the same minus rewards (trajectories are successful ones).
+exp_mask [B, n_ret, L_e], rewards [B], old_logp [B, S] (the sampler's temperature-1 log-prob
+of token t; read only with ``steps.is_correction``, docs/method.md).
+Cold start: the same minus rewards and old_logp (trajectories are successful ones).
 GRPO: tokens, attention_mask, loss_mask, old_logp [B, S] (sampler log-prob of token t,
 aligned with tokens), rewards [B] with the G rollouts of a task adjacent.
 """
@@ -57,8 +58,9 @@ def lopd_loss(system: LOPDSystem, student_p, composer_p, state, frozen, batch, r
     """The fused LOPD objective of one batch: (loss, metrics). See train.steps docstring.
 
     ``totals``: the whole batch's :func:`lopd_jax.method.losses.lopd_totals` when ``batch`` is a
-    micro-batch of it (loss and metrics are then that micro-batch's share). A
-    ``row_valid`` [B] entry (length-bucketed passes, :mod:`train.bucketed_steps`) takes
+    micro-batch of it (loss and metrics are then that micro-batch's share). With
+    ``steps.is_correction`` the batch's ``old_logp`` weights the KL (see
+    :func:`lopd_jax.method.losses.lopd_loss_from_stats`). A ``row_valid`` [B] entry (length-bucketed passes, :mod:`train.bucketed_steps`) takes
     the padding rows (0) out of the anchor; they carry no supervised token either.
     """
     frozen = sg(frozen)
@@ -91,11 +93,12 @@ def lopd_loss(system: LOPDSystem, student_p, composer_p, state, frozen, batch, r
     plain_logp = chunked_token_logp(plain[:, :-1], sg(teacher.lm_head_kernel()), tokens[:, 1:],
                                     chunk_size=loss_cfg.logits_chunk, compute_dtype=dtype,
                                     logits_dtype=loss_cfg.logits_jnp_dtype(dtype))
+    old_logp = batch["old_logp"][:, 1:] if loss_cfg.is_correction != "none" and "old_logp" in batch else None
     return losses.lopd_objective(
         s_hidden[:, :-1], student.lm_head_kernel(), t_hidden[:, :-1], sg(teacher.lm_head_kernel()),
         tokens[:, 1:], mask, adv, state["beta"], latents, latents0,
         loss=loss_cfg, compute_dtype=dtype, totals=totals, reference_logp=plain_logp,
-        unpack_index=batch.get("unpack_index"))
+        unpack_index=batch.get("unpack_index"), old_logp=old_logp)
 
 
 TERMS = ("distill", "margin", "anchor")  # lopd_loss's loss_terms, in order
@@ -349,7 +352,9 @@ def cold_start_update(system: LOPDSystem, state, grads, metrics, rng):
 
 
 def grpo_loss(system: LOPDSystem, student_p, state, frozen, batch, group_size: int, total_tokens=None):
-    """PPO-clip loss with group-normalized advantages (token mean).
+    """PPO-clip loss with group-normalized advantages (token mean), importance-corrected
+    against the sampler's ``old_logp`` per ``steps.is_correction``
+    (:func:`lopd_jax.method.losses.grpo_policy_loss`).
 
     A batch with ``advantages`` [B] (a length-bucketed pass, :mod:`train.bucketed_steps`)
     uses them as given (computed over whole groups of the whole batch); ``total_tokens``
@@ -367,12 +372,10 @@ def grpo_loss(system: LOPDSystem, student_p, state, frozen, batch, group_size: i
     mask = view(batch["loss_mask"][:, 1:].astype(jnp.float32))
     old = view(batch["old_logp"][:, 1:])
     logp = view(logp)
-    eps = system.step_cfg.loss.grpo_clip_eps
     n = total_tokens
-    loss = losses.ppo_clip_loss(logp, old, adv, mask, clip_eps=eps, total_tokens=n)
-    ratio = jnp.exp(jnp.where(mask > 0, sg(logp) - old, 0.0))  # pi / pi_old per token (1 at the first update)
-    return loss, {"loss": loss,
-                  "clip_fraction": losses.ppo_clip_fraction(logp, old, adv, mask, clip_eps=eps, total_tokens=n),
+    loss, policy_metrics = losses.grpo_policy_loss(logp, old, adv, mask, system.step_cfg.loss, n)
+    ratio = jnp.exp(jnp.where(mask > 0, sg(logp) - old, 0.0))  # pi / pi_sampler per token (1 when on-policy)
+    return loss, {"loss": loss, **policy_metrics,
                   "ratio_mean": losses.masked_token_mean(ratio, mask, n),
                   "ratio_max_dev": jnp.max(jnp.where(mask > 0, jnp.abs(ratio - 1.0), 0.0)),
                   "tokens": jnp.sum(mask)}

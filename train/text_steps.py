@@ -8,7 +8,8 @@ or an EMA of the student (SDFT, ``state["ema"]``), always stop-gradient.
 
 Batch keys: tokens, attention_mask, loss_mask [B, S], insert_at [B], ctx_ids [B, C],
 ctx_len [B], row_weight [B] (0 leaves a row out of the distillation, e.g. an SDPO group
-without a success), rewards [B].
+without a success), rewards [B], old_logp [B, S] (the sampler's log-probs, read with
+``steps.is_correction``).
 
 Metrics: ``distill_kl``, ``delta`` (the privilege margin of docs/method.md with A = 2r - 1,
 for Figure 4's Delta panel; nothing is trained on it), ``teacher_student_logp_gap``,
@@ -22,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from lopd_jax.method import losses
+from lopd_jax.method import importance, losses
 from lopd_jax.method.packing import is_packed, packed_teacher_hidden
 from lopd_jax.method.text_context import align_teacher_hidden, text_teacher_inputs
 from train.steps import per_trajectory
@@ -42,13 +43,16 @@ def teacher_modules(system: LOPDSystem, state, frozen, use_ema: bool):
     return system.backbone(sg(frozen), sg(state["ema"])), True
 
 
-def text_distill_loss(system: LOPDSystem, student_p, state, frozen, batch, use_ema: bool, total_tokens=None):
+def text_distill_loss(system: LOPDSystem, student_p, state, frozen, batch, use_ema: bool, total_tokens=None,
+                      total_rollouts=None):
     """(loss, metrics) of one batch (see the module docstring).
 
-    ``total_tokens``: the whole batch's distilled tokens (supervised tokens of rows with
-    ``row_weight`` != 0) when ``batch`` is a length-bucketed pass of it
-    (:class:`train.bucketed_steps.BucketedTextStep`): loss and token-mean metrics are
-    then that pass's share."""
+    ``total_tokens`` / ``total_rollouts``: the whole batch's distilled tokens (supervised
+    tokens of rows with ``row_weight`` != 0) and rollouts with such tokens when ``batch`` is
+    a length-bucketed pass of it (:class:`train.bucketed_steps.BucketedTextStep`): loss
+    and mean metrics are then that pass's share. With ``steps.is_correction`` each
+    rollout's KL is weighted against the batch's ``old_logp`` as in the LOPD loss
+    (:func:`lopd_jax.method.importance.weighted_kl`); Delta stays unweighted."""
     cfg = system.step_cfg
     tokens, amask = batch["tokens"], batch["attention_mask"].astype(bool)
     teacher, lora_on = teacher_modules(system, state, frozen, use_ema)
@@ -68,13 +72,17 @@ def text_distill_loss(system: LOPDSystem, student_p, state, frozen, batch, use_e
     stats = {k: view(v) for k, v in stats.items()}
     mask = view(batch["loss_mask"][:, 1:].astype(jnp.float32)) * rows(batch["row_weight"])[:, None].astype(jnp.float32)
     n_all = total_tokens  # None: this batch's own count
-    distill = losses.masked_token_mean(stats["kl"], mask, n_all)
+    old_logp = view(batch["old_logp"][:, 1:]) if "old_logp" in batch and cfg.loss.is_correction != "none" else None
+    kl, is_metrics = importance.weighted_kl(stats["kl"], stats["student_logp"], old_logp, mask, cfg.loss, n_all,
+                                            total_rollouts)
+    distill = losses.masked_token_mean(kl, mask, n_all)
     adv = losses.advantages_from_rewards(rows(batch["rewards"]).astype(jnp.float32))
     delta, delta_i, n = losses.privilege_delta(sg(stats["teacher_logp"]), stats["student_logp"], mask, adv, n_all)
     gap = losses.masked_token_mean(sg(stats["teacher_logp"] - stats["student_logp"]), mask, n_all)
     return distill, {"loss": sg(distill), "distill_kl": sg(distill), "delta": sg(delta),
                      "teacher_student_logp_gap": gap, "supervised_tokens": jnp.sum(n),
-                     "supervised_rollouts": jnp.sum((n > 0).astype(jnp.float32)), "delta_per_rollout": sg(delta_i)}
+                     "supervised_rollouts": jnp.sum((n > 0).astype(jnp.float32)), "delta_per_rollout": sg(delta_i),
+                     **is_metrics}
 
 
 def text_state_shardings(system: LOPDSystem, state):

@@ -5,8 +5,9 @@ docs/method.md, "One LOPD step", "Cold start" and "Baselines in brief"; the sett
 are batch-major (``[B, S]`` per-token, ``[B]`` per rollout). Under
 SPMD ``jit`` the sums below run over the global batch, so token means are global.
 
-The KL itself and the chunked LM-head projection live in :mod:`lopd_jax.method.losses_kl` and
-are re-exported here.
+The KL itself and the chunked LM-head projection live in :mod:`lopd_jax.method.losses_kl`, the
+masked means in :mod:`lopd_jax.method.reductions` (both re-exported here), the importance
+correction of stale samples in :mod:`lopd_jax.method.importance`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lopd_jax.method import packing
+from lopd_jax.method import importance, packing
 from lopd_jax.method.loss_config import COMPOSER_KL_WEIGHTINGS, LossConfig
 from lopd_jax.method.losses_kl import (
     TAIL_LOG_CLAMP,
@@ -23,6 +24,14 @@ from lopd_jax.method.losses_kl import (
     project_logits,
     scan_sequence_chunks,
     topm_tail_reverse_kl,
+)
+from lopd_jax.method.reductions import (
+    check_mask,
+    masked_token_mean,
+    rollout_mean,
+    row_counts,
+    row_means,
+    weighted_token_mean,
 )
 
 __all__ = [
@@ -46,64 +55,9 @@ __all__ = [
     "group_advantages",
     "ppo_clip_loss",
     "ppo_clip_fraction",
+    "grpo_policy_loss",
     "nll_token_mean",
 ]
-
-
-def _check_mask(x: jax.Array, mask: jax.Array) -> jax.Array:
-    if x.shape != mask.shape or x.ndim != 2:
-        raise ValueError(
-            f"values {x.shape} and mask {mask.shape} must both be [B, S]; build the "
-            "supervision mask with the same padding as the token arrays."
-        )
-    return mask.astype(bool)
-
-
-def _row_counts(m: jax.Array) -> jax.Array:
-    """Supervised tokens per rollout ``n_i`` as fp32 ``[B]``."""
-    return jnp.sum(m, axis=1, dtype=jnp.float32)
-
-
-def _row_means(x: jax.Array, m: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Masked mean inside each rollout (0 for empty rows) and the counts ``n_i``."""
-    n = _row_counts(m)
-    sums = jnp.sum(jnp.where(m, x.astype(jnp.float32), 0.0), axis=1)
-    return sums / jnp.maximum(n, 1.0), n
-
-
-def masked_token_mean(x: jax.Array, mask: jax.Array, total_tokens=None) -> jax.Array:
-    """Global token mean sum(mask * x) / sum(mask); 0 (not NaN) when the mask is empty.
-
-    ``mask`` is bool or float 0/1 ``[B, S]``; masked-out entries of ``x`` may hold any
-    value, including inf / NaN, without affecting the result. ``total_tokens`` replaces
-    sum(mask) as the denominator (a micro-batch's share of a larger batch's mean).
-    """
-    m = _check_mask(x, mask)
-    total = jnp.sum(jnp.where(m, x.astype(jnp.float32), 0.0))
-    denom = jnp.sum(m, dtype=jnp.float32) if total_tokens is None else total_tokens
-    return total / jnp.maximum(denom, 1.0)
-
-
-def weighted_token_mean(x: jax.Array, weight: jax.Array) -> jax.Array:
-    """sum(weight * x) / sum(weight) over the tokens with ``weight > 0`` (float ``[B, S]``);
-    0 when no token has weight. With 0/1 weights it is :func:`masked_token_mean`."""
-    w = weight.astype(jnp.float32)
-    _check_mask(x, w)
-    total = jnp.sum(jnp.where(w > 0, x.astype(jnp.float32), 0.0) * w)
-    return total / jnp.maximum(jnp.sum(jnp.where(w > 0, w, 0.0)), 1e-9)
-
-
-def rollout_mean(x: jax.Array, mask: jax.Array, total_rollouts=None) -> jax.Array:
-    """Token mean inside each rollout, then mean over rollouts with >= 1 supervised token.
-
-    Returns 0 when no rollout has a supervised token. ``total_rollouts`` replaces the
-    number of such rollouts as the denominator (micro-batch share).
-    """
-    m = _check_mask(x, mask)
-    means, n = _row_means(x, m)
-    has = (n > 0).astype(jnp.float32)
-    denom = jnp.sum(has) if total_rollouts is None else total_rollouts
-    return jnp.sum(means * has) / jnp.maximum(denom, 1.0)
 
 
 def privilege_delta(
@@ -127,7 +81,7 @@ def privilege_delta(
     Returns:
       ``(Delta scalar, delta_i [B], n_i [B])``. Gradient flows only through teacher_logp.
     """
-    m = _check_mask(teacher_logp, mask)
+    m = check_mask(teacher_logp, mask)
     if student_logp.shape != teacher_logp.shape:
         raise ValueError(
             f"student_logp {student_logp.shape} must match teacher_logp {teacher_logp.shape}."
@@ -140,7 +94,7 @@ def privilege_delta(
     delta = teacher_logp.astype(jnp.float32) - jax.lax.stop_gradient(
         student_logp.astype(jnp.float32)
     )
-    means, n = _row_means(delta, m)
+    means, n = row_means(delta, m)
     delta_i = advantages.astype(jnp.float32) * means
     denom = jnp.sum(n) if total_tokens is None else total_tokens
     big_delta = jnp.sum(n * delta_i) / jnp.maximum(denom, 1.0)
@@ -182,7 +136,7 @@ def lopd_totals(mask: jax.Array, latent_elements_per_rollout: int = 0) -> dict[s
     ``totals`` to :func:`lopd_objective` on each micro-batch, they make the micro-batch
     losses (and metrics) partial sums of the whole batch's: gradient accumulation is exact.
     """
-    n = _row_counts(mask.astype(bool))
+    n = row_counts(mask.astype(bool))
     return {"tokens": jnp.sum(n), "rollouts": jnp.sum((n > 0).astype(jnp.float32)),
             "anchor_elements": jnp.float32(mask.shape[0] * latent_elements_per_rollout)}
 
@@ -204,7 +158,7 @@ def composer_kl_grad_scale(mask: jax.Array, composer_kl_weighting: str, totals=N
     if composer_kl_weighting == "token_mean":
         return None
     m = mask.astype(bool)
-    n = _row_counts(m)
+    n = row_counts(m)
     total = jnp.maximum(jnp.sum(n) if totals is None else totals["tokens"], 1.0)
     rollouts = jnp.maximum(jnp.sum((n > 0).astype(jnp.float32)) if totals is None else totals["rollouts"], 1.0)
     ratio = total / (jnp.maximum(n, 1.0) * rollouts)
@@ -222,6 +176,7 @@ def lopd_loss_from_stats(
     loss: LossConfig = LossConfig(),
     totals: dict[str, jax.Array] | None = None,
     reference_logp: jax.Array | None = None,
+    old_logp: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """L = L_distill + beta (m - Delta) + lambda anchor from per-token stats, with m, lambda
     and the weightings from ``loss``.
@@ -250,14 +205,21 @@ def lopd_loss_from_stats(
 
     ``loss_terms`` (differentiable, [3]) holds the loss's three terms -- distillation,
     ``-beta Delta_w`` and ``lambda anchor`` -- summing to the loss less the constant
-    ``beta m``, for per-term gradients. ``reference_logp`` [B, S] (the teacher's log-probs without latents) adds
-    ``delta_vs_plain_teacher``: Delta with it in the student's place.
+    ``beta m``, for per-term gradients. ``reference_logp`` [B, S] (the teacher's log-probs
+    without latents) adds ``delta_vs_plain_teacher``: Delta with it in the student's place.
+
+    ``loss.is_correction`` other than ``none`` weights each rollout's per-token KL by its
+    detached sequence-level importance weight against the behaviour log-probs ``old_logp``
+    [B, S] (:func:`lopd_jax.method.importance.weighted_kl`; required then): the KL value,
+    both its gradients and the KL metrics are the corrected ones, and the ``is_*`` metrics
+    join. Delta (so the margin term and the dual step), the logp gap and the anchor stay
+    unweighted: they are statistics of the batch as sampled, not on-policy expectations.
     """
     if (latents is None) != (latents0 is None):
         raise ValueError("pass both latents and latents0 for the anchor, or neither.")
     tot = totals or {}
     n_tok, n_roll, n_elem = tot.get("tokens"), tot.get("rollouts"), tot.get("anchor_elements")
-    kl = stats["kl"]
+    kl, is_metrics = importance.weighted_kl(stats["kl"], stats["student_logp"], old_logp, mask, loss, n_tok, n_roll)
     distill = masked_token_mean(kl, mask, n_tok)
     big_delta, delta_i, n = privilege_delta(
         stats["teacher_logp"], stats["student_logp"], mask, advantages, n_tok
@@ -291,6 +253,7 @@ def lopd_loss_from_stats(
         "supervised_tokens": jnp.sum(n),
         "supervised_rollouts": jnp.sum((n > 0).astype(jnp.float32)),
         "delta_per_rollout": sg(delta_i),
+        **is_metrics,
     }
     if "teacher_topm_mass" in stats:
         metrics["teacher_topm_mass"] = masked_token_mean(sg(stats["teacher_topm_mass"]), mask, n_tok)
@@ -319,6 +282,7 @@ def lopd_objective(
     totals: dict[str, jax.Array] | None = None,
     reference_logp: jax.Array | None = None,
     unpack_index: jax.Array | None = None,
+    old_logp: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The fused LOPD scalar for one step: student and composer gradients in one backward.
 
@@ -356,6 +320,8 @@ def lopd_objective(
         ``advantages`` and the latents are per trajectory ``[P * K, ...]``. The LM-head
         statistics run on the packed rows; every per-rollout reduction on their
         per-trajectory view.
+      old_logp: ``[B, S]`` the behaviour policy's log-probs of ``targets`` (packed like
+        them), for ``loss.is_correction`` (see :func:`lopd_loss_from_stats`).
 
     Returns:
       ``(loss, metrics)``; metrics are stop-gradient scalars (plus ``delta_per_rollout``).
@@ -381,10 +347,10 @@ def lopd_objective(
     if unpack_index is not None:
         stats = {k: packing.unpack(v, unpack_index) for k, v in stats.items()}
         mask = mask_u
-        if reference_logp is not None:
-            reference_logp = packing.unpack(reference_logp, unpack_index)
+        reference_logp, old_logp = (None if x is None else packing.unpack(x, unpack_index)
+                                    for x in (reference_logp, old_logp))
     return lopd_loss_from_stats(stats, mask, advantages, beta, latents, latents0, loss=loss, totals=totals,
-                                reference_logp=reference_logp)
+                                reference_logp=reference_logp, old_logp=old_logp)
 
 
 def group_advantages(
@@ -421,7 +387,7 @@ def group_advantages(
 
 
 def _ppo_terms(logp_new, logp_old, advantages, mask, clip_eps):
-    m = _check_mask(logp_new, mask)
+    m = check_mask(logp_new, mask)
     if logp_old.shape != logp_new.shape:
         raise ValueError(f"logp_old {logp_old.shape} must match logp_new {logp_new.shape}.")
     adv = jnp.asarray(advantages, jnp.float32)
@@ -448,15 +414,19 @@ def ppo_clip_loss(
     mask: jax.Array,
     clip_eps: float,
     total_tokens=None,
+    weights: jax.Array | None = None,
 ) -> jax.Array:
     """PPO-clip policy loss, token mean: -min(r A, clip(r, 1-eps, 1+eps) A), r = e^(new-old).
 
     ``advantages`` is per rollout ``[B]`` or per token ``[B, S]``; ``logp_old`` is treated
     as a constant. ``total_tokens``: the whole batch's supervised tokens when this is one
     micro-batch of it (the loss is then that micro-batch's share of the batch's mean).
+    ``weights`` ``[B, S]`` (held constant) multiply each token's term (importance weights).
     """
     m, adv, ratio, clipped = _ppo_terms(logp_new, logp_old, advantages, mask, clip_eps)
     per_token = -jnp.minimum(ratio * adv, clipped * adv)
+    if weights is not None:
+        per_token = per_token * jax.lax.stop_gradient(weights.astype(jnp.float32))
     return masked_token_mean(per_token, m, total_tokens)
 
 
@@ -473,6 +443,35 @@ def ppo_clip_fraction(
     m, adv, ratio, clipped = _ppo_terms(logp_new, logp_old, advantages, mask, clip_eps)
     active = (clipped * adv < ratio * adv).astype(jnp.float32)
     return jax.lax.stop_gradient(masked_token_mean(active, m, total_tokens))
+
+
+def grpo_policy_loss(
+    logp: jax.Array,
+    old_logp: jax.Array,
+    advantages: jax.Array,
+    mask: jax.Array,
+    loss: LossConfig = LossConfig(),
+    total_tokens=None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """GRPO's PPO-clip loss (epsilon ``loss.grpo_clip_eps``) and metrics (``clip_fraction``).
+
+    With ``loss.is_correction == "none"`` the ratio is pi / mu against the behaviour
+    log-probs ``old_logp`` (:func:`ppo_clip_loss`, as on-policy). Otherwise decoupled PPO:
+    the ratio's reference is the proximal policy, the current one held fixed (one update per
+    batch: r = 1 with r's gradient), and each token's clipped term is weighted by its
+    detached token-level importance weight of pi against mu
+    (:func:`lopd_jax.method.importance.token_weights`), whose ``is_*`` metrics join.
+    ``total_tokens`` as for :func:`ppo_clip_loss`.
+    """
+    eps = loss.grpo_clip_eps
+    if loss.is_correction == "none":
+        ref, weights, metrics = old_logp, None, {}
+    else:
+        weights, metrics = importance.token_weights(logp, old_logp, mask, loss.is_correction, loss.is_cap,
+                                                    total_tokens)
+        ref = jax.lax.stop_gradient(logp)
+    value = ppo_clip_loss(logp, ref, advantages, mask, eps, total_tokens, weights=weights)
+    return value, {"clip_fraction": ppo_clip_fraction(logp, ref, advantages, mask, eps, total_tokens), **metrics}
 
 
 def nll_token_mean(logp: jax.Array, mask: jax.Array) -> jax.Array:

@@ -302,6 +302,11 @@ class TrainConfig:
         if self.arm in GROUP_ARMS and n % self.arms.group_size and not _DEFER_CROSS_CHECKS.get():
             raise ConfigError(f"arm={self.arm}: arms.group_size={self.arms.group_size} must divide the "
                               f"{n} rollouts per step (env.tasks_per_step * env.group_size).")
+        corrected = self.steps.loss.is_correction != "none"
+        if self.arm == "grpo" and corrected and self.arms.grpo_epochs > 1 and not _DEFER_CROSS_CHECKS.get():
+            raise ConfigError(f"arm=grpo: steps.is_correction={self.steps.loss.is_correction} takes the current "
+                              "policy as PPO's proximal policy, which holds for one update per batch only; set "
+                              f"arms.grpo_epochs=1 (now {self.arms.grpo_epochs}) or steps.is_correction=none.")
 
     # ----- derived views -----
     @property
