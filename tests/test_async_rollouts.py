@@ -16,6 +16,7 @@ from test_arms_run import SHORT
 
 TIMING = ("seconds", "per_minute")  # wall-clock fields differ between runs
 ASYNC_ONLY = ("sampler_wait_seconds", "trainer_wait_seconds", "rollouts_resampled_on_resume")
+STEPS: dict = {}  # arm -> its jitted update, shared by this module's runs
 
 
 @pytest.fixture(scope="module")
@@ -42,19 +43,25 @@ def _run(shared, name, mode, k=1, arm="lopd", steps=3, eval_every=0, seen=None):
     stages = dataclasses.replace(cfg.stages, lopd_steps=steps, eval_every=eval_every)
     ctx.cfg = arms.resolve_arm(dataclasses.replace(cfg, arm=arm, workdir=wd, rollout=rollout, stages=stages))
     ctx.system.step_cfg = ctx.cfg.steps
-    originals = {c: c.__dict__["make_batch"] for c in (ts.LOPDStage, arms.PolicyStage)}
-    if seen is not None:
-        for c, orig in originals.items():
-            def spy(self, s, trajs, orig=orig):
+    classes = (ts.LOPDStage, arms.PolicyStage)
+    originals = {c: (c.__dict__["make_batch"], c.__dict__["make_step"]) for c in classes}
+    for c, (batch_fn, step_fn) in originals.items():
+        def make_batch(self, s, trajs, orig=batch_fn):
+            if seen is not None:
                 seen[s] = list(trajs)
-                return orig(self, s, trajs)
-            c.make_batch = spy
+            return orig(self, s, trajs)
+
+        def make_step(self, state, batch, orig=step_fn):  # one compile per arm for the module's runs
+            if arm not in STEPS:
+                STEPS[arm] = orig(self, state, batch)
+            return STEPS[arm]
+        c.make_batch, c.make_step = make_batch, make_step
     writer = MetricsWriter(wd, console=False)
     try:
         state, preempted = arms.training_stage(ctx, bank, bank_path, composer0, writer)
     finally:
-        for c, orig in originals.items():
-            c.make_batch = orig
+        for c, (batch_fn, step_fn) in originals.items():
+            c.make_batch, c.make_step = batch_fn, step_fn
         writer.close()
         ctx.cfg, ctx.system.step_cfg = cfg, cfg.steps
     assert not preempted
@@ -129,3 +136,12 @@ def test_sampling_versions_and_staleness():
     trajs = [type("T", (), {"policy_version": v})() for v in (3, 3, 2, 1)]
     m = staleness_metrics(trajs, 3)
     assert m["staleness_max"] == 2 and m["staleness_mean"] == 0.75 and m["policy_version"] == 3
+
+
+def test_async_refuses_a_multi_process_run(monkeypatch):
+    import train.async_rollouts as ar
+    ar.check_async_supported("async")  # one process: fine
+    monkeypatch.setattr(ar.jax, "process_count", lambda: 2)
+    ar.check_async_supported("sync")
+    with pytest.raises(ConfigError, match="one process only"):
+        ar.check_async_supported("async")
