@@ -323,11 +323,9 @@ class PolicyStage(TrainingStage):
         super().__init__(ctx, state, frozen, shardings, n_roll // G, G, bank_path, writer)
         self.impl, self.label, self.rows = impl, cfg.arm, n_roll
 
-    def rollout(self, s: int) -> tuple[list, dict]:
+    def rollout(self, s: int, tasks: list, params) -> tuple[list, dict]:
         """Every row's trajectory of step ``s`` (each process rolls out its own rows; all are
         gathered to every process, in row order) and their statistics."""
-        tasks = self.step_tasks(s)
-        params = self.student_params()
         t0 = time.perf_counter()
         mine, first_row = self.ctx.rollout_split(params, tasks, jax.random.fold_in(self.key, s))
         parts = distributed.allgather_objects(mine)  # every process's rows, in process (= row) order

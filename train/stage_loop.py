@@ -77,6 +77,16 @@ def put_batch(system, batch: dict) -> dict:
     return {k: global_array(v, shardings[k]) for k, v in batch.items()}
 
 
+PROGRESS_FIELDS = {"policy_version": "version", "staleness_mean": "stale", "sampler_wait_seconds": "sampler_wait_s",
+                   "trainer_wait_seconds": "trainer_wait_s"}  # record key -> its name on the progress bar
+
+
+def progress_fields(metrics: dict) -> dict:
+    """What the progress bar shows beside a step: the policy version, the batch's mean
+    staleness and (async rollouts) each side's wait, where the record has them."""
+    return {short: metrics[k] for k, short in PROGRESS_FIELDS.items() if k in metrics}
+
+
 def run_steps(ctx: RunContext, stage: str, state, num_steps: int, step_fn: Callable, batch_fn: Callable,
               *, shardings=None, extra_meta: Callable[[int], dict] | None = None, writer=None,
               on_metrics: Callable[[int, dict], dict] | None = None,
@@ -117,7 +127,7 @@ def run_steps(ctx: RunContext, stage: str, state, num_steps: int, step_fn: Calla
                     metrics.update(on_metrics(s, metrics))
                 if writer is not None:
                     writer.write(s + 1, stage, metrics)
-                bar.update(1)
+                bar.update(1, **progress_fields(metrics))
                 done = s + 1
                 if ckpt.save(done, state, meta(done), force=done == num_steps) and writer is not None:
                     writer.flush()  # a gs:// metrics object then holds every checkpointed step's record

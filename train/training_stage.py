@@ -3,7 +3,9 @@
 :class:`TrainingStage` is the stage as the step loop's callbacks (:func:`train.stage_loop.run_steps`):
 each step's data flows forward, the rollouts of the current student -> the step batch ->
 one jitted update -> the step's record (:func:`training_step_record`: rollout statistics,
-``rollouts_per_minute``, the periodic held-out evaluation). :class:`LOPDStage` is the LOPD
+``rollouts_per_minute``, policy versions and staleness, the periodic held-out evaluation).
+With ``rollout.mode=async`` the rollouts come from a background thread
+(:class:`train.async_rollouts.RolloutPipeline`), up to ``rollout.max_staleness`` steps ahead. :class:`LOPDStage` is the LOPD
 stage (docs/method.md, "One LOPD step"); the other arms' stage is :class:`train.arms.PolicyStage`.
 :func:`log_rollouts` appends a step's rollouts to ``<workdir>/rollouts.jsonl``
 (``rollout.log_rollouts``).
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import nullcontext
 from typing import Any, Callable
 
 import jax
@@ -20,6 +23,7 @@ import numpy as np
 
 from lopd_jax.io.files import AppendFile, join
 from train import distributed, mesh as mesh_lib
+from train.async_rollouts import RolloutPipeline, check_async_supported, copy_params, staleness_metrics
 from train.batches import gather_rows, lopd_batch
 from train.bucketed_steps import BucketedLOPDStep
 from train.data import TaskPipeline
@@ -52,18 +56,20 @@ def log_rollouts(out, stage: str, step: int, trajs, first_row: int) -> None:
 
 
 def training_step_record(ctx: RunContext, writer, label: str, step: int, metrics: dict, rollout_info: dict,
-                         policy_params: Callable[[], Any]) -> dict:
+                         policy_params: Callable[[], Any], engine_lock=None) -> dict:
     """What a training stage adds to step ``step``'s record: its rollout information with
     ``rollouts_per_minute`` (rollout phase only); runs and writes the periodic held-out
-    evaluation (``stages.eval_every``) of ``policy_params()``. Drops ``mean_reward`` from
-    ``metrics`` (the rollout information carries the reward)."""
+    evaluation (``stages.eval_every``) of ``policy_params()``, holding ``engine_lock`` (the
+    asynchronous rollouts' engine, if any) meanwhile. Drops ``mean_reward`` from ``metrics``
+    (the rollout information carries the reward)."""
     cfg = ctx.cfg
     extra = dict(rollout_info)
     extra["rollouts_per_minute"] = 60.0 * extra["rollouts"] / max(extra["rollout_seconds"], 1e-9)
     metrics.pop("mean_reward", None)
     done = step + 1
     if cfg.stages.eval_every and done % cfg.stages.eval_every == 0 and done < cfg.stages.lopd_steps:
-        ev = evaluate_policy(ctx, policy_params(), step=done)
+        with engine_lock or nullcontext():
+            ev = evaluate_policy(ctx, policy_params(), step=done)
         writer.write(done, "eval", ev)
         log(f"{label} step {done}: held-out reward {ev['reward_mean']:.3f}")
     return extra
@@ -75,8 +81,13 @@ class TrainingStage:
     rollouts of the current student (:meth:`rollout`) -> the step batch (:meth:`make_batch`)
     -> one jitted update (:meth:`make_step`, compiled on the first batch) -> the step's
     record (:meth:`record`: rollout statistics, periodic held-out evaluation). ``state``
-    is the newest train state (the next rollout samples its student); the task iterator's
-    state and the bank path go into every checkpoint's metadata (:meth:`meta`).
+    is the newest train state; the task iterator's state and the bank path go into every
+    checkpoint's metadata (:meth:`meta`).
+
+    ``rollout.mode=sync``: step s's rollouts sample the current student (version s, its
+    update count). ``async``: a :class:`train.async_rollouts.RolloutPipeline` samples them
+    with version max(0, s - k) on a background thread while earlier steps train; the batch
+    is built on the trainer's thread. Every trajectory carries its ``policy_version``.
     Subclasses: :class:`LOPDStage`, :class:`train.arms.PolicyStage`.
     """
 
@@ -95,10 +106,15 @@ class TrainingStage:
         self._rollout_info: dict[int, dict] = {}  # a step's rollout statistics, until its record
         self.log_rollouts = ctx.cfg.rollout.log_rollouts
         self.rollout_log = None  # the open AppendFile of rollouts.jsonl during run() (process 0)
+        self.mode, self.max_staleness = ctx.cfg.rollout.mode, ctx.cfg.rollout.max_staleness
+        check_async_supported(self.mode)
+        self.pipeline: RolloutPipeline | None = None  # async: started by the first batch()
+        self.version = 0  # async: the student's update count (the version the next update makes + 1)
 
     # ----- what subclasses give -----
-    def rollout(self, s: int) -> tuple[list, dict]:
-        """``(trajectories, rollout statistics)`` of step ``s``."""
+    def rollout(self, s: int, tasks: list, params) -> tuple[list, dict]:
+        """``(trajectories, rollout statistics)`` of step ``s``'s ``tasks`` (:meth:`step_tasks`)
+        under the sampler parameters ``params``."""
         raise NotImplementedError
 
     def make_batch(self, s: int, trajs) -> dict:
@@ -126,26 +142,73 @@ class TrainingStage:
         return self.ctx.policy_params(self.state["student"], self.frozen)
 
     def batch(self, s: int) -> dict:
-        """Roll out step ``s`` and build its batch (the rollout statistics wait for :meth:`record`)."""
-        trajs, self._rollout_info[s] = self.rollout(s)
+        """Step ``s``'s rollouts (sync: sampled now by the current student; async: taken
+        from the rollout thread) and its batch; the rollout statistics and
+        :func:`train.async_rollouts.staleness_metrics` wait for :meth:`record`."""
+        if self.mode == "sync":
+            trajs, info = self.rollout(s, self.step_tasks(s), self.student_params())
+            for t in trajs:
+                t.policy_version = s
+        else:
+            if self.pipeline is None:
+                self.start_pipeline(s)
+            trajs, info = self.pipeline.get(s)
+        self._rollout_info[s] = {**info, **staleness_metrics(trajs, s)}
         return self.make_batch(s, trajs)
 
+    def start_pipeline(self, start: int) -> None:
+        """Start the asynchronous rollouts of steps ``start...`` from the current student
+        (version ``start``); versions below ``start`` of a resumed run are gone (logged)."""
+        k, n = self.max_staleness, self.ctx.cfg.stages.lopd_steps
+        self.version = start
+        if start > 0 and k > 0:
+            lost = min(k, n - start)
+            log(f"{self.label}: async rollouts resumed at step {start}: the rollouts of the next {lost} step(s), "
+                f"sampled ahead before the interruption, are re-sampled with the restored student (version "
+                f"{start}) rather than versions {max(0, start - k)}..{start - 1} (counted in "
+                "rollouts_resampled_on_resume)")
+        params0 = self.ctx.policy_params(copy_params(self.state["student"]), self.frozen)
+        self.pipeline = RolloutPipeline(self.rollout, self.step_tasks, self.tasks.get_state, start, n, k, params0)
+
+    def close_pipeline(self) -> None:
+        """Stop the rollout thread; say how many steps' rollouts sampled ahead were dropped."""
+        if self.pipeline is None:
+            return
+        dropped = self.pipeline.close()
+        self.pipeline = None
+        if dropped:
+            log(f"{self.label}: {dropped} step(s) of rollouts sampled ahead were not trained on; a resumed run "
+                "re-samples them")
+
     def step(self, state, batch):
-        """One update; the new state is the student of the next rollout."""
+        """One update; the new state is the student of the next rollout (async: published
+        to the rollout thread when a later step samples it)."""
         if self._jitted is None:
             self._jitted = self.make_step(state, batch)
         state, metrics = self._jitted(state, self.frozen, batch)
         self.state = state
-        return state, self.after_step(metrics)
+        metrics = self.after_step(metrics)
+        if self.pipeline is not None:
+            self.version += 1
+            if self.pipeline.wants(self.version):
+                self.pipeline.publish(self.version, self.ctx.policy_params(copy_params(state["student"]),
+                                                                           self.frozen))
+        return state, metrics
 
     def record(self, s: int, metrics: dict) -> dict:
         """Step ``s``'s record (:func:`training_step_record`)."""
+        lock = None
+        if self.pipeline is not None:
+            every = self.ctx.cfg.stages.eval_every
+            lock = self.pipeline.lock_engine_if(bool(every) and (s + 1) % every == 0)
         return training_step_record(self.ctx, self.writer, self.label, s, metrics, self._rollout_info.pop(s),
-                                    self.student_params)
+                                    self.student_params, lock)
 
     def meta(self, s: int) -> dict:
-        """Checkpoint metadata: the task iterator's state and the bank's path."""
-        return {"data": self.tasks.get_state(), "bank": self.bank_path}
+        """Checkpoint metadata: the task iterator's state (before step ``s``'s tasks) and
+        the bank's path."""
+        data = self.pipeline.task_state(s) if self.pipeline is not None else self.tasks.get_state()
+        return {"data": data, "bank": self.bank_path}
 
     def restore(self, state, meta: dict) -> None:
         """Continue from a restored checkpoint (the next rollout samples its student)."""
@@ -164,6 +227,7 @@ class TrainingStage:
                              shardings=self.shardings, extra_meta=self.meta, writer=self.writer,
                              on_metrics=self.record, on_restore=self.restore)
         finally:
+            self.close_pipeline()
             if self.rollout_log is not None:
                 self.rollout_log.close()
                 self.rollout_log = None
@@ -180,10 +244,8 @@ class LOPDStage(TrainingStage):
                          cfg.env.group_size, bank_path, writer)
         self.bank = bank
 
-    def rollout(self, s: int) -> tuple[list, dict]:
+    def rollout(self, s: int, tasks: list, params) -> tuple[list, dict]:
         """This process's rows of step ``s``'s rollouts and every host's statistics."""
-        tasks = self.step_tasks(s)
-        params = self.student_params()
         t0 = time.perf_counter()
         trajs, first_row = self.ctx.rollout_split(params, tasks, jax.random.fold_in(self.key, s))
         if len(trajs) * jax.process_count() != len(tasks):
@@ -199,6 +261,16 @@ class LOPDStage(TrainingStage):
         if self.log_rollouts:
             log_rollouts(self.rollout_log, "lopd", s + 1, trajs, first_row)
         return trajs, info
+
+    def record(self, s: int, metrics: dict) -> dict:
+        """The shared record plus what the teacher of step ``s`` depends on besides the
+        samples' ``policy_version``: ``composer_version`` (the composer's updates before
+        the step: 0 with ``steps.freeze_composer``, else ``s``), ``bank_entries`` and
+        ``bank_path`` (the bank is frozen during the stage)."""
+        out = super().record(s, metrics)
+        out["composer_version"] = 0 if self.ctx.cfg.steps.freeze_composer else s
+        out["bank_entries"], out["bank_path"] = len(self.bank), self.bank_path
+        return out
 
     def make_batch(self, s: int, trajs):
         """The LOPD step batch (:func:`train.batches.lopd_batch`); with ``lengths.buckets``

@@ -75,6 +75,8 @@ class Trajectory:
     (its environment failed; reward 0). ``error`` names the failing call and its cause
     (``"reset: RuntimeError: ..."``, ``"step: ..."``, ``"timeout: ..."``; a failing
     ``close`` after a finished episode is noted here and keeps its result).
+    ``policy_version`` is the update count of the student whose weights sampled every
+    generated token of the episode (set by the training stage; 0 elsewhere).
     """
 
     task: Task
@@ -91,6 +93,7 @@ class Trajectory:
     insert_at: int
     finish_reason: str
     error: str | None = None
+    policy_version: int = 0
 
     def __len__(self) -> int:
         return len(self.tokens)

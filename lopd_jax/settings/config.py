@@ -207,12 +207,26 @@ class RolloutSection:
     max_turn_tokens, max_total_tokens, max_observation_chars), both inline
     (``rollout.temperature``), plus the chat format's ``enable_thinking`` and ``log_rollouts``.
     The engine that runs the rollouts (slots, pages, environment threads) is the ``engine``
-    section."""
+    section.
+
+    ``mode``: ``"sync"`` (the paper's schedule: step s's rollouts sample the student after
+    s updates, then step s trains) or ``"async"`` (bounded-staleness pipelining on the same
+    chips, :mod:`train.async_rollouts`: a background thread rolls out steps s+1..s+k while
+    step s trains; step s samples the student after max(0, s - k) updates). ``max_staleness``
+    is that k (>= 0; read only in async; 0 gives sync's results). docs/rl_step.md,
+    "Asynchronous rollouts"."""
 
     sampling: SamplingParams = inline(SamplingParams())
     caps: RolloutConfig = inline(RolloutConfig())
     enable_thinking: bool = False
     log_rollouts: bool = False  # every rollout's ids, mask, reward and host to <workdir>/rollouts.jsonl
+    mode: Literal["sync", "async"] = "sync"
+    max_staleness: int = 1
+
+    def __post_init__(self):
+        if self.max_staleness < 0:
+            raise ConfigError(f"rollout.max_staleness={self.max_staleness} must be >= 0 (0: every batch "
+                              "samples the newest student, as rollout.mode=sync does).")
 
 
 @dataclasses.dataclass(frozen=True)
