@@ -1,17 +1,18 @@
-"""LOPD train step on real lengths: length-bucketed passes vs every row padded to the cap (CPU).
+"""LOPD train step on real lengths: packed rows and length buckets vs every row padded to the cap (CPU).
 
 The same tiny LOPD system and the same trajectories (``--rows`` lengths from
 :func:`lopd_jax.settings.length_model.sample_lengths`, scaled to ``--cap``): *padded*
-(:func:`train.steps.make_lopd_step` at the cap) against *length-aware*
-(:class:`train.bucketed_steps.BucketedLOPDStep` in passes of ``--buckets``). Compiles are
-excluded, rounds alternate on ``--batches`` draws and the ratio is of the summed medians;
-both sides train on the same real tokens and their losses are printed (they agree to fp32).
+(:func:`train.steps.make_lopd_step` at the cap), *bucketed*
+(:class:`train.bucketed_steps.BucketedLOPDStep` in passes of ``--buckets``) and *packed*
+(the same step on :func:`train.packed_batches.packed_batch`: whole trajectories back to back
+in rows of those lengths). Compiles are excluded, rounds alternate over the three on
+``--batches`` draws and the ratios are of the summed medians; all train on the same real
+tokens and their losses are printed (they agree to fp32).
 
     python -m benchmarks.bench_train_lengths
     python -m benchmarks.bench_train_lengths --rows 16 --buckets 256,512,1024,2048
 
-Methodology and measurements: ``docs/length_buckets.md``, ``docs/benchmarks.md``.
-"""
+Methodology and measurements: ``docs/length_buckets.md``, ``docs/packing.md``, ``docs/benchmarks.md``."""
 
 from __future__ import annotations
 
@@ -67,6 +68,7 @@ def main(argv=None):
     from models.config import LoraConfig, named_config
     from models.decoder import Decoder
     from train.bucketed_steps import BucketedLOPDStep, bucketed_batch
+    from train.packed_batches import packed_batch
     from train.steps import make_lopd_step
     from train.system import LOPDSystem
     from lopd_jax.settings.sections import StepConfig
@@ -86,23 +88,27 @@ def main(argv=None):
           f"load {os.getloadavg()[0]:.2f}")
 
     state0, frozen = system.init_state()
-    padded_step = bucket_step = None
-    totals = {"padded": 0.0, "length-aware": 0.0}
+    steps = {}
+    totals = {"padded": 0.0, "bucketed": 0.0, "packed": 0.0}
     real_tokens = 0
     for i in range(args.batches):
         lengths = sample_lengths(LengthConfig(), args.rows, args.cap, seed=args.seed + i, scale=scale)
         np_batch = make_batch(lengths, args.cap, composer.n_ret, 64, mcfg.vocab_size, args.seed + i)
         batch = {k: jnp.asarray(v) for k, v in np_batch.items()}
         bb = bucketed_batch(np_batch, buckets, args.rows * args.cap, 1).put(system)
+        pb = packed_batch(np_batch, buckets, args.rows * args.cap, 1, layout).put(system)
         real_tokens += int(lengths.sum())
         print(f"batch {i}: lengths {sorted(lengths.tolist(), reverse=True)} (mean {lengths.mean():.0f}); "
-              f"passes {[(p.seq, len(p.rows)) for p in bb.plan]}; row tokens {bb.padded_tokens()} vs padded "
-              f"{args.rows * args.cap}")
-        if padded_step is None:
-            padded_step = make_lopd_step(system, state0, batch)
-            bucket_step = BucketedLOPDStep(system, state0)
-        sides = {"padded": lambda s: padded_step(s, frozen, batch),
-                 "length-aware": lambda s: bucket_step(s, frozen, bb)}
+              f"bucketed passes (seq, rows) {[(p.seq, len(p.rows)) for p in bb.plan]}, row tokens "
+              f"{bb.padded_tokens()}; packed passes (seq, rows, segments) "
+              f"{[(p.seq, len(p.rows), p.segments) for p in pb.plan]}, row tokens {pb.padded_tokens()}; "
+              f"padded {args.rows * args.cap}")
+        if not steps:
+            steps = {"padded": make_lopd_step(system, state0, batch), "bucketed": BucketedLOPDStep(system, state0),
+                     "packed": BucketedLOPDStep(system, state0)}
+        sides = {"padded": lambda s: steps["padded"](s, frozen, batch),
+                 "bucketed": lambda s: steps["bucketed"](s, frozen, bb),
+                 "packed": lambda s: steps["packed"](s, frozen, pb)}
         times = {k: [] for k in sides}
         losses = {}
         for k, fn in sides.items():  # first call: compiles
@@ -121,12 +127,13 @@ def main(argv=None):
             med = statistics.median(times[k])
             totals[k] += med
             print(f"  {k}: step median {med:.3f} s (of {', '.join(f'{t:.3f}' for t in times[k])})")
-        print(f"  loss relative difference {abs(losses['length-aware'] - losses['padded']) / abs(losses['padded']):.2e}")
+        print("  loss relative difference to padded: " + ", ".join(
+            f"{k} {abs(losses[k] - losses['padded']) / abs(losses['padded']):.2e}" for k in ("bucketed", "packed")))
     for k in totals:
-        print(f"{k}: {real_tokens / totals[k]:.0f} real tokens/s")
+        print(f"{k}: {real_tokens / totals[k]:.0f} real tokens/s (step medians summed {totals[k]:.3f} s)")
     print(f"load after {os.getloadavg()[0]:.2f}")
-    print(f"train step: length-aware/padded real tokens/s = {totals['padded'] / totals['length-aware']:.2f}x")
-
+    print(f"train step: packed/padded real tokens/s = {totals['padded'] / totals['packed']:.2f}x "
+          f"(bucketed {totals['padded'] / totals['bucketed']:.2f}x)")
 
 if __name__ == "__main__":
     main()

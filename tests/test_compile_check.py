@@ -286,3 +286,97 @@ def test_compile_check_compiles_each_steps_buckets(tmp_path, capsys):
         assert est["bucketed"]["flops_per_real_token"] < est["padded"]["flops_per_real_token"]
         assert name in text
     assert text.count("largest pass 8x256 per chip GiB") == 2 and text.count("model FLOPs per real token") == 2
+
+
+PACKED_TINY = ["rollout.max_total_tokens=256", "lengths.buckets=128", "lengths.packing=true",
+               "composer.max_experience_tokens=32", "lengths.prompt_median=40", "lengths.turn_median=20",
+               "lengths.obs_median=10"]
+
+
+def _tiny_system(overrides, chips=2):
+    import jax
+
+    from lopd_jax.programs.compile_check import build_system, parse_args, run_config, step_inputs
+
+    cfg = run_config(parse_args(["--config=tiny", f"--topology=cpu:{chips}", *overrides]))
+    spec, layout = step_inputs(cfg)
+    return cfg, spec, build_system(spec, layout, jax.devices()[:chips])
+
+
+def test_compile_check_prints_packed_figures(tmp_path, capsys):
+    """``--estimate_only`` with ``lengths.packing=true``: nothing compiles, and every step prints
+    padded, bucketed and packed real shares of row tokens (packed >= bucketed >= padded) and
+    FLOPs per real token (packed attention within trajectories <= over whole rows); on a TPU
+    generation, the step times from the executed FLOPs."""
+    from lopd_jax.programs.compile_buckets import length_lines, length_report
+    from lopd_jax.programs.compile_check import main, step_flops_fn
+
+    out = tmp_path / "r.json"
+    assert main(["--config=tiny", "--topology=cpu:2", "--estimate_only", *PACKED_TINY, f"--json={out}"]) == 0
+    report = json.loads(out.read_text())
+    text = capsys.readouterr().out
+    assert report["estimate_only"] and "per_chip_gib" not in report and "nothing compiled" in text
+    assert report["steps"] == ["warmup", "cold_start", "lopd"]
+    for kind, rep in report["length_steps"].items():
+        assert "passes" not in rep and rep["packing"]
+        p, b, k = (rep["estimate"][s] for s in ("padded", "bucketed", "packed"))
+        assert 0 < p["real_fraction"] <= b["real_fraction"] <= k["real_fraction"] <= 1, kind
+        assert 0 < k["flops"] < k["executed_flops"], kind
+        assert p["flops"] == p["executed_flops"] and b["flops"] == b["executed_flops"]
+        assert max(k["segments"].values()) > 1  # rows really hold several trajectories
+    assert text.count("real share of row tokens: padded") == 3 and text.count("packed") >= 9
+    # a TPU generation's peak gives the step times (from the executed FLOPs)
+    cfg, spec, system = _tiny_system(PACKED_TINY)
+    rep = length_report(cfg, spec, system, "v5p", 2, step_flops_fn("lopd", cfg, spec, system), compile_passes=False)
+    line = length_lines(rep, None)[-1]
+    assert "from executed FLOPs: padded" in line and "bucketed/packed" in line
+    est = rep["estimate"]
+    assert est["packed"]["seconds"] == est["packed"]["executed_flops"] / (2 * 459e12)
+
+
+def _real_pass(kind, spec, cfg, system):
+    """(plan, pass) of the first packed pass :func:`train.packed_batches.packed_batch` builds from a batch with
+    the ``kind`` step's keys (8 trajectories of 20..100 tokens)."""
+    import numpy as np
+
+    from lopd_jax.programs.compile_buckets import _abstract_pass
+    from train.packed_batches import packed_batch
+
+    lengths = [100, 60, 50, 40, 30, 90, 20, 70]
+    b = {k: np.zeros(v.shape, v.dtype) for k, v in _abstract_pass(cfg, spec, kind, 8, spec.seq).items()}
+    for i, n in enumerate(lengths):
+        b["attention_mask"][i, :n] = True
+        b["loss_mask"][i, n // 2:n] = 1
+    for k, v in (("insert_at", 1), ("ctx_len", 3), ("row_weight", 1), ("exp_mask", True)):
+        if k in b:
+            b[k][...] = v
+    b.pop("row_valid"), b.pop("row_index")
+    splice = system.layout if kind in ("lopd", "cold_start") else None
+    pb = packed_batch(b, (spec.seq,), 2 * spec.seq, 2, splice)
+    return pb.plan[0], pb.passes[0]
+
+
+def test_abstract_packed_pass_is_the_trainers_and_compiles():
+    """The compile check's abstract packed pass has every key, shape and dtype of the pass the
+    trainer builds (every step kind); a tiny packed LOPD pass (teacher rows with a latent
+    block per segment) and its update compile on 2 CPU devices."""
+    from lopd_jax.programs.compile_buckets import abstract_packed_pass, block_width, length_lines, length_report
+    from lopd_jax.programs.compile_check import step_flops_fn
+
+    overrides = ["rollout.max_total_tokens=256", "lengths.packing=true", "composer.max_experience_tokens=32",
+                 "lengths.prompt_median=40", "lengths.turn_median=20", "lengths.obs_median=10"]
+    for kind, arm in (("lopd", "lopd"), ("cold_start", "lopd"), ("warmup", "lopd"), ("grpo", "grpo"),
+                      ("text", "sdft")):
+        cfg, spec, system = _tiny_system(overrides + [f"arm={arm}"])
+        plan, real = _real_pass(kind, spec, cfg, system)
+        assert plan.segments > 1
+        abstract = abstract_packed_pass(cfg, spec, kind, len(plan.rows), plan.seq, plan.segments,
+                                        block_width(cfg, system, kind))
+        got = {k: (v.shape, v.dtype) for k, v in abstract.items()}
+        assert got == {k: (v.shape, v.dtype) for k, v in real.items()}, kind
+    cfg, spec, system = _tiny_system(overrides)
+    rep = length_report(cfg, spec, system, "cpu", 2, step_flops_fn("lopd", cfg, spec, system), kind="lopd")
+    (p,) = rep["passes"]
+    assert (p["rows"], p["seq"]) == (8, 256) and p["segments"] == max(rep["estimate"]["packed"]["segments"].values())
+    assert p["per_chip_gib"]["total"] > 0 and rep["update_per_chip_gib"]["total"] > 0
+    assert "compiled 1 packed pass shapes (rows x seq x segments 8x256x" in "\n".join(length_lines(rep, None))

@@ -1,16 +1,15 @@
-"""The compile check's length-aware figures: every training step's bucketed shapes and step-time estimate.
+"""The compile check's length-aware figures: every training step's pass shapes and step estimate.
 
 :func:`stage_steps` names the steps a run config trains with: the warm-up (SFT, when
 ``stages.warmup_steps`` > 0), the composer cold start (composer arms with
 ``stages.cold_start_steps`` > 0) and the arm's step (LOPD, GRPO or text distillation).
 :func:`length_report` (called by :mod:`lopd_jax.compile_check` per step) compiles, for every
-bucket of ``lengths.buckets`` (plus the cap), the largest pass the trainer can run (the
-step's :mod:`train.bucketed_steps` class: rows per shard as
-:func:`lopd_jax.settings.length_model.plan_passes` rounds them, at most the batch's) and the update,
-reports per-chip memory of the largest, and estimates the model FLOPs per real token and
-the step time at 100% of the slice's peak for the ``lengths`` distribution, padded and
-length-aware (:func:`lopd_jax.settings.length_model.step_estimate`). :func:`length_lines` prints it.
-"""
+row length of ``lengths.buckets`` (plus the cap), the largest pass the trainer can run (the
+step's :mod:`train.bucketed_steps` class; with ``lengths.packing`` a packed pass,
+:func:`abstract_packed_pass`) and the update, reports per-chip memory of the largest, and
+estimates padded, bucketed and packed: the real share of row tokens, FLOPs per real token
+and the step time at 100% of the slice's peak for the ``lengths`` distribution
+(:func:`lopd_jax.settings.length_estimate.step_estimate`). :func:`length_lines` prints it."""
 
 from __future__ import annotations
 
@@ -22,8 +21,10 @@ import jax
 import jax.numpy as jnp
 
 from lopd_jax.settings.arm_config import GROUP_ARMS
-from lopd_jax.settings.length_model import rows_per_pass, step_estimate
-from train.bucketed_steps import (BucketedBatch, BucketedColdStartStep, BucketedGRPOStep, BucketedLOPDStep, BucketedTextStep)
+from lopd_jax.settings.length_estimate import step_estimate
+from lopd_jax.settings.length_model import rows_per_pass
+from train.bucketed_steps import (SEQ_KEYS, BucketedBatch, BucketedColdStartStep, BucketedGRPOStep, BucketedLOPDStep,
+                                  BucketedTextStep)
 from train.step_spec import abstract_lopd_batch
 from train.warmup import BucketedSFTStep, make_sft_step
 
@@ -97,6 +98,34 @@ def _abstract_pass(cfg, spec, kind: str, rows: int, seq: int) -> dict:
     return b | {"row_valid": sds((rows,), jnp.float32), "row_index": sds((rows,), jnp.int32)}
 
 
+def block_width(cfg, system, kind: str) -> int:
+    """Tokens of the block a packed ``kind`` step's teacher inserts per segment: the latent
+    block (LOPD, cold start), the text context (``arms.context_tokens``), else 0."""
+    return {"lopd": system.layout.length, "cold_start": system.layout.length,
+            "text": cfg.arms.context_tokens}.get(kind, 0)
+
+
+def abstract_packed_pass(cfg, spec, kind: str, rows: int, seq: int, segments: int, width: int) -> dict:
+    """``jax.ShapeDtypeStruct`` s of one packed pass (:func:`train.packed_batches.packed_batch`)
+    of a ``kind`` step: ``rows`` packed rows of ``seq`` tokens with up to ``segments``
+    episodes each; a teacher block of ``width`` tokens per segment (0: no teacher rows)."""
+    sds = jax.ShapeDtypeStruct
+    out = {}
+    for k, v in _abstract_pass(cfg, spec, kind, rows, seq).items():
+        if k in SEQ_KEYS:
+            out[k] = v
+        elif k not in ("insert_at", "ctx_ids", "ctx_len"):  # per episode: [P, K, ...]
+            out[k] = sds((rows, segments) + v.shape[1:], v.dtype)
+    out |= {"segment_ids": sds((rows, seq), jnp.int32), "unpack_index": sds((rows, segments, seq), jnp.int32)}
+    if width:
+        row = (rows, seq + segments * width)
+        out |= {"teacher_tokens": sds(row, jnp.int32), "teacher_segment_ids": sds(row, jnp.int32),
+                "teacher_attention_mask": sds(row, jnp.bool_), "teacher_align": sds((rows, seq), jnp.int32)}
+        if kind in ("lopd", "cold_start"):
+            out["teacher_slot"] = sds(row, jnp.int32)
+    return out
+
+
 def _bucketed_step(cfg, system, kind: str):
     """``(step, abstract state, abstract second argument)`` of the ``kind`` bucketed step."""
 
@@ -126,8 +155,10 @@ def length_report(cfg, spec, system, gen: str, chips: int, flops_fn, compile_pas
     (see the module docstring).
 
     ``system``: the compile check's abstract :class:`train.system.LOPDSystem` on the
-    topology's mesh; ``flops_fn(rows, seq)``: model FLOPs of the step on ``rows``
-    trajectories of ``seq`` tokens; ``gen``: the TPU generation (``cpu``: no time estimate).
+    topology's mesh; ``flops_fn(rows, seq, segments=0, segment_lengths=None)``: FLOPs of
+    the step on ``rows`` rows of ``seq`` tokens, one trajectory each, or packed
+    (:func:`lopd_jax.programs.compile_check.step_flops_fn`); ``gen``: the TPU generation
+    (``cpu``: no time estimate). With ``lengths.packing`` the compiled passes are packed.
     """
 
     if kind not in STEP_KINDS:
@@ -138,32 +169,44 @@ def length_report(cfg, spec, system, gen: str, chips: int, flops_fn, compile_pas
     per_shard_tokens = shard_tokens(cfg, spec, shards, rows)
     buckets = lengths.bucket_lengths(spec.seq)
     out: dict = {"step": kind, "rows": rows, "buckets": list(buckets), "shard_tokens": per_shard_tokens,
-                 "batch_shards": shards, "fill": lengths.fill,
+                 "batch_shards": shards, "fill": lengths.fill, "packing": lengths.packing,
                  "distribution": {k: getattr(lengths, k) for k in ("prompt_median", "prompt_sigma", "turns_mean",
                                                                     "turn_median", "turn_sigma", "first_turn_median",
                                                                     "obs_median", "obs_sigma")}}
     peak = PEAK_FLOPS.get(gen)
     est = step_estimate(lengths, flops_fn, rows, spec.seq, shards, per_shard_tokens, (peak or 1.0) * chips)
     if peak is None:
-        for side in ("padded", "bucketed"):
+        for side in ("padded", "bucketed", "packed"):
             est[side].pop("seconds")
     out["estimate"] = est | {"buckets": list(est["buckets"]), "peak_flops_per_chip": peak}
     if not (compile_passes and lengths.enabled):
+        out["not_compiled"] = ("passes not compiled" if lengths.enabled else
+                               "length buckets and packing off (lengths.buckets=(), lengths.packing=false)")
         return out
     step, state, second = _bucketed_step(cfg, system, kind)
     sds = jax.ShapeDtypeStruct
     stats = {k: 0.0 for k in ("mean_reward", "tokens", "supervised", "rollouts", "weight")} | {"rows": rows}
     totals = jax.tree.map(lambda x: sds(x.shape, x.dtype), step._totals(BucketedBatch([], [], rows, stats)))
     max_per_shard = 1 << (-(-rows // shards) - 1).bit_length()
+    seen = est["packed"]["segments"]
     passes, t0 = [], time.time()
     update_mem = None
     for seq in reversed(buckets):  # longest first: the likely largest pass is known first on a long compile
-        n = min(rows_per_pass(seq, per_shard_tokens, shards) // shards, max_per_shard) * shards
-        lowered_pass, lowered_update = step.lower(state, second, _abstract_pass(cfg, spec, kind, n, seq), rows, totals)
-        passes.append({"rows": n, "seq": seq, "per_chip_gib": _memory(lowered_pass.compile())})
+        fits = rows_per_pass(seq, per_shard_tokens, shards) // shards
+        if lengths.packing:  # the packing plan's rows per shard are powers of two
+            n = min(1 << (fits.bit_length() - 1), max_per_shard) * shards
+            # episodes per row: the most any sampled plan put in a row of this length
+            k = seen.get(seq, max(seen.values()))
+            abstract = abstract_packed_pass(cfg, spec, kind, n, seq, k, block_width(cfg, system, kind))
+        else:
+            n, k = min(fits, max_per_shard) * shards, 0
+            abstract = _abstract_pass(cfg, spec, kind, n, seq)
+        lowered_pass, lowered_update = step.lower(state, second, abstract, rows, totals)
+        passes.append({"rows": n, "seq": seq, "per_chip_gib": _memory(lowered_pass.compile())}
+                      | ({"segments": k} if k else {}))
         # progress on stderr: a real-size compile takes minutes per pass
-        print(f"  [{STEP_NAMES[kind]}] compiled pass {n}x{seq}: {passes[-1]['per_chip_gib']['total']:.2f} GiB per "
-              f"chip ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
+        print(f"  [{STEP_NAMES[kind]}] compiled {_shape(passes[-1])} pass: {passes[-1]['per_chip_gib']['total']:.2f} "
+              f"GiB per chip ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
         if update_mem is None:
             update_mem = _memory(lowered_update.compile())
     out["compile_s"] = round(time.time() - t0, 1)
@@ -171,6 +214,11 @@ def length_report(cfg, spec, system, gen: str, chips: int, flops_fn, compile_pas
     out["update_per_chip_gib"] = update_mem
     out["largest"] = max(passes, key=lambda p: p["per_chip_gib"]["total"])
     return out
+
+
+def _shape(p: dict) -> str:
+    """A compiled pass's shape: rows x seq, and x segments when packed."""
+    return f"{p['rows']}x{p['seq']}" + (f"x{p['segments']}" if "segments" in p else "")
 
 
 def memory_line(m: dict, hbm_gib: float | None, label: str = "per chip GiB") -> str:
@@ -196,26 +244,31 @@ def length_lines(rep: dict, hbm_gib: float | None) -> list[str]:
     lines = [f"  {STEP_NAMES[rep['step']]} step, {rep['rows']} rows per batch:"]
     if "passes" in rep:
         big = rep["largest"]
-        lines.append(f"    length buckets {tuple(rep['buckets'])}, {rep['shard_tokens']} tokens per shard and pass, "
-                     f"fill {rep['fill']}: compiled {len(rep['passes'])} pass shapes (rows x seq "
-                     + ", ".join(f"{p['rows']}x{p['seq']}" for p in rep["passes"]) + f") + update in {rep['compile_s']} s")
-        lines.append("  " + memory_line(big["per_chip_gib"], hbm_gib,
-                                        f"largest pass {big['rows']}x{big['seq']} per chip GiB"))
+        what = ("packed rows of " if rep["packing"] else "length buckets ") + str(tuple(rep["buckets"]))
+        lines.append(f"    {what}, {rep['shard_tokens']} tokens per shard and pass"
+                     + ("" if rep["packing"] else f", fill {rep['fill']}") + f": compiled {len(rep['passes'])} "
+                     + ("packed pass shapes (rows x seq x segments " if rep["packing"] else "pass shapes (rows x seq ")
+                     + ", ".join(_shape(p) for p in rep["passes"]) + f") + update in {rep['compile_s']} s")
+        lines.append("  " + memory_line(big["per_chip_gib"], hbm_gib, f"largest pass {_shape(big)} per chip GiB"))
         lines.append("  " + memory_line(rep["update_per_chip_gib"], hbm_gib, "update per chip GiB"))
     else:
-        lines.append(f"    length buckets off (lengths.buckets=()): not compiled; estimate for buckets "
-                     f"{tuple(rep['buckets'])}")
-    p, b = est["padded"], est["bucketed"]
-    lines.append(f"    model FLOPs/step padded {p['flops']:.3e} ({p['real_fraction']:.0%} of row tokens real), "
-                 f"length-aware {b['flops']:.3e} ({b['real_fraction']:.0%} real)")
-    lines.append(f"    model FLOPs per real token: padded {p['flops_per_real_token']:.3e}, "
-                 f"length-aware {b['flops_per_real_token']:.3e}")
+        lines.append(f"    {rep['not_compiled']}: estimate for rows of {tuple(rep['buckets'])}")
+    p, b, k = est["padded"], est["bucketed"], est["packed"]
+    lines.append(f"    real share of row tokens: padded {p['real_fraction']:.0%}, bucketed {b['real_fraction']:.0%}, "
+                 f"packed {k['real_fraction']:.0%} (trajectories per packed row: up to {max(k['segments'].values())})")
+    lines.append(f"    model FLOPs/step: padded {p['flops']:.3e}, bucketed {b['flops']:.3e}, packed {k['flops']:.3e} "
+                 f"(attention within trajectories; executed over whole rows {k['executed_flops']:.3e})")
+    lines.append(f"    model FLOPs per real token: padded {p['flops_per_real_token']:.3e}, bucketed "
+                 f"{b['flops_per_real_token']:.3e}, packed {k['flops_per_real_token']:.3e} (executed "
+                 f"{k['executed_flops_per_real_token']:.3e})")
     if "seconds" in p:
-        lines.append(f"    est. step time at 100% peak ({est['peak_flops_per_chip'] / 1e12:.0f} TFLOP/s per chip): "
-                     f"padded {p['seconds']:.1f} s, length-aware {b['seconds']:.1f} s "
-                     f"({p['seconds'] / b['seconds']:.2f}x)")
+        lines.append(f"    est. step time at 100% peak ({est['peak_flops_per_chip'] / 1e12:.0f} TFLOP/s per chip) from "
+                     f"executed FLOPs: padded {p['seconds']:.1f} s, bucketed {b['seconds']:.1f} s, packed "
+                     f"{k['seconds']:.1f} s (padded/packed {p['seconds'] / k['seconds']:.2f}x, bucketed/packed "
+                     f"{b['seconds'] / k['seconds']:.2f}x)")
     return lines
 
 
-__all__ = ["HBM_BANDWIDTH", "ICI_BANDWIDTH", "PEAK_FLOPS", "STEP_KINDS", "STEP_NAMES", "stage_steps", "step_rows", "shard_tokens", "length_report",
-           "memory_line", "distribution_line", "length_lines"]
+__all__ = ["HBM_BANDWIDTH", "ICI_BANDWIDTH", "PEAK_FLOPS", "STEP_KINDS", "STEP_NAMES", "stage_steps", "step_rows",
+           "shard_tokens", "block_width", "abstract_packed_pass", "length_report", "memory_line", "distribution_line",
+           "length_lines"]

@@ -6,9 +6,10 @@ Compiles exactly the step ``python -m lopd_jax.train --config=NAME`` runs (atten
 mesh, sharding rules, dtypes, remat and lengths from :func:`train.step_spec.step_spec`), with JAX's
 AOT path (``libtpu``, no chips), abstract shapes and no weights; ``--topology=cpu:8`` uses
 simulated CPU devices. Prints per-chip memory against HBM and model FLOPs per step, then each
-training step's largest length-bucketed pass (:mod:`lopd_jax.programs.compile_buckets`);
-``--flops`` also counts compiled FLOPs. Overrides are the trainer's dotted keys; ``--rule``
-remaps one logical sharding axis.
+training step's largest length-bucketed (or, ``lengths.packing=true``, packed) pass and the
+padded / bucketed / packed estimate (:mod:`lopd_jax.programs.compile_buckets`);
+``--estimate_only`` compiles nothing and prints the estimate; ``--flops`` also counts
+compiled FLOPs. Overrides are the trainer's dotted keys; ``--rule`` remaps one logical axis.
 
 Exit status (:data:`EXIT_CODES`): 0 fits, 1 does not fit in HBM, 2 bad arguments or config,
 3 cannot compile here (no ``libtpu``: ``make tpu``). Details: ``docs/results.md``, "Compile check".
@@ -24,6 +25,7 @@ import pkgutil
 import re
 import sys
 import time
+from typing import Sequence
 
 import jax
 from flax import nnx
@@ -113,12 +115,19 @@ def topology_devices(topology: str):
     return list(desc.devices), gen, HBM_GIB[gen]
 
 
-def model_flops(mcfg, ccfg, batch: int, seq: int, exp_len: int, l_ins: int) -> dict[str, float]:
+def model_flops(mcfg, ccfg, batch: int, seq: int, exp_len: int, l_ins: int, segments: int = 0,
+                segment_lengths: Sequence[int] | None = None) -> dict[str, float]:
     """Analytic FLOPs of one LOPD step (matmuls; causal attention counted at half).
 
     student fwd+bwd (weights and activations): 6 N T; teacher fwd + activation backward:
     4 N T_t; encoder fwd + activation/LoRA backward 4 N T_e (+ anchor forward 2 N T_e);
     LM heads over the supervised sequence for both models.
+
+    Packed rows (``segments`` K > 0): ``batch`` rows of ``seq`` tokens holding up to K
+    episodes each; the teacher's rows are ``seq + K * l_ins`` long (a block per segment) and
+    the encoder reads ``batch * K`` episodes' experiences. Attention runs over whole rows
+    (every causal block of a row: what the splash kernel executes), or, given
+    ``segment_lengths`` (the episodes' tokens), within the segments only (the model's).
     """
     d, L, H, hd = mcfg.hidden_size, mcfg.num_layers, mcfg.num_heads, mcfg.head_dim
     n_layer = L * (d * hd * (2 * H + 2 * mcfg.num_kv_heads) + 3 * d * mcfg.intermediate_size)
@@ -127,22 +136,36 @@ def model_flops(mcfg, ccfg, batch: int, seq: int, exp_len: int, l_ins: int) -> d
     def attn(tokens_per_seq, n_seq):
         return 2 * 2 * n_seq * tokens_per_seq ** 2 * H * hd * L / 2  # QK^T and PV, causal
 
-    t_s, t_t, t_e = batch * seq, batch * (seq + l_ins), batch * ccfg.n_ret * exp_len
-    student = 6 * n_layer * t_s + 3 * attn(seq, batch) + 6 * head * t_s
-    teacher = 4 * n_layer * t_t + 2 * attn(seq + l_ins, batch) + 4 * head * t_s
-    anchor = 2 * n_layer * t_e + attn(exp_len, batch * ccfg.n_ret)
-    encoder = 4 * n_layer * t_e + 2 * attn(exp_len, batch * ccfg.n_ret) + anchor
+    if segments:
+        t_row = seq + segments * l_ins
+        t_s, t_t, n_exp = batch * seq, batch * t_row, batch * segments * ccfg.n_ret
+        if segment_lengths is None:
+            a_s, a_t = attn(seq, batch), attn(t_row, batch)
+        else:
+            a_s = sum(attn(n, 1) for n in segment_lengths)
+            a_t = sum(attn(n + l_ins, 1) for n in segment_lengths)
+    else:
+        t_s, t_t, n_exp = batch * seq, batch * (seq + l_ins), batch * ccfg.n_ret
+        a_s, a_t = attn(seq, batch), attn(seq + l_ins, batch)
+    t_e = n_exp * exp_len
+    student = 6 * n_layer * t_s + 3 * a_s + 6 * head * t_s
+    teacher = 4 * n_layer * t_t + 2 * a_t + 4 * head * t_s
+    anchor = 2 * n_layer * t_e + attn(exp_len, n_exp)
+    encoder = 4 * n_layer * t_e + 2 * attn(exp_len, n_exp) + anchor
     return {"student": student, "teacher": teacher, "encoder": encoder, "anchor": anchor,
             "total": student + teacher + encoder}
 
 
-def step_flops(kind: str, mcfg, ccfg, batch: int, seq: int, exp_len: int, l_ins: int, ctx_tokens: int = 0) -> float:
+def step_flops(kind: str, mcfg, ccfg, batch: int, seq: int, exp_len: int, l_ins: int, ctx_tokens: int = 0,
+               segments: int = 0, segment_lengths: Sequence[int] | None = None) -> float:
     """Analytic FLOPs of one training step of ``kind`` (:data:`lopd_jax.programs.compile_buckets.STEP_KINDS`)
     from :func:`model_flops`' parts: ``lopd`` all of them; ``warmup`` and ``grpo`` the
     student's fwd + bwd; ``cold_start`` the teacher (latents spliced; fwd + activation
     backward into the composer) and the encoder without the anchor; ``text`` the student
-    and the teacher's forward over the sequence plus a ``ctx_tokens`` context block."""
-    f = model_flops(mcfg, ccfg, batch, seq, exp_len, l_ins)
+    and the teacher's forward over the sequence plus a ``ctx_tokens`` context block.
+    ``segments`` / ``segment_lengths``: packed rows, as for :func:`model_flops`."""
+    packing = {"segments": segments, "segment_lengths": segment_lengths}
+    f = model_flops(mcfg, ccfg, batch, seq, exp_len, l_ins, **packing)
     if kind == "lopd":
         return f["total"]
     if kind in ("warmup", "grpo"):
@@ -150,8 +173,18 @@ def step_flops(kind: str, mcfg, ccfg, batch: int, seq: int, exp_len: int, l_ins:
     if kind == "cold_start":
         return f["teacher"] + f["encoder"] - f["anchor"]
     if kind == "text":
-        return f["student"] + model_flops(mcfg, ccfg, batch, seq, exp_len, ctx_tokens)["teacher"] / 2
+        return f["student"] + model_flops(mcfg, ccfg, batch, seq, exp_len, ctx_tokens, **packing)["teacher"] / 2
     raise ValueError(f"unknown step {kind!r}")
+
+
+def step_flops_fn(kind: str, cfg, spec, system):
+    """``flops(rows, seq, segments=0, segment_lengths=None)``: :func:`step_flops` of the
+    ``kind`` step of run config ``cfg`` (its experience length, latent block, context
+    block), the argument :func:`lopd_jax.programs.compile_buckets.length_report` takes."""
+    def flops(rows: int, seq: int, segments: int = 0, segment_lengths: Sequence[int] | None = None) -> float:
+        return step_flops(kind, spec.model, spec.composer, rows, seq, spec.exp_len, system.layout.length,
+                          cfg.arms.context_tokens, segments, segment_lengths)
+    return flops
 
 
 def build_system(spec, layout, devices):
@@ -342,18 +375,19 @@ def run(args) -> dict:
         return head | {"dry_run": True, "latent_block_tokens": layout.length,
                        "model_flops": model_flops(mcfg, spec.composer, spec.batch, spec.seq, spec.exp_len,
                                                   layout.length)["total"]}
-    if "lopd" in steps:  # the padded LOPD step: the reference the length-aware figures stand beside
+    if "lopd" in steps and not args.estimate_only:  # the padded LOPD step: the reference beside the passes
         report, system = _padded_lopd(args, head, spec, layout, devices, hbm)
         if system is None:
             return report
     else:
         report, system = head | {"fits": True}, build_system(spec, layout, devices)
-    # every step's length buckets (lopd_jax.programs.compile_buckets): their pass shapes, and the step-time estimate
+    if args.estimate_only:
+        report["estimate_only"] = True
+    # every step's passes (lopd_jax.programs.compile_buckets): their shapes, and the step-time estimate
     report["length_steps"] = {}
     for kind in steps:
-        flops = lambda rows, seq, kind=kind: step_flops(kind, mcfg, ccfg, rows, seq, spec.exp_len,  # noqa: E731
-                                                         system.layout.length, cfg.arms.context_tokens)
-        rep = length_report(cfg, spec, system, gen, len(devices), flops, kind=kind)
+        rep = length_report(cfg, spec, system, gen, len(devices), step_flops_fn(kind, cfg, spec, system),
+                            compile_passes=not args.estimate_only, kind=kind)
         report["length_steps"][kind] = rep
         if hbm is not None and "largest" in rep:
             report["fits"] = report["fits"] and rep["largest"]["per_chip_gib"]["total"] <= hbm
@@ -399,6 +433,9 @@ def parse_args(argv=None):
                         "when lopd is one of them")
     p.add_argument("--dry_run", action="store_true",
                    help="resolve the config, tokenizer, mesh and topology, print them and stop before compiling")
+    p.add_argument("--estimate_only", action="store_true",
+                   help="compile nothing: print every step's padded / bucketed / packed estimate for the lengths "
+                        "distribution (seconds of CPU; memory is not checked)")
     p.add_argument("overrides", nargs="*", help="dotted config overrides key=value, as for lopd_jax.train")
     return p.parse_args(argv)
 
@@ -448,10 +485,15 @@ def main(argv=None) -> int:
         else:
             print()
     else:
-        print(f"  padded LOPD step not compiled (--steps={','.join(report['steps'])})")
+        print("  padded LOPD step not compiled ("
+              + ("--estimate_only" if report.get("estimate_only") else f"--steps={','.join(report['steps'])}") + ")")
     reps = list(report["length_steps"].values())
     print(distribution_line(reps[0]))
     for rep in reps:
         print("\n".join(length_lines(rep, report["hbm_gib"])))
+    if report.get("estimate_only"):
+        print("  estimate only: nothing compiled, memory not checked")
+        write_report(report, args.json)
+        return EXIT_FITS
     return verdict(report, args.json)
 

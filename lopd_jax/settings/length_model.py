@@ -12,13 +12,14 @@ holds several whole trajectories (:mod:`lopd_jax.settings.pack_plan`, docs/packi
 * :func:`plan_passes` -- the passes of one batch from its rows' lengths (pure, so every
   process of a pod computes the same plan from the same lengths).
 * :func:`sample_lengths` -- episode lengths drawn from the distribution (prompt, geometric
-  number of turns, lognormal turn and observation lengths), capped.
+  number of turns, lognormal turn and observation lengths), capped; the compile check's
+  step estimate on it is :mod:`lopd_jax.settings.length_estimate`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Literal, Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 
@@ -178,38 +179,5 @@ def sample_lengths(cfg: LengthConfig, n: int, cap: int, seed: int = 0, scale: fl
     return np.minimum(np.ceil(total), cap).astype(np.int64)
 
 
-def step_estimate(cfg: LengthConfig, flops: Callable[[int, int], float], batch: int, cap: int, shards: int,
-                  shard_tokens: int, peak_flops: float, draws: int = 200, seed: int = 0) -> dict:
-    """Expected model FLOPs and time at 100% of ``peak_flops`` (the slice's, per second) of
-    one step on batches of ``batch`` episodes drawn from ``cfg``'s distribution, padded
-    (every row at ``cap``) and in length-bucketed passes (``cfg.bucket_lengths(cap)``,
-    ``shard_tokens`` per shard and pass, ``shards`` batch shards).
-
-    ``flops(rows, seq)`` gives the model FLOPs of ``rows`` trajectories of ``seq`` tokens
-    (e.g. :func:`lopd_jax.programs.compile_check.model_flops`' total). Averages over ``draws``
-    batches; also FLOPs per real (generated or prompt) token and the fraction of row
-    tokens that are real.
-    """
-    buckets = cfg.bucket_lengths(cap)
-    lengths = sample_lengths(cfg, batch * draws, cap, seed).reshape(draws, batch)
-    real = float(lengths.sum(1).mean())
-    padded = flops(batch, cap)
-    per_pass: dict[tuple[int, int], float] = {}
-    bucketed, row_tokens = 0.0, 0.0
-    for row in lengths:
-        for p in plan_passes(row, buckets, shard_tokens, shards, cfg.fill):
-            key = (len(p.rows), p.seq)
-            if key not in per_pass:
-                per_pass[key] = flops(*key)
-            bucketed += per_pass[key]
-            row_tokens += len(p.rows) * p.seq
-    bucketed /= draws
-    return {"real_tokens": real, "mean_length": real / batch, "buckets": buckets,
-            "padded": {"flops": padded, "seconds": padded / peak_flops, "flops_per_real_token": padded / real,
-                       "real_fraction": real / (batch * cap)},
-            "bucketed": {"flops": bucketed, "seconds": bucketed / peak_flops, "flops_per_real_token": bucketed / real,
-                         "real_fraction": real / (row_tokens / draws)}}
-
-
 __all__ = ["LengthConfig", "Pass", "FILLS", "bucket_of", "rows_per_pass", "plan_passes", "pass_tokens",
-           "sample_lengths", "step_estimate"]
+           "sample_lengths"]

@@ -1,0 +1,81 @@
+"""The compile check's step estimate for the ``lengths`` distribution: padded, bucketed, packed.
+
+:func:`step_estimate` draws batches of episode lengths
+(:func:`lopd_jax.settings.length_model.sample_lengths`), lays each out as the trainer
+would -- every row at the cap; length-bucketed passes
+(:func:`lopd_jax.settings.length_model.plan_passes`); packed rows
+(:func:`lopd_jax.settings.pack_plan.plan_packed_passes`) -- and averages the real share of
+row tokens, the model FLOPs and the time at 100% of a peak FLOP rate. A packed row's
+attention is reported twice: within its segments (the model's FLOPs) and over the whole
+row (what a causal kernel that sees only row blocks executes).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from lopd_jax.settings.length_model import LengthConfig, plan_passes, sample_lengths
+from lopd_jax.settings.pack_plan import plan_packed_passes
+
+# flops(rows, seq, segments=0, segment_lengths=None): FLOPs of a pass (see step_estimate)
+FlopsFn = Callable[..., float]
+
+
+def _side(flops: float, executed: float, real: float, row_tokens: float, peak_flops: float) -> dict:
+    return {"flops": flops, "executed_flops": executed, "seconds": executed / peak_flops,
+            "flops_per_real_token": flops / real, "executed_flops_per_real_token": executed / real,
+            "real_fraction": real / row_tokens}
+
+
+def step_estimate(cfg: LengthConfig, flops: FlopsFn, batch: int, cap: int, shards: int, shard_tokens: int,
+                  peak_flops: float, draws: int = 200, seed: int = 0) -> dict:
+    """Expected FLOPs and time at 100% of ``peak_flops`` (the slice's, per second) of one step
+    on batches of ``batch`` episodes drawn from ``cfg``'s distribution: ``padded`` (every
+    row at ``cap``), ``bucketed`` (passes of ``cfg.bucket_lengths(cap)``) and ``packed``
+    (whole episodes back to back in rows of those lengths), ``shard_tokens`` per batch
+    shard and pass, ``shards`` batch shards; averaged over ``draws`` batches.
+
+    ``flops(rows, seq)``: FLOPs of ``rows`` rows of ``seq`` tokens, one episode each (e.g.
+    :func:`lopd_jax.programs.compile_check.step_flops`); ``flops(rows, seq, segments,
+    segment_lengths)``: of packed rows holding up to ``segments`` episodes each, attention
+    within the episodes of ``segment_lengths`` tokens, or over whole rows when None.
+
+    Per side: ``flops`` (the model's: packed attention within segments), ``executed_flops``
+    (packed: attention over whole rows; else the same), ``seconds`` (from the executed),
+    both per real (prompt or generated) token, and ``real_fraction`` of the row tokens.
+    ``packed`` also has ``segments``: per row length the most episodes a row held (the
+    pass shape's K) in any draw.
+    """
+    buckets = cfg.bucket_lengths(cap)
+    lengths = sample_lengths(cfg, batch * draws, cap, seed).reshape(draws, batch)
+    real = float(lengths.sum(1).mean())
+    padded = flops(batch, cap)
+    cache: dict[tuple, float] = {}
+
+    def cached(*key) -> float:
+        if key not in cache:
+            cache[key] = flops(*key)
+        return cache[key]
+
+    bucketed = bucket_rows = 0.0
+    packed = executed = packed_rows = 0.0
+    segments: dict[int, int] = {}
+    for row in lengths:
+        for p in plan_passes(row, buckets, shard_tokens, shards, cfg.fill):
+            bucketed += cached(len(p.rows), p.seq)
+            bucket_rows += len(p.rows) * p.seq
+        for q in plan_packed_passes(row, buckets, shard_tokens, shards):
+            members: Sequence[int] = [int(row[i]) for r in q.rows for i in r]
+            packed += flops(len(q.rows), q.seq, q.segments, members)
+            executed += cached(len(q.rows), q.seq, q.segments, None)
+            packed_rows += q.tokens
+            segments[q.seq] = max(segments.get(q.seq, 0), q.segments)
+    n = float(draws)
+    return {"real_tokens": real, "mean_length": real / batch, "buckets": buckets,
+            "padded": _side(padded, padded, real, batch * cap, peak_flops),
+            "bucketed": _side(bucketed / n, bucketed / n, real, bucket_rows / n, peak_flops),
+            "packed": _side(packed / n, executed / n, real, packed_rows / n, peak_flops)
+            | {"segments": dict(sorted(segments.items()))}}
+
+
+__all__ = ["FlopsFn", "step_estimate"]
