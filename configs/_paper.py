@@ -72,8 +72,10 @@ def paper_config(name: str, *, source: str = "envscaler", workdir: str,
         checkpoint=CheckpointSection(every_steps=10, keep=3, async_save=True),
         # length buckets (docs/length_buckets.md): on v5p-32 (16 batch shards, 2 rows each) an
         # LOPD step under the default length distribution needs 2.2x fewer model FLOPs than
-        # padding every row to 40,960; each bucket compiles for 1 or 2 rows per chip
-        lengths=LengthConfig(buckets=(8192, 16384, 24576, 32768)),
+        # padding every row to 40,960; each bucket compiles for 1 or 2 rows per chip. Packing
+        # puts whole trajectories back to back in rows of those lengths (docs/packing.md), so
+        # short episodes share a row instead of each padding one
+        lengths=LengthConfig(buckets=(8192, 16384, 24576, 32768), packing=True),
         seed=0,
         workdir=workdir,
     )

@@ -1,5 +1,6 @@
 """Every arm's training stage runs on the tiny config: one shared run context (model,
-sampler, bank) and one step per arm, in-process (the sampler compiles once)."""
+sampler, bank) and one step per arm, in-process (the sampler compiles once). The LOPD,
+GRPO and a text arm's stage with ``lengths.packing=true`` write the same step as padded."""
 
 import dataclasses
 import os
@@ -35,13 +36,20 @@ def _leaves(tree):
     return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
-@pytest.mark.parametrize("arm", ARMS)
-def test_arm_training_stage_runs(shared, arm):
+_RUNS: dict = {}  # (arm, packing) -> (state, record): the padded runs are shared with the packed comparison
+
+
+def _train(shared, arm: str, packing: bool = False):
+    """``arm``'s training stage (one step) on the shared context; ``(state, metrics record)``."""
     from train.arms import resolve_arm, training_stage
     from train.metrics import MetricsWriter, read_metrics
+    if (arm, packing) in _RUNS:
+        return _RUNS[arm, packing]
     root, cfg, ctx, bank, bank_path, composer0 = shared
-    wd = os.path.join(root, arm)
-    ctx.cfg = resolve_arm(dataclasses.replace(cfg, arm=arm, workdir=wd))
+    wd = os.path.join(root, arm + ("_packed" if packing else ""))
+    run_cfg = dataclasses.replace(cfg, arm=arm, workdir=wd,
+                                  lengths=dataclasses.replace(cfg.lengths, packing=packing))
+    ctx.cfg = resolve_arm(run_cfg)
     ctx.system.step_cfg = ctx.cfg.steps  # the frozen arm's steps.freeze_composer
     writer = MetricsWriter(wd, console=False)
     try:
@@ -49,8 +57,17 @@ def test_arm_training_stage_runs(shared, arm):
     finally:
         writer.close()
         ctx.system.step_cfg = cfg.steps
+        ctx.cfg = cfg
     assert not preempted and int(state["step"]) == 1
     (rec,) = read_metrics(os.path.join(wd, "metrics.jsonl"), "lopd")
+    _RUNS[arm, packing] = jax.device_get(state), rec
+    return _RUNS[arm, packing]
+
+
+@pytest.mark.parametrize("arm", ARMS)
+def test_arm_training_stage_runs(shared, arm):
+    ctx, composer0 = shared[2], shared[5]
+    state, rec = _train(shared, arm)
     assert rec["rollouts"] == 8 and np.isfinite(rec["loss"])
     theta0 = _leaves(ctx.system.initial_params()[0])
     moved = any(not np.array_equal(a, b) for a, b in zip(_leaves(state["student"]), theta0))
@@ -87,3 +104,31 @@ def test_bank_passes_offer_each_task_again_and_keep_the_first_pass(shared, tmp_p
     assert ids[:n] == [e.token_ids for e in bank.entries]
     assert [e.task_id for e in bank2.entries[n:]] == [e.task_id for e in bank.entries]
     assert ids[n:] != ids[:n]
+
+
+VOLATILE = ("time", "elapsed", "batch_seconds", "train_seconds", "rollout_seconds", "rollouts_per_minute")
+
+
+@pytest.mark.parametrize("arm", ["lopd", "grpo", "opsd"])
+def test_packed_training_stage_equals_padded(shared, arm):
+    """``lengths.packing=true`` through the stage (``RunContext.bucketed`` -> packed passes,
+    latent blocks per segment for LOPD, context blocks for OPSD, group advantages before
+    packing for GRPO): the same rollouts, the same step metrics and the same updated
+    student and composer as the padded stage, within fp32 summation order."""
+    from train.metrics import SHARE_KEYS
+    padded_state, padded = _train(shared, arm)
+    packed_state, packed = _train(shared, arm, packing=True)
+    # the length-aware LOPD step does not compute the composer's per-term gradient shares
+    assert set(packed) <= set(padded) and set(padded) - set(packed) <= set(SHARE_KEYS), set(padded) ^ set(packed)
+    for k, v in packed.items():
+        if k in VOLATILE:
+            continue
+        if isinstance(v, float):
+            # near-zero KL-type values (student == theta0) keep only fp32-rounding digits
+            assert v == pytest.approx(padded[k], rel=1e-3, abs=1e-6), (k, v, padded[k])
+        else:
+            assert v == padded[k], k
+    for name in ("student", "composer"):
+        for a, b in zip(_leaves(packed_state[name]), _leaves(padded_state[name])):
+            np.testing.assert_allclose(a.astype(np.float32), b.astype(np.float32), rtol=1e-3, atol=1e-6,
+                                       err_msg=name)

@@ -4,9 +4,10 @@ JAX's multi-controller runtime runs on CPUs (a local coordinator, gloo collectiv
 the code paths of a multi-host slice run here. One shortened tiny pipeline (warm-up,
 held-out eval, bank, cold start, 3 LOPD steps, eval, export) runs once as 1 process x 8
 devices and once as 2 processes x 4 devices, with the same seed (module fixtures shared
-by the tests). The two must give the same rollouts (ids, masks, rewards, row by row),
-the same bank, the same per-step metrics and final students equal within float
-tolerance (the gloo all-reduce sums in another order than the in-process one).
+by the tests), every training step in packed passes (``lengths.packing``) of two row
+lengths. The two must give the same rollouts (ids, masks, rewards, row by row), the same
+bank, the same per-step metrics and final students equal within float tolerance (the
+gloo all-reduce sums in another order than the in-process one).
 
 Then, from copies of those two runs cut back to an LOPD checkpoint: the 2-process run
 resumes on 1 process, and the 1-process run resumes on 2 processes through a
@@ -38,7 +39,8 @@ SHORT = ["stages.warmup_steps=2", "stages.warmup_batch=8", "stages.cold_start_st
          "env.kwargs.n_train_per_family=1", "env.kwargs.n_heldout_per_family=1", "bank.min_reward=0.0",
          "checkpoint.every_steps=1", "checkpoint.keep=3", "composer.max_experience_tokens=64",
          "rollout.max_env_steps=2", "rollout.max_turn_tokens=32", "rollout.log_rollouts=true",
-         "lengths.buckets=384"]  # tiny rows are ~300-480 tokens: passes at 384 and at the 512 cap, in every stage
+         # tiny rows are ~300-480 tokens: packed passes of rows of 384 and of the 512 cap, in every stage
+         "lengths.buckets=384", "lengths.packing=true"]
 VOLATILE = ("time", "elapsed", "batch_seconds", "train_seconds", "rollout_seconds", "rollouts_per_minute",
             "eval_seconds")
 TIMEOUT = 2400  # generous: a shared 2-core box; on an idle one a run takes a few minutes
