@@ -68,7 +68,7 @@ def main(argv=None):
     from models.config import LoraConfig, named_config
     from models.decoder import Decoder
     from train.bucketed_steps import BucketedLOPDStep, bucketed_batch
-    from train.packed_batches import packed_batch
+    from train.packed_batches import model_attention_length, packed_batch
     from train.steps import make_lopd_step
     from train.system import LOPDSystem
     from lopd_jax.settings.sections import StepConfig
@@ -96,7 +96,8 @@ def main(argv=None):
         np_batch = make_batch(lengths, args.cap, composer.n_ret, 64, mcfg.vocab_size, args.seed + i)
         batch = {k: jnp.asarray(v) for k, v in np_batch.items()}
         bb = bucketed_batch(np_batch, buckets, args.rows * args.cap, 1).put(system)
-        pb = packed_batch(np_batch, buckets, args.rows * args.cap, 1, layout).put(system)
+        pb = packed_batch(np_batch, buckets, args.rows * args.cap, 1, layout,
+                          model_attention_length(system.model_cfg)).put(system)
         real_tokens += int(lengths.sum())
         print(f"batch {i}: lengths {sorted(lengths.tolist(), reverse=True)} (mean {lengths.mean():.0f}); "
               f"bucketed passes (seq, rows) {[(p.seq, len(p.rows)) for p in bb.plan]}, row tokens "

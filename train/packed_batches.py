@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from lopd_jax.method.splice import SpliceLayout
-from lopd_jax.settings.pack_plan import PackedPass, plan_packed_passes
+from lopd_jax.settings.pack_plan import PackedPass, attention_length, plan_packed_passes
 from train.bucketed_steps import SEQ_KEYS, BucketedBatch, batch_stats, row_lengths
 
 
@@ -101,17 +101,24 @@ def _pack_pass(batch: dict, p: PackedPass, lengths: np.ndarray, splice: SpliceLa
     return mb
 
 
+def model_attention_length(cfg) -> float:
+    """:func:`lopd_jax.settings.pack_plan.attention_length` of a model config."""
+    return attention_length(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+
+
 def packed_batch(batch: dict, buckets: Sequence[int], shard_tokens: int, shards: int,
-                 splice: SpliceLayout | None = None) -> BucketedBatch:
+                 splice: SpliceLayout | None = None, attention_length: float = float("inf")) -> BucketedBatch:
     """A whole step batch (numpy, every row, right-padded) as packed passes
     (:func:`lopd_jax.settings.pack_plan.plan_packed_passes`): rows of ``buckets`` lengths,
-    ``shard_tokens`` tokens per batch shard and pass, ``shards`` batch shards. ``splice``:
+    ``shard_tokens`` tokens per batch shard and pass, ``shards`` batch shards,
+    ``attention_length`` the model's (:func:`model_attention_length`; the plan weighs
+    whole-row attention by it). ``splice``:
     the latent splice's layout when the step's teacher reads latents (LOPD, cold start);
     batches with ``ctx_ids`` / ``ctx_len`` (the text arms) get their context blocks."""
     lengths = row_lengths(batch)
-    plan = plan_packed_passes(lengths, buckets, shard_tokens, shards)
+    plan = plan_packed_passes(lengths, buckets, shard_tokens, shards, attention_length)
     passes = [_pack_pass(batch, p, lengths, splice) for p in plan]
     return BucketedBatch(passes, plan, len(lengths), batch_stats(batch))
 
 
-__all__ = ["packed_batch"]
+__all__ = ["model_attention_length", "packed_batch"]

@@ -25,7 +25,7 @@ from models import from_pretrained
 from models.decoder import Decoder
 from train import distributed, mesh as mesh_lib
 from train.bucketed_steps import bucketed_batch, grpo_bucketed_batch, with_group_advantages
-from train.packed_batches import packed_batch
+from train.packed_batches import model_attention_length, packed_batch
 from lopd_jax.rollout.engine import Engine
 from lopd_jax.rollout.episodes import rollout
 from train.step_spec import splice_layout, step_spec
@@ -221,7 +221,8 @@ class RunContext:
             if group_size is not None:
                 batch = with_group_advantages(batch, group_size)
             splice = self.system.layout if "exp_tokens" in batch else None  # LOPD and cold start: latents
-            return packed_batch(batch, self.length_buckets(), per_shard, shards, splice)
+            return packed_batch(batch, self.length_buckets(), per_shard, shards, splice,
+                                model_attention_length(self.system.model_cfg))
         args = (self.length_buckets(), per_shard, shards, self.cfg.lengths.fill)
         if group_size is not None:
             return grpo_bucketed_batch(batch, group_size, *args)

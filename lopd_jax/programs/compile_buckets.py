@@ -22,6 +22,7 @@ import jax.numpy as jnp
 
 from lopd_jax.settings.arm_config import GROUP_ARMS
 from lopd_jax.settings.length_estimate import step_estimate
+from train.packed_batches import model_attention_length
 from lopd_jax.settings.length_model import rows_per_pass
 from train.bucketed_steps import (SEQ_KEYS, BucketedBatch, BucketedColdStartStep, BucketedGRPOStep, BucketedLOPDStep,
                                   BucketedTextStep)
@@ -174,7 +175,8 @@ def length_report(cfg, spec, system, gen: str, chips: int, flops_fn, compile_pas
                                                                     "turn_median", "turn_sigma", "first_turn_median",
                                                                     "obs_median", "obs_sigma")}}
     peak = PEAK_FLOPS.get(gen)
-    est = step_estimate(lengths, flops_fn, rows, spec.seq, shards, per_shard_tokens, (peak or 1.0) * chips)
+    est = step_estimate(lengths, flops_fn, rows, spec.seq, shards, per_shard_tokens, (peak or 1.0) * chips,
+                        attention_length=model_attention_length(system.model_cfg))
     if peak is None:
         for side in ("padded", "bucketed", "packed"):
             est[side].pop("seconds")

@@ -28,7 +28,8 @@ def _side(flops: float, executed: float, real: float, row_tokens: float, peak_fl
 
 
 def step_estimate(cfg: LengthConfig, flops: FlopsFn, batch: int, cap: int, shards: int, shard_tokens: int,
-                  peak_flops: float, draws: int = 200, seed: int = 0) -> dict:
+                  peak_flops: float, draws: int = 200, seed: int = 0,
+                  attention_length: float = float("inf")) -> dict:
     """Expected FLOPs and time at 100% of ``peak_flops`` (the slice's, per second) of one step
     on batches of ``batch`` episodes drawn from ``cfg``'s distribution: ``padded`` (every
     row at ``cap``), ``bucketed`` (passes of ``cfg.bucket_lengths(cap)``) and ``packed``
@@ -64,7 +65,7 @@ def step_estimate(cfg: LengthConfig, flops: FlopsFn, batch: int, cap: int, shard
         for p in plan_passes(row, buckets, shard_tokens, shards, cfg.fill):
             bucketed += cached(len(p.rows), p.seq)
             bucket_rows += len(p.rows) * p.seq
-        for q in plan_packed_passes(row, buckets, shard_tokens, shards):
+        for q in plan_packed_passes(row, buckets, shard_tokens, shards, attention_length):
             members: Sequence[int] = [int(row[i]) for r in q.rows for i in r]
             packed += flops(len(q.rows), q.seq, q.segments, members)
             executed += cached(len(q.rows), q.seq, q.segments, None)

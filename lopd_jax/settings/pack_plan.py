@@ -80,6 +80,22 @@ def _candidates(items, lengths, buckets, shard_tokens: int, shards: int):
             r *= 2
 
 
+def row_cost(seq: int, attention_length: float) -> float:
+    """The work of one row of ``seq`` tokens in token units: its tokens, plus causal
+    attention over the whole row (``seq / 2`` keys per query on average) weighed by
+    ``attention_length``, the context length at which a token's attention costs as much as
+    its matmuls (:func:`attention_length`); ``inf``: tokens only."""
+    return seq * (1.0 + seq / (2.0 * attention_length))
+
+
+def attention_length(hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int) -> float:
+    """The context length at which a token's causal attention (QK^T and PV: 4 heads x
+    head_dim FLOPs per key) costs as much as its layer matmuls (q, k, v, o and the MLP:
+    2 FLOPs per weight): about 23,500 tokens for Qwen3-8B, 288 for the tiny test models."""
+    weights = hidden * head_dim * (2 * heads + 2 * kv_heads) + 3 * hidden * intermediate
+    return 2.0 * weights / (4.0 * heads * head_dim)
+
+
 def _greedy(items, lengths, buckets, shard_tokens, shards) -> list[PackedPass]:
     """Passes for ``items``: each at the bucket of the longest item left, with the fewest
     power-of-two rows per shard whose tokens hold the items left (at most what fits)."""
@@ -100,7 +116,7 @@ def _pass(seq: int, rows) -> PackedPass:
 
 
 def plan_packed_passes(lengths: Sequence[int], buckets: Sequence[int], shard_tokens: int,
-                       shards: int) -> list[PackedPass]:
+                       shards: int, attention_length: float = float("inf")) -> list[PackedPass]:
     """The packed passes of a batch whose trajectory ``i`` needs ``lengths[i]`` tokens.
 
     Trajectories go longest first. Each pass packs them worst-fit into rows of one bucket
@@ -109,7 +125,9 @@ def plan_packed_passes(lengths: Sequence[int], buckets: Sequence[int], shard_tok
     number of rows and about the same tokens. A pass's shape -- a bucket holding the
     longest trajectory left, a power-of-two number of rows per shard within
     ``shard_tokens`` -- is the one whose whole plan (this pass, then the greedy rule for
-    the rest) processes the fewest row tokens; ties go to fewer, shorter rows.
+    the rest) costs least (:func:`row_cost`: row tokens, plus whole-row attention when
+    ``attention_length`` is finite, since the kernels compute every causal block of a row,
+    masked or not); ties go to fewer, shorter rows.
     """
     buckets = tuple(buckets)
     lengths = [int(x) for x in lengths]
@@ -126,7 +144,9 @@ def plan_packed_passes(lengths: Sequence[int], buckets: Sequence[int], shard_tok
             if len(left) == len(items):
                 continue
             rest = _greedy(left, lengths, buckets, shard_tokens, shards)
-            cost = (seq * n_rows + sum(p.tokens for p in rest), n_rows, seq)
+            work = n_rows * row_cost(seq, attention_length) + sum(
+                len(p.rows) * row_cost(p.seq, attention_length) for p in rest)
+            cost = (work, n_rows, seq)
             if best is None or cost < best[0]:
                 best = (cost, _pass(seq, rows), left)
         _, chosen, items = best
@@ -140,4 +160,4 @@ def packed_real_fraction(passes: Sequence[PackedPass], lengths: Sequence[int]) -
     return real / max(1, sum(p.tokens for p in passes))
 
 
-__all__ = ["PackedPass", "plan_packed_passes", "packed_real_fraction"]
+__all__ = ["PackedPass", "attention_length", "plan_packed_passes", "packed_real_fraction", "row_cost"]
