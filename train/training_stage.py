@@ -5,8 +5,9 @@ each step's data flows forward, the rollouts of the current student -> the step 
 one jitted update -> the step's record (:func:`training_step_record`: rollout statistics,
 ``rollouts_per_minute``, policy versions and staleness, the periodic held-out evaluation).
 With ``rollout.mode=async`` the rollouts come from a background thread
-(:class:`train.async_rollouts.RolloutPipeline`), up to ``rollout.max_staleness`` steps ahead. :class:`LOPDStage` is the LOPD
-stage (docs/method.md, "One LOPD step"); the other arms' stage is :class:`train.arms.PolicyStage`.
+(:class:`train.async_rollouts.RolloutPipeline`), up to ``rollout.max_staleness`` steps
+ahead. :class:`LOPDStage` is the LOPD stage (docs/method.md, "One LOPD step"); the other
+arms' stage is :class:`train.arms.PolicyStage`.
 :func:`log_rollouts` appends a step's rollouts to ``<workdir>/rollouts.jsonl``
 (``rollout.log_rollouts``).
 """
@@ -109,7 +110,7 @@ class TrainingStage:
         self.mode, self.max_staleness = ctx.cfg.rollout.mode, ctx.cfg.rollout.max_staleness
         check_async_supported(self.mode)
         self.pipeline: RolloutPipeline | None = None  # async: started by the first batch()
-        self.version = 0  # async: the student's update count (the version the next update makes + 1)
+        self.version = 0  # async: the current student's version (its update count)
 
     # ----- what subclasses give -----
     def rollout(self, s: int, tasks: list, params) -> tuple[list, dict]:
