@@ -87,13 +87,14 @@ def _abstract_pass(cfg, spec, kind: str, rows: int, seq: int) -> dict:
     seq_keys = {k: b[k] for k in ("tokens", "attention_mask", "loss_mask")}
     if kind == "warmup":
         b = seq_keys
-    elif kind == "cold_start":
+    elif kind == "cold_start":  # the cold start trains on successes: no rewards, no behaviour log-probs
         b.pop("rewards")
+        b.pop("old_logp", None)
     elif kind == "grpo":
         b = seq_keys | {"rewards": b["rewards"], "old_logp": sds((rows, seq), jnp.float32),
                         "advantages": sds((rows,), jnp.float32)}
     elif kind == "text":
-        b = seq_keys | {"insert_at": b["insert_at"], "rewards": b["rewards"],
+        b = seq_keys | {"insert_at": b["insert_at"], "rewards": b["rewards"], "old_logp": sds((rows, seq), jnp.float32),
                         "ctx_ids": sds((rows, cfg.arms.context_tokens), jnp.int32), "ctx_len": sds((rows,), jnp.int32),
                         "row_weight": sds((rows,), jnp.float32)}
     return b | {"row_valid": sds((rows,), jnp.float32), "row_index": sds((rows,), jnp.int32)}
