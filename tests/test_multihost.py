@@ -48,7 +48,7 @@ TIMEOUT = 2400  # generous: a shared 2-core box; on an idle one a run takes a fe
 
 def _env(devices: int, cache: str) -> dict:
     env = dict(os.environ, JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false", JAX_COMPILATION_CACHE_DIR=cache,
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", LOPD_HEARTBEAT_SECONDS="30",
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", LOPD_HEARTBEAT_SECONDS="45",
                # the checkout and tests/ (the rollout worker imports test_rollout's scripted model)
                PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]))
     flags = [f for f in env.get("XLA_FLAGS", "").split() if "force_host_platform_device_count" not in f]
