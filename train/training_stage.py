@@ -266,11 +266,11 @@ class LOPDStage(TrainingStage):
     def record(self, s: int, metrics: dict) -> dict:
         """The shared record plus what the teacher of step ``s`` depends on besides the
         samples' ``policy_version``: ``composer_version`` (the composer's updates before
-        the step: 0 with ``steps.freeze_composer``, else ``s``), ``bank_entries`` and
-        ``bank_path`` (the bank is frozen during the stage)."""
+        the step: 0 with ``steps.freeze_composer``, else ``s``) and ``bank_entries`` (the
+        bank is frozen during the stage; its path is in every checkpoint's metadata)."""
         out = super().record(s, metrics)
         out["composer_version"] = 0 if self.ctx.cfg.steps.freeze_composer else s
-        out["bank_entries"], out["bank_path"] = len(self.bank), self.bank_path
+        out["bank_entries"] = len(self.bank)
         return out
 
     def make_batch(self, s: int, trajs):
