@@ -43,13 +43,13 @@ def step_times(cfg, topology: str, mfu: float, env_steps: int) -> tuple[RLStepTi
         raise ValueError(f"--rl_step needs a TPU topology with known peak FLOPs and bandwidth (got {gen!r})")
     chips = len(devices)
     processes = len({d.process_index for d in devices})
-    mcfg, ccfg = spec.model, spec.composer
+    mcfg = spec.model
     tensor = cfg.engine.tensor or default_tensor(mcfg, chips // processes)
     system = cc.build_system(spec, layout, devices)
-    flops = lambda rows, seq: cc.step_flops("lopd", mcfg, ccfg, rows, seq, spec.exp_len,  # noqa: E731
-                                            system.layout.length, cfg.arms.context_tokens)
+    flops = cc.step_flops_fn("lopd", cfg, spec, system)
     est = length_report(cfg, spec, system, gen, chips, flops, compile_passes=False, kind="lopd")["estimate"]
-    at_peak = est["bucketed" if cfg.lengths.enabled else "padded"]["seconds"]
+    side = "packed" if cfg.lengths.packing else "bucketed" if cfg.lengths.enabled else "padded"
+    at_peak = est[side]["seconds"]
     bw = HBM_BANDWIDTH[gen]
     weights = 2 * mcfg.num_params() / tensor  # the bf16 weight shard each decode step reads
     kv_token = 2 * mcfg.num_layers * mcfg.num_kv_heads * mcfg.head_dim * 2 / min(tensor, mcfg.num_kv_heads)
