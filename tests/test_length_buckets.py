@@ -186,14 +186,20 @@ def test_bucketed_lopd_sharded_equals_padded(lopd):
 # ----------------------------------------------------------------------------- GRPO
 
 
-def test_bucketed_grpo_equals_padded():
-    """Groups split over passes: advantages over whole groups, token mean over the batch."""
-    system = LOPDSystem.create(_backbone(), COMPOSER, LAYOUT, StepConfig(loss=LossConfig(logits_chunk=8, top_m=5)))
-    state, frozen = system.init_state()
+def grpo_batch():
+    """A GRPO batch: :func:`_batch`'s rows with sampler log-probs ``old_logp``."""
     np_batch = {k: v for k, v in _batch(2).items() if k in ("tokens", "attention_mask", "loss_mask", "rewards")}
     rng = np.random.RandomState(4)
     np_batch["old_logp"] = np.where(np_batch["attention_mask"], -3.0 + 0.5 * rng.standard_normal((B, S)),
                                     0.0).astype(np.float32)
+    return np_batch
+
+
+def test_bucketed_grpo_equals_padded():
+    """Groups split over passes: advantages over whole groups, token mean over the batch."""
+    system = LOPDSystem.create(_backbone(), COMPOSER, LAYOUT, StepConfig(loss=LossConfig(logits_chunk=8, top_m=5)))
+    state, frozen = system.init_state()
+    np_batch = grpo_batch()
     batch = {k: jnp.asarray(v) for k, v in np_batch.items()}
     bb = grpo_bucketed_batch(np_batch, G, BUCKETS, SHARD_TOKENS, 1)
     groups = [{r // G for r in p.rows if r >= 0} for p in bb.plan]

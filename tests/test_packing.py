@@ -11,7 +11,7 @@ import pytest
 from lopd_jax.settings.length_model import LengthConfig, sample_lengths
 from lopd_jax.settings.pack_plan import packed_real_fraction, plan_packed_passes
 from test_length_buckets import (B, COMPOSER, LAYOUT, LENGTHS, S, _backbone, _batch, _check_lopd, _close_trees,
-                                 lopd)  # noqa: F401  (lopd: the padded LOPD step's fixture)
+                                 grpo_batch, lopd)  # noqa: F401  (lopd: the padded LOPD step's fixture)
 from test_length_buckets_text import C, EMA_DECAY, _check_metrics
 from test_length_buckets_warmup import _opt_state, _pass_sums, _sft_batch
 from train import mesh as mesh_lib
@@ -113,10 +113,7 @@ def system():
 
 def test_packed_grpo_equals_padded(system):
     state, frozen = system.init_state()
-    np_batch = {k: v for k, v in _batch(2).items() if k in ("tokens", "attention_mask", "loss_mask", "rewards")}
-    rng = np.random.RandomState(4)
-    np_batch["old_logp"] = np.where(np_batch["attention_mask"], -3.0 + 0.5 * rng.standard_normal((B, S)),
-                                    0.0).astype(np.float32)
+    np_batch = grpo_batch()
     batch = {k: jnp.asarray(v) for k, v in np_batch.items()}
     (_, want_m), want_g = jax.jit(jax.value_and_grad(
         lambda sp: grpo_loss(system, sp, state, frozen, batch, 4), has_aux=True))(state["student"])

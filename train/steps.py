@@ -65,7 +65,7 @@ def lopd_loss(system: LOPDSystem, student_p, composer_p, state, frozen, batch, r
     """
     frozen = sg(frozen)
     packed = is_packed(batch)
-    rows = segment_rows if packed else (lambda x: x)
+    _, rows = per_trajectory(batch)
     exp_tokens, exp_mask = rows(batch["exp_tokens"]), rows(batch["exp_mask"])
     latents = system.latents(frozen, composer_p, exp_tokens, exp_mask, rng)
     latents0 = sg(system.latents(frozen, sg(state["composer0"]), exp_tokens, exp_mask))
@@ -298,7 +298,7 @@ def cold_start_loss(system: LOPDSystem, composer_p, frozen, batch, rng, total_to
     length-bucketed pass of it (:mod:`train.bucketed_steps`): ``nll`` is then that pass's
     share of the whole batch's token mean."""
     frozen = sg(frozen)
-    rows = segment_rows if is_packed(batch) else (lambda x: x)
+    _, rows = per_trajectory(batch)
     exp_tokens, exp_mask = rows(batch["exp_tokens"]), rows(batch["exp_mask"])
     latents = system.latents(frozen, composer_p, exp_tokens, exp_mask, rng)
     teacher = system.backbone(frozen, sg(composer_p["lora"]))
