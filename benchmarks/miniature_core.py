@@ -8,8 +8,9 @@ the paper's seeds all start from one checkpoint; then each arm x seed resumes a 
 ``W/runs/ARM_sSEED`` (training stage, evaluation after, export; finished runs are skipped).
 ``W/results.json`` holds one record per run; the table (mean +- sample SD over seeds) is printed
 with :mod:`benchmarks.rank_arms`'s contrasts and ranking. Arms: ``lopd``, ``grpo``,
-``lopd_frozen_composer``, ``m0`` (``steps.margin=0``), any other ``TrainConfig.arm``.
-Details: ``docs/miniature.md``.
+``lopd_frozen_composer``, ``m0`` (``steps.margin=0``), any other ``TrainConfig.arm``, and
+``ARM_asyncK`` (ARM with ``rollout.mode=async rollout.max_staleness=K``). Details:
+``docs/miniature.md``.
 """
 
 from __future__ import annotations
@@ -32,10 +33,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARM_OVERRIDES = {"lopd": [], "m0": ["steps.margin=0"]}
 TRAINING_STAGES = ("lopd", "eval_after", "export")
 WALL_FILE = "wall.json"
+ASYNC_ARM = rank_arms.ASYNC_ARM
+
+
+def async_grid(k: str) -> tuple[tuple[str, str], ...]:
+    """The overrides (key, value) of asynchronous rollouts at staleness ``k``."""
+    return (("rollout.mode", "async"), ("rollout.max_staleness", str(k)))
 
 
 def arm_overrides(arm: str) -> list[str]:
-    """Config overrides of an arm name."""
+    """Config overrides of an arm name (``ARM_asyncK``: ARM's, then async rollouts at staleness K)."""
+    m = ASYNC_ARM.match(arm)
+    if m:
+        return [*arm_overrides(m["arm"]), *[f"{k}={v}" for k, v in async_grid(m["k"])]]
     return ARM_OVERRIDES.get(arm, [f"arm={arm}"])
 
 
@@ -134,12 +144,14 @@ def sweep_report(W: str, arms: list[str], seeds: list[int]) -> list[str]:
             src = os.path.join(W, "runs", f"{arm}_s{seed}")
             if not _ledger(src).get("eval_after", {}).get("done"):
                 continue
-            if arm == "m0":
-                spec = RunSpec("lopd", seed, (("steps.margin", "0"),), ())
-            elif arm == "lopd" and "m0" in arms:  # named by its margin, so the report draws fig3_margin (m = 0 vs m)
+            m = ASYNC_ARM.match(arm)
+            base, grid = (m["arm"], async_grid(m["k"])) if m else (arm, ())
+            if base == "m0":
+                spec = RunSpec("lopd", seed, (("steps.margin", "0"), *grid), ())
+            elif base == "lopd" and "m0" in arms and not grid:  # named by its margin: the report draws fig3_margin
                 spec = RunSpec("lopd", seed, (("steps.margin", str(margin)),), ())
             else:
-                spec = RunSpec(arm, seed, (), ())
+                spec = RunSpec(base, seed, grid, ())
             dst = spec.workdir(R)
             if not os.path.exists(dst):
                 os.makedirs(os.path.dirname(dst), exist_ok=True)

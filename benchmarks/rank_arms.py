@@ -8,7 +8,9 @@
 missing ones are listed. The pre-registered contrasts (LOPD against the frozen composer,
 m = 0, GRPO and OPSD) are paired hierarchical bootstraps over seeds and held-out tasks
 clustered by their cluster keys (customer for the hub family), Holm-corrected over the
-family; the ranking states only what a corrected interval separates. The metric is the
+family; the ranking states only what a corrected interval separates. Each asynchronous
+arm ``ARM_asyncK`` with ``ARM`` beside it adds a second family, ``ARM_asyncK - ARM`` (what
+staleness K costs), corrected on its own. The metric is the
 greedy held-out reward; the student's teacher-forced probability of the oracle tool-call
 argument is listed as not recorded until the runs keep it (docs/statistics.md).
 """
@@ -31,17 +33,27 @@ PRIMARY = "oracle_arg_prob"  # per-task key the primary metric would have in the
 SECONDARY = "reward"
 _MINIATURE = re.compile(r"^(?P<arm>.+)_s(?P<seed>\d+)$")
 _SWEEP_SEED = re.compile(r"^seed(?P<seed>\d+)$")
+ASYNC_ARM = re.compile(r"^(?P<arm>.+)_async(?P<k>\d+)$")
 
 
 def arm_of(sweep_name: str) -> str:
     """The arm a :mod:`lopd_jax.sweep` run name stands for: ``m0`` for LOPD at margin 0, the
     plain arm for LOPD at another margin, else the name itself."""
     arm, *grid = sweep_name.split("__")
+    if "rollout.mode=async" in grid:  # ARM_asyncK, K the run's rollout.max_staleness (default 1)
+        ks = [g.split("=", 1)[1] for g in grid if g.startswith("rollout.max_staleness=")]
+        rest = [g for g in grid if g != "rollout.mode=async" and not g.startswith("rollout.max_staleness=")]
+        return f"{arm_of('__'.join([arm, *rest]))}_async{ks[0] if ks else 1}"
     if arm == "lopd" and grid == ["steps.margin=0"]:
         return "m0"
     if arm == "lopd" and len(grid) == 1 and grid[0].startswith("steps.margin="):
         return "lopd"
     return sweep_name
+
+
+def staleness_pairs(arms) -> list[tuple[str, str]]:
+    """``(ARM_asyncK, ARM)`` for every asynchronous arm whose synchronous arm is present."""
+    return [(a, m["arm"]) for a in sorted(arms) if (m := ASYNC_ARM.match(a)) and m["arm"] in arms]
 
 
 def find_runs(workdir: str) -> dict[str, dict[int, str]]:
@@ -90,10 +102,12 @@ def report(workdir: str, stage: str = "eval_after", resamples: int = RESAMPLES) 
                 missing.append(f"{arm}: no finished run (needed by {a} − {b})")
     means = {arm: [sum(r[SECONDARY]) / len(r[SECONDARY]) for r in runs] for arm, runs in arms.items()}
     has_primary = bool(arms) and all(PRIMARY in r for runs in arms.values() for r in runs)
-    rows = contrast_family(arms, CONTRASTS, key=PRIMARY if has_primary else SECONDARY, resamples=resamples)
-    return {"workdir": workdir, "stage": stage, "metric": PRIMARY if has_primary else SECONDARY,
+    key = PRIMARY if has_primary else SECONDARY
+    rows = contrast_family(arms, CONTRASTS, key=key, resamples=resamples)
+    stale = contrast_family(arms, staleness_pairs(arms), key=key, resamples=resamples)
+    return {"workdir": workdir, "stage": stage, "metric": key,
             "primary_recorded": has_primary, "means": means, "missing": sorted(set(missing)),
-            "contrasts": rows, "ranking": ranking(rows),
+            "contrasts": rows, "ranking": ranking(rows), "staleness": stale, "staleness_ranking": ranking(stale),
             "clusters": cluster_name(next(iter(arms.values()))) if arms else None}
 
 
@@ -112,6 +126,11 @@ def format_report(r: dict[str, Any]) -> str:
                   f"{r['clusters']}; p two-sided, Holm-corrected over the {len(CONTRASTS)} contrasts",
               format_contrasts(r["contrasts"], r["metric"]), "", "ranking (only where a corrected interval excludes 0):"]
     lines += [f"  {x}" for x in r["ranking"]] or ["  nothing to rank"]
+    if r.get("staleness"):
+        lines += ["", f"what staleness costs (ARM_asyncK - ARM, the same seeds and prefix): 95% paired bootstrap, "
+                      f"Holm-corrected over these {len(r['staleness'])} contrasts",
+                  format_contrasts(r["staleness"], r["metric"]), ""]
+        lines += [f"  {x}" for x in r["staleness_ranking"]]
     if r["missing"]:
         lines += ["", "missing:"] + [f"  {m}" for m in r["missing"]]
     return "\n".join(lines)

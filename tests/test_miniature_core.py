@@ -9,7 +9,7 @@ import pytest
 from benchmarks import miniature_core
 
 
-@pytest.mark.parametrize("arm", ["lopd", "lopd_frozen_composer", "grpo", "m0"])
+@pytest.mark.parametrize("arm", ["lopd", "lopd_frozen_composer", "grpo", "m0", "grpo_async2"])
 def test_fork_saves_a_config_the_training_cli_resumes(tmp_path, arm):
     from lopd_jax.settings.run_config import check_resume, load_run_config, save_run_config
     from lopd_jax.programs.train import resolve_config
@@ -28,6 +28,9 @@ def test_fork_saves_a_config_the_training_cli_resumes(tmp_path, arm):
     assert [json.loads(line)["stage"] for line in open(os.path.join(run_dir, "metrics.jsonl"))] == ["warmup"]
     # what `python -m lopd_jax.train --config=tiny --workdir=run_dir ARM seed=1` checks on resume
     check_resume(load_run_config(run_dir), resolve_config(["--config=tiny", f"--workdir={run_dir}", *overrides]))
+    if arm.endswith("_async2"):
+        cfg = load_run_config(run_dir)
+        assert (cfg.arm, cfg.rollout.mode, cfg.rollout.max_staleness) == ("grpo", "async", 2)
 
 
 def test_report_of_finished_runs_only(tmp_path):

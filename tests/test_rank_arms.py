@@ -55,3 +55,29 @@ def test_rank_arms_reads_the_sweep_layout(tmp_path):
     runs = rank_arms.find_runs(str(tmp_path))
     assert sorted(runs) == ["grpo", "lopd", "m0"] and sorted(runs["m0"]) == [0, 1]
     assert rank_arms.main(["--workdir", str(tmp_path / "nowhere")]) == 2
+
+
+def test_staleness_contrasts_pair_each_async_arm_with_its_sync_arm(tmp_path, capsys):
+    """``ARM_asyncK`` runs form a second family against ``ARM`` (what staleness costs): a
+    clear loss is ranked, an equal arm is not, and an async arm without its sync arm is left out."""
+    rng = np.random.default_rng(2)
+    W = tmp_path / "mini"
+    p = {"lopd": 0.8, "lopd_async1": 0.8, "lopd_async2": 0.1, "grpo_async1": 0.5}
+    for arm, prob in p.items():
+        for seed in range(3):
+            _write_run(str(W / "runs" / f"{arm}_s{seed}"), rng.random(64) < prob)
+    r = rank_arms.report(str(W), resamples=2000)
+    rows = {(c["a"], c["b"]): c for c in r["staleness"]}
+    assert sorted(rows) == [("lopd_async1", "lopd"), ("lopd_async2", "lopd")]
+    assert rows[("lopd_async2", "lopd")]["significant"] and rows[("lopd_async2", "lopd")]["estimate"] < 0
+    assert not rows[("lopd_async1", "lopd")]["significant"]
+    assert rank_arms.main(["--workdir", str(W), "--resamples", "500"]) == 0
+    out = capsys.readouterr().out
+    assert "what staleness costs" in out and "lopd > lopd_async2" in out and "lopd_async1 vs lopd: not ranked" in out
+
+
+def test_sweep_names_of_async_runs():
+    assert rank_arms.arm_of("lopd__rollout.mode=async__rollout.max_staleness=2") == "lopd_async2"
+    assert rank_arms.arm_of("grpo__rollout.mode=async") == "grpo_async1"
+    assert rank_arms.arm_of("lopd__steps.margin=0__rollout.mode=async__rollout.max_staleness=1") == "m0_async1"
+    assert rank_arms.arm_of("lopd__rollout.mode=sync") == "lopd__rollout.mode=sync"
