@@ -65,7 +65,7 @@ demo: $(VENV)/.runtime
 # tests/test_docs_commands.py also builds .venv-docs (runtime install only) for the documented commands
 test: test-deps
 	@$(BIN)/python -c "import jax, flax, transformers, torch; print('jax', jax.__version__, 'flax', flax.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__)"
-	@rc=0; $(BIN)/python -m pytest -q -n 2 --dist loadfile tests || rc=$$?; \
+	@rc=0; $(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=30 tests || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
 clean:

@@ -98,6 +98,7 @@ def record(run_dir: str, arm: str, seed: int, overrides: list[str], wall: float 
     return {"arm": arm, "seed": seed, "overrides": overrides, "rollouts": rollouts,
             "reward_before": b["reward_mean"], "reward_after": a["reward_mean"],
             "success_before": b["success_rate"], "success_after": a["success_rate"],
+            "arg_prob_before": b.get("oracle_arg_prob"), "arg_prob_after": a.get("oracle_arg_prob"),
             "no_tool_baseline": b.get("no_tool_baseline"), "train_stage_seconds": led["lopd"].get("seconds"),
             "wall_seconds": wall, "rollouts_per_minute": 60.0 * rollouts / max(led["lopd"].get("seconds") or 1e-9, 1e-9),
             "rollout_only_per_minute": 60.0 * rollouts / max(roll_s, 1e-9),
@@ -106,17 +107,19 @@ def record(run_dir: str, arm: str, seed: int, overrides: list[str], wall: float 
 
 
 def table(records: list[dict]) -> str:
-    """Markdown table: mean +- sample SD (ddof=1; nan with one seed) over seeds per arm; seconds are means (``s / step``: the
+    """Markdown table: mean +- sample SD (ddof=1; nan with one seed) over seeds per arm
+    (``oracle_arg_prob``: :mod:`train.oracle_scores`, '-' where a run lacks it); seconds are means (``s / step``: the
     training stage's seconds over its steps, rollouts included; ``run wall s``: the whole
     training process of the run, evaluation after and export included)."""
-    lines = ["| arm | seeds | rollouts | held-out reward before | after | success before | after | "
-             "train stage s | s / step | run wall s | rollouts/min |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| arm | seeds | rollouts | held-out reward before | after | success before | after | oracle_arg_prob after | "
+             "train stage s | s / step | run wall s | rollouts/min |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     arms = list(dict.fromkeys(r["arm"] for r in records))
     for arm in arms:
         rs = [r for r in records if r["arm"] == arm]
         ms = lambda k: f"{np.mean([r[k] for r in rs]):.4f} ± {sample_sd([r[k] for r in rs]):.4f}"  # noqa: E731
         lines.append(f"| {arm} | {len(rs)} | {rs[0]['rollouts']} | {ms('reward_before')} | {ms('reward_after')} | "
                      f"{ms('success_before')} | {ms('success_after')} | "
+                     f"{ms('arg_prob_after') if all(r.get('arg_prob_after') is not None for r in rs) else '-'} | "
                      f"{np.mean([r['train_stage_seconds'] for r in rs]):.0f} | "
                      f"{np.mean([r['train_stage_seconds'] / max(len(r['train_reward_curve']), 1) for r in rs]):.0f} | "
                      f"{_mean_or_dash([r['wall_seconds'] for r in rs])} | "

@@ -144,7 +144,10 @@ def assert_same_rollouts(r1: dict, r2: dict) -> None:
 def assert_metrics_close(a: dict, b: dict, keys=None, rtol=1e-3, atol=1e-5, loose=("anchor", "composer_grad_norm",
                                                                                     "loss")):
     """Equal per-step metrics; composer-side values within 5% (Adam's normalised update of
-    near-zero composer gradients amplifies the all-reduce's last-bit differences)."""
+    near-zero composer gradients amplifies the all-reduce's last-bit differences); the
+    composer gradient shares (fractions summing to 1) within 1e-3 absolute: the anchor's
+    gradient near phi = phi0 is float noise, so its share of ~3e-4 differs by ~15% between
+    reduction orders."""
     keys = sorted(a) if keys is None else keys
     for k in keys:
         assert k in b, k
@@ -152,7 +155,8 @@ def assert_metrics_close(a: dict, b: dict, keys=None, rtol=1e-3, atol=1e-5, loos
             w = b[k].get(name)
             if isinstance(v, float):
                 tol = 5e-2 if name in loose else rtol
-                assert w == pytest.approx(v, rel=tol, abs=atol), (k, name, v, w)
+                tol_abs = 1e-3 if name.startswith("composer_grad_share_") else atol
+                assert w == pytest.approx(v, rel=tol, abs=tol_abs), (k, name, v, w)
             else:
                 assert w == v, (k, name, v, w)
 

@@ -4,11 +4,12 @@ import json
 import os
 
 import numpy as np
+import pytest
 
 from benchmarks import rank_arms
 
 
-def _write_run(path, rewards, done=True):
+def _write_run(path, rewards, done=True, arg_probs=None):
     os.makedirs(path)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump({}, f)
@@ -16,6 +17,8 @@ def _write_run(path, rewards, done=True):
     per_task = {"task_id": [f"dispatch.ship/heldout/{i:04d}" for i in range(n)],
                 "cluster": [f"dispatch.ship:customer=c{i % 8}" for i in range(n)],
                 "reward": [float(r) for r in rewards]}
+    if arg_probs is not None:
+        per_task["oracle_arg_prob"] = [float(p) for p in arg_probs]
     ledger = {"eval_before": {"done": True, "reward_mean": 0.2}}
     if done:
         ledger["eval_after"] = {"done": True, "reward_mean": float(np.mean(rewards)), "per_task": per_task}
@@ -81,3 +84,24 @@ def test_sweep_names_of_async_runs():
     assert rank_arms.arm_of("grpo__rollout.mode=async") == "grpo_async1"
     assert rank_arms.arm_of("lopd__steps.margin=0__rollout.mode=async__rollout.max_staleness=1") == "m0_async1"
     assert rank_arms.arm_of("lopd__rollout.mode=sync") == "lopd__rollout.mode=sync"
+
+
+def test_primary_metric_ranks_when_every_run_records_it(tmp_path, capsys):
+    """With ``oracle_arg_prob`` in every run the contrasts use it (a small, consistent gap in
+    probability is ranked although the greedy rewards are equal); the secondary's
+    contrasts are printed beside it."""
+    rng = np.random.default_rng(3)
+    W = tmp_path / "mini"
+    for arm, shift in (("lopd", 0.1), ("lopd_frozen_composer", 0.0)):
+        for seed in range(3):
+            base = rng.uniform(0.2, 0.6, 64)
+            _write_run(str(W / "runs" / f"{arm}_s{seed}"), np.arange(64) % 2, arg_probs=base + shift)
+    r = rank_arms.report(str(W), resamples=2000)
+    assert r["primary_recorded"] and r["metric"] == "oracle_arg_prob"
+    row = r["contrasts"][0]
+    assert (row["a"], row["b"]) == ("lopd", "lopd_frozen_composer") and row["significant"]
+    assert row["estimate"] == pytest.approx(0.1, abs=0.05)
+    assert r["secondary"]["contrasts"][0]["estimate"] == 0.0
+    assert rank_arms.main(["--workdir", str(W), "--resamples", "500"]) == 0
+    out = capsys.readouterr().out
+    assert "lopd > lopd_frozen_composer" in out and "on the secondary, reward" in out

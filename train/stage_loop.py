@@ -20,6 +20,7 @@ from train.checkpoint import Checkpointer, preemption_agreed
 from train.distributed import global_array
 from train.metrics import Progress
 from train.nonfinite import NonFiniteTracker
+from train.oracle_scores import KEY as ORACLE_ARG, oracle_argument_probs
 from train.run_context import RunContext
 from train.run_reader import restore_newest
 
@@ -35,7 +36,9 @@ def log(msg: str) -> None:
 def evaluate_policy(ctx: RunContext, params, step: int = 0) -> dict[str, Any]:
     """Greedy rollouts of the held-out tasks as they stand after ``step`` training steps
     (the task source's ``at_step``): mean reward, success rate, Table-3 stats and the
-    per-task outcomes (:func:`per_task_outcomes`)."""
+    per-task outcomes (:func:`per_task_outcomes`); on hidden-rule families also the
+    teacher-forced probability of the oracle argument (:mod:`train.oracle_scores`), per task
+    and as ``oracle_arg_prob``."""
     greedy = dataclasses.replace(ctx.cfg.rollout.sampling, temperature=0.0)
     key = jax.random.fold_in(jax.random.key(ctx.cfg.seed), EVAL_RNG_OFFSET)
     B = ctx.cfg.env.tasks_per_step
@@ -49,6 +52,10 @@ def evaluate_policy(ctx: RunContext, params, step: int = 0) -> dict[str, Any]:
     out["reward_mean"] = float(np.mean([t.reward for t in trajs]))
     out["eval_tasks"] = len(trajs)
     out["per_task"] = per_task_outcomes(ctx.source, trajs)
+    arg_probs = oracle_argument_probs(ctx, params, tasks)
+    if arg_probs is not None:  # the arms' primary metric on hidden-rule families
+        out["per_task"][ORACLE_ARG] = arg_probs
+        out[ORACLE_ARG] = float(np.mean(arg_probs))
     if getattr(ctx, "no_tool_baseline", None) is None:  # the same for every evaluation of a run
         ctx.no_tool_baseline = no_tool_baseline(ctx.source.make_env, ctx.eval_tasks)
     out["no_tool_baseline"] = ctx.no_tool_baseline

@@ -330,6 +330,21 @@ def oracle_turns(task: Task) -> list[AssistantTurn]:
     return turns + [AssistantTurn(raw=answer, content=answer)]
 
 
+def oracle_argument(task: Task) -> tuple[int, str, str] | None:
+    """``(turn, argument name, value)`` of the oracle tool call that carries the task
+    family's hidden-rule target (``dispatch.ship``: the ``hub`` of ``ship_order``), the
+    argument whose teacher-forced probability measures whether a policy learned the rule;
+    None for a family without a hidden rule."""
+    rule = HIDDEN_RULES.get(task.family)
+    if rule is None:
+        return None
+    calls, _ = oracle_calls(task)
+    for i, call in enumerate(calls):
+        if rule.target in call.arguments:
+            return i, rule.target, str(call.arguments[rule.target])
+    return None
+
+
 def oracle_hint(task: Task, calls_only: bool = False) -> str:
     """The exact correct assistant turns as one text: each tool call in the ``<tool_call>``
     form the policy writes, one per line block, then the final answer (left out with

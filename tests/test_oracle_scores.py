@@ -1,0 +1,65 @@
+"""train.oracle_scores: the arms' primary metric, the policy's teacher-forced probability of
+the oracle call's hidden-rule argument, against a NumPy reference over the full logits."""
+
+import numpy as np
+import pytest
+from flax import nnx
+
+from configs import load_config
+from lopd_jax.envs.synthetic.env import oracle_argument
+from lopd_jax.settings.overrides import apply_overrides
+from train.oracle_scores import KEY, argument_span, oracle_argument_probs
+from train.run_context import RunContext
+from train.stage_loop import evaluate_policy
+from train.warmup import demonstration
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    return RunContext(apply_overrides(load_config("miniature"), ["stages.eval_tasks=8", "env.tasks_per_step=4"]))
+
+
+def _params(ctx):
+    frozen, lora0, _ = ctx.system.initial_params()
+    return ctx.policy_params(frozen, frozen) if not ctx.student_lora else ctx.policy_params(lora0, frozen)
+
+
+def test_span_is_the_hub_value(ctx):
+    for task in ctx.eval_tasks[:4]:
+        _, name, value = oracle_argument(task)
+        demo = demonstration(ctx, task)
+        lo, hi = argument_span(ctx.fmt, task, demo)
+        assert name == "hub" and ctx.fmt.tokenizer.decode(list(demo.tokens[lo:hi])).strip() == value
+        assert demo.mask[lo:hi].all()  # generated (assistant) tokens
+
+
+def test_probabilities_match_a_numpy_reference(ctx):
+    params = _params(ctx)
+    tasks = ctx.eval_tasks[:6]  # a full chunk of 4 and a padded one of 2
+    got = oracle_argument_probs(ctx, params, tasks)
+    model = nnx.merge(ctx.system.backbone_def, params)
+    want = []
+    for task in tasks:
+        demo = demonstration(ctx, task)
+        lo, hi = argument_span(ctx.fmt, task, demo)
+        logits = np.asarray(model(demo.tokens[None], attention_mask=np.ones((1, len(demo.tokens)), bool)),
+                            np.float64)[0]
+        z = logits - logits.max(-1, keepdims=True)
+        logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+        want.append(float(np.exp(sum(logp[i - 1, demo.tokens[i]] for i in range(lo, hi)))))
+    np.testing.assert_allclose(got, want, rtol=1e-4)
+    assert all(0.0 < p < 1.0 for p in got)
+
+
+def test_undefined_without_a_hidden_rule():
+    ctx = RunContext(apply_overrides(load_config("tiny"), ["stages.eval_tasks=4"]))
+    assert any(oracle_argument(t) is None for t in ctx.eval_tasks)
+    assert oracle_argument_probs(ctx, _params(ctx), ctx.eval_tasks) is None
+
+
+def test_evaluation_records_it_per_task(ctx):
+    ev = evaluate_policy(ctx, _params(ctx))
+    probs = ev["per_task"][KEY]
+    assert len(probs) == len(ev["per_task"]["reward"]) == 8
+    assert ev[KEY] == pytest.approx(np.mean(probs))
+    assert probs[:6] == pytest.approx(oracle_argument_probs(ctx, _params(ctx), ctx.eval_tasks[:6]), rel=1e-6)
