@@ -136,12 +136,3 @@ def test_sampling_versions_and_staleness():
     trajs = [type("T", (), {"policy_version": v})() for v in (3, 3, 2, 1)]
     m = staleness_metrics(trajs, 3)
     assert m["staleness_max"] == 2 and m["staleness_mean"] == 0.75 and m["policy_version"] == 3
-
-
-def test_async_refuses_a_multi_process_run(monkeypatch):
-    import train.async_rollouts as ar
-    ar.check_async_supported("async")  # one process: fine
-    monkeypatch.setattr(ar.jax, "process_count", lambda: 2)
-    ar.check_async_supported("sync")
-    with pytest.raises(ConfigError, match="one process only"):
-        ar.check_async_supported("async")

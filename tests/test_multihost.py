@@ -14,8 +14,8 @@ resumes on 1 process, and the 1-process run resumes on 2 processes through a
 preemption (SIGTERM on all: save, exit 0), a kill -9 of one process (the other exits
 non-zero within 60 s) and a rerun that resumes from the newest checkpoint; both finish
 like the uninterrupted runs. A copy of the 1-process run cut back to before LOPD is
-continued by another arm (grpo, skill_sd) for 2 steps as 1 x 8 and as 2 x 4, with the
-same rollouts, metrics and student. A deliberately host-dependent environment shows each row's
+continued by another arm (grpo, skill_sd), and by LOPD with asynchronous rollouts, as
+1 x 8 and as 2 x 4, with the same rollouts, metrics and student. A deliberately host-dependent environment shows each row's
 data comes from the host that owns it. A persistent compilation cache shared by the
 runs keeps the later runs short.
 """
@@ -42,7 +42,7 @@ SHORT = ["stages.warmup_steps=2", "stages.warmup_batch=8", "stages.cold_start_st
          # tiny rows are ~300-480 tokens: packed passes of rows of 384 and of the 512 cap, in every stage
          "lengths.buckets=384", "lengths.packing=true"]
 VOLATILE = ("time", "elapsed", "batch_seconds", "train_seconds", "rollout_seconds", "rollouts_per_minute",
-            "eval_seconds")
+            "eval_seconds", "sampler_wait_seconds", "trainer_wait_seconds")
 TIMEOUT = 2400  # generous: a shared 2-core box; on an idle one a run takes a few minutes
 
 
@@ -354,6 +354,31 @@ def test_other_arm_on_two_processes_matches_one(one_host, base, cache, arm):
         for step in (1, 2):
             rec = m1[("lopd", step)]
             assert rec["supervised_rollouts"] == 8 and rec["distill_kl"] > 0 and rec["student_grad_norm"] > 0, rec
+    assert_params_close(export(ws[1]), export(ws[2]))
+
+
+def test_async_on_two_processes_matches_one(one_host, base, cache):
+    """``rollout.mode=async`` (k = 1) on a pod: the LOPD stage (3 steps, a held-out
+    evaluation at step 2 while the rollout thread runs, evaluation after, export) continued
+    from the 1-process run's prefix, as 1 x 8 and as 2 x 4. Each process samples its own
+    rows on its rollout thread with no host collective there (the statistics and the
+    rollout log are gathered on the trainer's thread), so both give the same rollouts row
+    by row from their owners, the same metrics, one-version-old batches after step 1 and
+    the same student."""
+    ws = {n: str(base / f"async_x{n}") for n in (1, 2)}
+    seconds = {}
+    for n, w in ws.items():
+        _cut_before_training(one_host[0], w)
+        seconds[n] = run(w, n, cache, "rollout.mode=async", "rollout.max_staleness=1", "stages.eval_every=2")
+    print(f"\nasync k=1, 3 steps + evals + export: 1 x 8 devices {seconds[1]:.1f}s, 2 x 4 devices {seconds[2]:.1f}s")
+    r1, r2 = rollouts(ws[1]), rollouts(ws[2])
+    assert r1.keys() == r2.keys() and len(r1) == 3 * 8
+    assert_same_rollouts(r1, r2)
+    m1, m2 = metrics(ws[1]), metrics(ws[2])
+    assert m1.keys() == m2.keys() and {("lopd", 3), ("eval", 2), ("eval_after", 3)} <= m1.keys()
+    assert_metrics_close(m1, m2)
+    assert [m2[("lopd", s)]["staleness_mean"] for s in (1, 2, 3)] == [0.0, 1.0, 1.0]
+    assert m2[("lopd", 3)]["rollouts"] == 8 and m2[("lopd", 3)]["policy_version"] == 2.0
     assert_params_close(export(ws[1]), export(ws[2]))
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-import time
 from typing import Sequence
 
 import jax
@@ -323,16 +322,14 @@ class PolicyStage(TrainingStage):
         super().__init__(ctx, state, frozen, shardings, n_roll // G, G, bank_path, writer)
         self.impl, self.label, self.rows = impl, cfg.arm, n_roll
 
-    def rollout(self, s: int, tasks: list, params) -> tuple[list, dict]:
-        """Every row's trajectory of step ``s`` (each process rolls out its own rows; all are
+    def gather(self, s: int, mine: list, local: dict) -> tuple[list, dict]:
+        """Every row's trajectory of step ``s`` (each process rolled out its own rows; all are
         gathered to every process, in row order) and their statistics."""
-        t0 = time.perf_counter()
-        mine, first_row = self.ctx.rollout_split(params, tasks, jax.random.fold_in(self.key, s))
         parts = distributed.allgather_objects(mine)  # every process's rows, in process (= row) order
         trajs = [t for part in parts for t in part]
-        if len(trajs) != len(tasks):
-            raise ValueError(f"gathered {len(trajs)} of {len(tasks)} rollouts of step {s + 1}")
-        info = {"rollouts": len(trajs), "rollout_seconds": time.perf_counter() - t0,
+        if len(trajs) != self.rows:
+            raise ValueError(f"gathered {len(trajs)} of {self.rows} rollouts of step {s + 1}")
+        info = {"rollouts": len(trajs), "rollout_seconds": local["rollout_seconds"],
                 "reward_mean": float(np.mean([t.reward for t in trajs])),
                 "success_rate": float(np.mean([t.reward >= SUCCESS for t in trajs])),
                 "mean_length": float(np.mean([len(t) for t in trajs]))}

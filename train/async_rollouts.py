@@ -21,7 +21,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lopd_jax.settings.errors import ConfigError
 
 
 def sampling_version(step: int, k: int, start: int = 0) -> int:
@@ -46,15 +45,6 @@ def staleness_metrics(trajs, step: int) -> dict[str, float]:
 def copy_params(tree):
     """A copy of ``tree`` on its own buffers (the train step donates the state it reads)."""
     return jax.tree.map(jnp.copy, tree)
-
-
-def check_async_supported(mode: str) -> None:
-    """Refuse ``rollout.mode=async`` where it is not built: a multi-process run (the
-    rollout thread's host gathers would interleave with the trainer's collectives)."""
-    if mode == "async" and jax.process_count() > 1:
-        raise ConfigError(f"rollout.mode=async runs on one process only; this run has {jax.process_count()} "
-                          "processes. Use rollout.mode=sync on a multi-host slice (docs/rl_step.md, "
-                          "\"Asynchronous rollouts\").")
 
 
 class RolloutPipeline:
@@ -151,7 +141,7 @@ class RolloutPipeline:
                 for t in trajs:
                     t.policy_version = version
                 info["sampler_wait_seconds"] = waited
-                info["rollouts_resampled_on_resume"] = len(trajs) if version != max(0, s - self.k) else 0
+                info["rollouts_resampled_on_resume"] = len(tasks) if version != max(0, s - self.k) else 0
                 with self._cond:
                     self._ready[s] = (trajs, info)
                     nxt = sampling_version(s + 1, self.k, self.start)

@@ -24,7 +24,7 @@ import numpy as np
 
 from lopd_jax.io.files import AppendFile, join
 from train import distributed, mesh as mesh_lib
-from train.async_rollouts import RolloutPipeline, check_async_supported, copy_params, staleness_metrics
+from train.async_rollouts import RolloutPipeline, copy_params, staleness_metrics
 from train.batches import gather_rows, lopd_batch
 from train.bucketed_steps import BucketedLOPDStep
 from train.data import TaskPipeline
@@ -97,7 +97,7 @@ class TrainingStage:
     def __init__(self, ctx: RunContext, state, frozen, shardings, tasks_per_step: int, group_size: int,
                  bank_path: str, writer):
         self.ctx, self.frozen, self.shardings, self.writer = ctx, frozen, shardings, writer
-        self.bank_path, self.group_size = bank_path, group_size
+        self.bank_path, self.group_size, self.tasks_per_step = bank_path, group_size, tasks_per_step
         self.state = mesh_lib.put(state, shardings)
         # the global task list of a step on every process (one iterator state for all hosts)
         self.tasks = iter(TaskPipeline(ctx.train_tasks, tasks_per_step, seed=ctx.cfg.seed, process_index=0,
@@ -108,14 +108,15 @@ class TrainingStage:
         self.log_rollouts = ctx.cfg.rollout.log_rollouts
         self.rollout_log = None  # the open AppendFile of rollouts.jsonl during run() (process 0)
         self.mode, self.max_staleness = ctx.cfg.rollout.mode, ctx.cfg.rollout.max_staleness
-        check_async_supported(self.mode)
         self.pipeline: RolloutPipeline | None = None  # async: started by the first batch()
         self.version = 0  # async: the current student's version (its update count)
 
     # ----- what subclasses give -----
-    def rollout(self, s: int, tasks: list, params) -> tuple[list, dict]:
-        """``(trajectories, rollout statistics)`` of step ``s``'s ``tasks`` (:meth:`step_tasks`)
-        under the sampler parameters ``params``."""
+    def gather(self, s: int, trajs: list, local: dict) -> tuple[list, dict]:
+        """From this process's rollouts of step ``s`` (:meth:`sample`; ``local``: its
+        ``first_row`` and ``rollout_seconds``): the trajectories :meth:`make_batch` takes and
+        the rollout statistics of every host's rows. Runs the step's host collectives, so it
+        runs on the trainer's thread in both modes."""
         raise NotImplementedError
 
     def make_batch(self, s: int, trajs) -> dict:
@@ -129,6 +130,25 @@ class TrainingStage:
     def after_step(self, metrics):
         """What the update's metrics become before the loop logs them (default: unchanged)."""
         return metrics
+
+    # ----- rollouts -----
+    def sample(self, s: int, tasks: list, params) -> tuple[list, dict]:
+        """This process's rows of step ``s``'s ``tasks`` (:meth:`step_tasks`) under the
+        sampler parameters ``params`` (:meth:`sampler_params`), with ``{"first_row",
+        "rollout_seconds"}``. No host collective: in async it runs on the rollout thread."""
+        t0 = time.perf_counter()
+        trajs, first_row = self.ctx.rollout_split(params, tasks, jax.random.fold_in(self.key, s))
+        return trajs, {"first_row": first_row, "rollout_seconds": time.perf_counter() - t0}
+
+    def rollout(self, s: int, tasks: list, params) -> tuple[list, dict]:
+        """``(trajectories, rollout statistics)`` of step ``s``: :meth:`sample` then :meth:`gather`."""
+        return self.gather(s, *self.sample(s, tasks, params))
+
+    def sampler_params(self, student) -> dict:
+        """The engine's parameters of ``student`` on their own buffers (the update donates
+        the state), laid out on this process's engine devices: a collective when they span
+        hosts, so it runs on the trainer's thread, on every process alike."""
+        return self.ctx.engine.local_params(self.ctx.policy_params(copy_params(student), self.frozen))
 
     # ----- the step loop's callbacks -----
     def step_tasks(self, s: int) -> list:
@@ -153,7 +173,9 @@ class TrainingStage:
         else:
             if self.pipeline is None:
                 self.start_pipeline(s)
-            trajs, info = self.pipeline.get(s)
+            trajs, local = self.pipeline.get(s)
+            trajs, info = self.gather(s, trajs, local)
+            info = {**{k: v for k, v in local.items() if k != "first_row"}, **info}
         self._rollout_info[s] = {**info, **staleness_metrics(trajs, s)}
         return self.make_batch(s, trajs)
 
@@ -168,8 +190,8 @@ class TrainingStage:
                 f"sampled ahead before the interruption, are re-sampled with the restored student (version "
                 f"{start}) rather than versions {max(0, start - k)}..{start - 1} (counted in "
                 "rollouts_resampled_on_resume)")
-        params0 = self.ctx.policy_params(copy_params(self.state["student"]), self.frozen)
-        self.pipeline = RolloutPipeline(self.rollout, self.step_tasks, self.tasks.get_state, start, n, k, params0)
+        params0 = self.sampler_params(self.state["student"])
+        self.pipeline = RolloutPipeline(self.sample, self.step_tasks, self.tasks.get_state, start, n, k, params0)
 
     def close_pipeline(self) -> None:
         """Stop the rollout thread; say how many steps' rollouts sampled ahead were dropped."""
@@ -192,8 +214,7 @@ class TrainingStage:
         if self.pipeline is not None:
             self.version += 1
             if self.pipeline.wants(self.version):
-                self.pipeline.publish(self.version, self.ctx.policy_params(copy_params(state["student"]),
-                                                                           self.frozen))
+                self.pipeline.publish(self.version, self.sampler_params(state["student"]))
         return state, metrics
 
     def record(self, s: int, metrics: dict) -> dict:
@@ -245,22 +266,21 @@ class LOPDStage(TrainingStage):
                          cfg.env.group_size, bank_path, writer)
         self.bank = bank
 
-    def rollout(self, s: int, tasks: list, params) -> tuple[list, dict]:
-        """This process's rows of step ``s``'s rollouts and every host's statistics."""
-        t0 = time.perf_counter()
-        trajs, first_row = self.ctx.rollout_split(params, tasks, jax.random.fold_in(self.key, s))
-        if len(trajs) * jax.process_count() != len(tasks):
-            raise ValueError(f"{len(tasks)} rollouts per step do not split evenly over {jax.process_count()} "
-                             "processes' batch rows; make env.tasks_per_step * env.group_size a multiple of "
-                             "mesh.data * mesh.fsdp.")
-        seconds = time.perf_counter() - t0
+    def gather(self, s: int, trajs: list, local: dict) -> tuple[list, dict]:
+        """This process's rows of step ``s``'s rollouts (the LOPD batch is built from them)
+        and every host's statistics."""
+        n = len(trajs) * jax.process_count()
+        if n != self.tasks_per_step * self.group_size:
+            raise ValueError(f"{self.tasks_per_step * self.group_size} rollouts per step do not split evenly over "
+                             f"{jax.process_count()} processes' batch rows; make env.tasks_per_step * "
+                             "env.group_size a multiple of mesh.data * mesh.fsdp.")
         stats = distributed.allgather_list([(t.reward, len(t)) for t in trajs])  # every host's rows, in order
-        info = {"rollouts": len(stats), "rollout_seconds": seconds,
+        info = {"rollouts": len(stats), "rollout_seconds": local["rollout_seconds"],
                 "reward_mean": float(np.mean([r for r, _ in stats])),
                 "success_rate": float(np.mean([r >= 1.0 for r, _ in stats])),
                 "mean_length": float(np.mean([n for _, n in stats]))}
         if self.log_rollouts:
-            log_rollouts(self.rollout_log, "lopd", s + 1, trajs, first_row)
+            log_rollouts(self.rollout_log, "lopd", s + 1, trajs, local["first_row"])
         return trajs, info
 
     def record(self, s: int, metrics: dict) -> dict:
