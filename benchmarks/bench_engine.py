@@ -27,7 +27,8 @@ from flax import nnx  # noqa: E402
 
 from models.config import qwen3  # noqa: E402
 from models.decoder import Decoder  # noqa: E402
-from lopd_jax.rollout.engine import Engine, EpisodeSpec
+from lopd_jax.rollout.engine import Engine
+from lopd_jax.rollout.episode_spec import EpisodeSpec
 from lopd_jax.settings.sections import EngineConfig, SamplingParams  # noqa: E402
 from benchmarks.static_sampler import BucketConfig, Sampler
 

@@ -21,7 +21,8 @@ from lopd_jax.method.composer import LatentFraming
 from lopd_jax.envs.synthetic.env import SyntheticTaskSource
 from lopd_jax.method.splice import SpliceLayout
 from lopd_jax.chat.tokenizers import tiny_tokenizer
-from lopd_jax.rollout.engine import Engine, EpisodeSpec
+from lopd_jax.rollout.engine import Engine
+from lopd_jax.rollout.episode_spec import EpisodeSpec
 from lopd_jax.settings.sections import EngineConfig, RolloutConfig, SamplingParams
 from lopd_jax.rollout.episodes import LatentContext, rollout
 

@@ -14,7 +14,8 @@ import torch
 import transformers
 
 from models import from_pretrained
-from lopd_jax.rollout.engine import Engine, EpisodeSpec
+from lopd_jax.rollout.engine import Engine
+from lopd_jax.rollout.episode_spec import EpisodeSpec
 from lopd_jax.settings.sections import EngineConfig, SamplingParams
 
 V = 96

@@ -15,7 +15,8 @@ from models.config import LoraConfig, named_config
 from models.decoder import Decoder
 from train import mesh as mesh_lib
 from models.partitioning import split_state, tree_shardings
-from lopd_jax.rollout.engine import Engine, EpisodeSpec
+from lopd_jax.rollout.engine import Engine
+from lopd_jax.rollout.episode_spec import EpisodeSpec
 from lopd_jax.settings.sections import EngineConfig, SamplingParams
 
 STOPS = (0, 17)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import dataclasses
 import time
 from typing import Callable, Sequence
 
@@ -34,77 +33,13 @@ from models.decoder import Decoder
 from lopd_jax.rollout import engine_calls
 from lopd_jax.rollout import layout as inference_layout
 from lopd_jax.rollout.env_threads import EnvThreads, submit_inline
+from lopd_jax.rollout.episode_spec import EpisodeResult, EpisodeSpec, EpisodeState
 from lopd_jax.rollout.paged_step import empty_pools
 from lopd_jax.rollout.sampling import stop_string_cut
 
-__all__ = ["Engine", "EpisodeResult", "EpisodeSpec"]
+__all__ = ["Engine"]
 
 ROW_SPLITS = 4  # device calls run slots, slots / 2, slots / 4 or slots / 8 rows (the fewest that hold the work)
-
-
-@dataclasses.dataclass
-class EpisodeSpec:
-    """One episode for :meth:`Engine.run`.
-
-    ``first``: the first chunk of ids; ``max_total``: cap on the context (ids fed plus
-    generated); ``max_turn``: cap on tokens generated per turn; ``step(ids, logprobs,
-    raw_logprobs)``: called (on a worker thread) with each finished turn, returns the
-    observation ids to append, or None when the episode is over. ``turn_caps``: optional
-    per-turn caps (turn ``j`` is also capped at ``turn_caps[j]``; e.g. a benchmark's forced
-    turn lengths). ``embeds``: optional ``(start, vectors [k, D])``: the input embeddings
-    of context positions ``start .. start + k - 1`` (inside ``first``) are ``vectors``
-    instead of their ids' embeddings. ``abandon()``: optional, called (on the engine's
-    thread) when a ``step`` runs past ``engine.env_timeout_s`` and the engine gives up on it;
-    the step may still return later, and its result is then ignored. ``identity``:
-    optional, the episode's identity instead of ``first_id + i`` (:meth:`Engine.run`).
-    """
-
-    first: Sequence[int]
-    max_total: int
-    max_turn: int
-    step: Callable[[np.ndarray, np.ndarray, np.ndarray], Sequence[int] | None]
-    turn_caps: Sequence[int] | None = None
-    embeds: tuple[int, np.ndarray] | None = None
-    abandon: Callable[[], None] | None = None
-    identity: int | None = None
-
-
-@dataclasses.dataclass
-class EpisodeResult:
-    """What an episode generated: per turn the ids, processed and raw log-probs; the full
-    context (first chunk, turns, observations); ``error`` says why the episode ended early:
-    the repr of an exception its ``step`` raised, a step past ``engine.env_timeout_s``
-    (``"timeout: ..."``) or an observation that is not ids below the cap."""
-
-    turns: list[np.ndarray]
-    logprobs: list[np.ndarray]
-    raw_logprobs: list[np.ndarray]
-    context: list[int]
-    error: str | None = None
-
-
-@dataclasses.dataclass
-class _Ep:
-    spec: EpisodeSpec
-    eid: int
-    ctx: list[int]
-    cached: int = 0
-    pages: list[int] = dataclasses.field(default_factory=list)
-    turn: list[int] = dataclasses.field(default_factory=list)
-    lps: list[float] = dataclasses.field(default_factory=list)
-    raws: list[float] = dataclasses.field(default_factory=list)
-    slot: int | None = None
-    admitted: int = 0  # admission counter (newest = largest)
-    result: EpisodeResult | None = None
-    submitted: float = 0.0  # when its pending environment step was submitted (monotonic)
-    ready_since: float = 0.0  # when it last became ready
-
-    @property
-    def cap(self) -> int:
-        """Tokens this turn may generate in all."""
-        cap = min(self.spec.max_turn, self.spec.max_total - len(self.ctx))
-        caps, j = self.spec.turn_caps, len(self.result.turns)
-        return cap if caps is None or j >= len(caps) else max(1, min(cap, int(caps[j])))
 
 
 def _single_device_graphdef(model: nnx.Module):
@@ -212,7 +147,7 @@ class Engine:
     def _pages_for(self, tokens: int) -> int:
         return -(-tokens // self.config.page_size)
 
-    def _grow(self, ep: _Ep, tokens: int) -> bool:
+    def _grow(self, ep: EpisodeState, tokens: int) -> bool:
         """Pages for ``tokens`` cached ids (never beyond the episode cap); False when the pool
         has too few free pages."""
         need = self._pages_for(min(tokens, ep.spec.max_total)) - len(ep.pages)
@@ -223,7 +158,7 @@ class Engine:
         self._peak = max(self._peak, self._num_pages - len(self._free))
         return True
 
-    def _release(self, ep: _Ep) -> None:
+    def _release(self, ep: EpisodeState) -> None:
         self._free.extend(reversed(ep.pages))
         ep.pages = []
         ep.cached = 0
@@ -239,14 +174,14 @@ class Engine:
         """Every row count :meth:`_rows` can return."""
         return sorted({self._rows(n) for n in range(1, self.config.slots + 1)})
 
-    def _table(self, eps: Sequence[_Ep | None], width: int) -> np.ndarray:
+    def _table(self, eps: Sequence[EpisodeState | None], width: int) -> np.ndarray:
         t = np.zeros((len(eps), width), np.int32)
         for r, ep in enumerate(eps):
             if ep is not None and ep.pages:
                 t[r, :min(width, len(ep.pages))] = ep.pages[:width]
         return t
 
-    def _vectors(self, batch: Sequence[_Ep], pos: Sequence[int], C: int, rows: int):
+    def _vectors(self, batch: Sequence[EpisodeState], pos: Sequence[int], C: int, rows: int):
         """The input-embedding overrides of one prefill piece: ``(vectors [rows, C, D],
         use [rows, C])``, or ``(None, None)`` when no row's piece has any."""
         hits = []
@@ -277,7 +212,7 @@ class Engine:
         """``sp`` with float32 scalar leaves, as every device call takes it (one compiled variant)."""
         return jax.tree.map(jnp.float32, sp)
 
-    def _prefill_batch(self, batch: Sequence[_Ep], params, pools, rng, sampling: SamplingParams, m):
+    def _prefill_batch(self, batch: Sequence[EpisodeState], params, pools, rng, sampling: SamplingParams, m):
         """Feed every admitted episode's un-cached ids in pieces of ``prefill_chunk`` tokens
         (one call per piece for all of them, :meth:`_rows` rows); return each one's first
         sampled token, both log-probs, and the pools."""
@@ -307,7 +242,7 @@ class Engine:
             m["prefill_tokens"] += int(n.sum())
         return (*out, pools)
 
-    def _cut_at_stop_string(self, ep: _Ep) -> bool:
+    def _cut_at_stop_string(self, ep: EpisodeState) -> bool:
         """Cut ``ep``'s running turn after the first stop string (rewinding its cache);
         True if it had one."""
         if not self.stop_strings or not ep.turn:
@@ -374,12 +309,12 @@ class Engine:
         pools = self._empty_pools(self._num_pages)
         self._free = list(range(self._num_pages - 1, -1, -1))
         self._peak = 0
-        eps = [_Ep(spec, first_id + i if spec.identity is None else int(spec.identity), [int(x) for x in spec.first])
+        eps = [EpisodeState(spec, first_id + i if spec.identity is None else int(spec.identity), [int(x) for x in spec.first])
                for i, spec in enumerate(episodes)]
         ready = collections.deque(eps)
-        slots: list[_Ep | None] = [None] * cfg.slots
+        slots: list[EpisodeState | None] = [None] * cfg.slots
         prev = np.zeros(cfg.slots, np.int32)
-        futures: dict[concurrent.futures.Future, _Ep] = {}
+        futures: dict[concurrent.futures.Future, EpisodeState] = {}
         m = collections.Counter()
         admitted = 0
         in_flight = 0  # episodes started (admitted once) and not finished
@@ -388,7 +323,7 @@ class Engine:
         pool = EnvThreads(cfg.env_workers) if cfg.env_workers else None
         timeout = cfg.env_timeout_s if pool is not None else 0.0  # a step on this thread cannot be timed out
 
-        def end_turn(ep: _Ep):
+        def end_turn(ep: EpisodeState):
             slots[ep.slot] = None
             ep.slot = None
             ids = np.asarray(ep.turn, np.int32)
@@ -401,7 +336,7 @@ class Engine:
             ep.submitted = time.monotonic()
             futures[pool.submit(ep.spec.step, ids, lps, raws) if pool else submit_inline(ep.spec.step, ids, lps, raws)] = ep
 
-        def end_episode(ep: _Ep, error: str | None = None) -> bool:
+        def end_episode(ep: EpisodeState, error: str | None = None) -> bool:
             if error is not None:
                 ep.result.error = error
                 m["env_errors"] += 1
@@ -409,7 +344,7 @@ class Engine:
             ep.result.context = list(ep.ctx)
             return True
 
-        def finish_env(fut, ep: _Ep) -> bool:
+        def finish_env(fut, ep: EpisodeState) -> bool:
             """Take an environment step's result; True when the episode ended. A step that
             raised or returned something other than ids below the cap ends its own episode."""
             try:
@@ -427,7 +362,7 @@ class Engine:
             ready.append(ep)
             return False
 
-        def time_out(fut, ep: _Ep) -> bool:
+        def time_out(fut, ep: EpisodeState) -> bool:
             """Give up on a step past ``env_timeout_s``: its episode ends, its thread is abandoned."""
             pool.abandon(fut)
             m["env_timeouts"] += 1
@@ -443,7 +378,7 @@ class Engine:
             if ready:  # ready work sat idle behind environment steps this long
                 m["max_idle_wait_s"] = max(m["max_idle_wait_s"], time.monotonic() - now)
 
-        def preempt(ep: _Ep):
+        def preempt(ep: EpisodeState):
             """Free ``ep``'s pages; it is recomputed from its whole context when admitted
             again (a running episode goes back to the head of the queue)."""
             m["preemptions"] += 1
@@ -456,7 +391,7 @@ class Engine:
             ep.turn, ep.lps, ep.raws = [], [], []
             self._release(ep)
 
-        def turn_over(ep: _Ep) -> bool:
+        def turn_over(ep: EpisodeState) -> bool:
             return self._cut_at_stop_string(ep) or ep.turn[-1] in self.stop_ids or len(ep.turn) >= ep.cap
 
         for ep in eps:

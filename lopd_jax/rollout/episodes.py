@@ -32,7 +32,8 @@ from lopd_jax.method.splice import SpliceLayout
 from lopd_jax.core.text import clean_text
 from lopd_jax.core.types import Message, StepResult, Task, ToolSchema
 from lopd_jax.settings.sections import RolloutConfig, SamplingParams
-from lopd_jax.rollout.engine import Engine, EpisodeSpec
+from lopd_jax.rollout.engine import Engine
+from lopd_jax.rollout.episode_spec import EpisodeSpec
 
 FINISH_DONE = "done"
 FINISH_MAX_STEPS = "max_steps"
