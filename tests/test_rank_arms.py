@@ -26,13 +26,17 @@ def _write_run(path, rewards, done=True, arg_probs=None):
         json.dump(ledger, f)
 
 
+def _write_arms(W, success: dict, rng, seeds: int = 3, tasks: int = 64):
+    """Finished miniature-layout runs ``W/runs/ARM_sSEED``: each task succeeds with the arm's probability."""
+    for arm, prob in success.items():
+        for seed in range(seeds):
+            _write_run(str(W / "runs" / f"{arm}_s{seed}"), rng.random(tasks) < prob)
+
+
 def test_rank_arms_ranks_only_what_an_interval_separates(tmp_path, capsys):
     rng = np.random.default_rng(0)
     W = tmp_path / "mini"
-    p = {"lopd": 0.9, "lopd_frozen_composer": 0.2, "m0": 0.85, "grpo": 0.3}
-    for arm, prob in p.items():
-        for seed in range(3):
-            _write_run(str(W / "runs" / f"{arm}_s{seed}"), rng.random(64) < prob)
+    _write_arms(W, {"lopd": 0.9, "lopd_frozen_composer": 0.2, "m0": 0.85, "grpo": 0.3}, rng)
     _write_run(str(W / "runs" / "opsd_s0"), rng.random(64) < 0.5, done=False)
     r = rank_arms.report(str(W), resamples=2000)
     rows = {(c["a"], c["b"]): c for c in r["contrasts"]}
@@ -65,10 +69,7 @@ def test_staleness_contrasts_pair_each_async_arm_with_its_sync_arm(tmp_path, cap
     clear loss is ranked, an equal arm is not, and an async arm without its sync arm is left out."""
     rng = np.random.default_rng(2)
     W = tmp_path / "mini"
-    p = {"lopd": 0.8, "lopd_async1": 0.8, "lopd_async2": 0.1, "grpo_async1": 0.5}
-    for arm, prob in p.items():
-        for seed in range(3):
-            _write_run(str(W / "runs" / f"{arm}_s{seed}"), rng.random(64) < prob)
+    _write_arms(W, {"lopd": 0.8, "lopd_async1": 0.8, "lopd_async2": 0.1, "grpo_async1": 0.5}, rng)
     r = rank_arms.report(str(W), resamples=2000)
     rows = {(c["a"], c["b"]): c for c in r["staleness"]}
     assert sorted(rows) == [("lopd_async1", "lopd"), ("lopd_async2", "lopd")]

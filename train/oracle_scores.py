@@ -20,6 +20,7 @@ from flax import nnx
 from lopd_jax.core.types import Task
 from lopd_jax.envs.synthetic.env import ENV_ID, oracle_argument, oracle_turns
 from lopd_jax.method.losses_kl import chunked_token_logp
+from lopd_jax.rollout.episodes import training_arrays
 from train.warmup import demonstration
 
 KEY = "oracle_arg_prob"
@@ -89,11 +90,12 @@ def oracle_argument_probs(ctx, params, tasks: Sequence[Task]) -> list[float] | N
         score = ctx._oracle_arg_score = _row_logprob_fn(ctx.system)
     out = []
     for i in range(0, len(demos), B):
-        chunk = list(zip(demos[i:i + B], spans[i:i + B]))
-        tokens = np.zeros((B, length), np.int32)
-        amask, span = np.zeros((B, length), np.int32), np.zeros((B, length), np.int32)
-        for r, (d, (lo, hi)) in enumerate(chunk):
-            tokens[r, :len(d.tokens)], amask[r, :len(d.tokens)], span[r, lo:hi] = d.tokens, 1, 1
-        sums = np.asarray(score(params, tokens, amask, span))
-        out += [float(np.exp(s)) for s in sums[:len(chunk)]]
+        n = len(demos[i:i + B])
+        rows = demos[i:i + B] + demos[:1] * (B - n)  # a full chunk: one compiled shape (padding rows dropped)
+        arrays = training_arrays(rows, length=length)
+        span = np.zeros_like(arrays["tokens"])
+        for r, (lo, hi) in enumerate(spans[i:i + n]):
+            span[r, lo:hi] = 1
+        sums = np.asarray(score(params, arrays["tokens"], arrays["attention_mask"], span))
+        out += [float(np.exp(s)) for s in sums[:n]]
     return out
