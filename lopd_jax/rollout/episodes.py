@@ -57,7 +57,7 @@ class LatentContext:
 
     def slot_embeds(self, insert_at: Sequence[int]) -> list[tuple[int, np.ndarray]]:
         """Per task, ``(first slot position in its teacher-format prompt, latents [num_slots, D])``
-        (:attr:`lopd_jax.rollout.engine.EpisodeSpec.embeds`)."""
+        (:attr:`lopd_jax.rollout.episode_spec.EpisodeSpec.embeds`)."""
         latents = np.asarray(jax.device_get(self.latents))
         first = len(self.layout.before_ids)
         return [(int(a) + first, latents[i]) for i, a in enumerate(insert_at)]
