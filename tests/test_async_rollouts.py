@@ -15,7 +15,7 @@ from lopd_jax.settings.overrides import apply_overrides
 from test_arms_run import SHORT
 
 TIMING = ("seconds", "per_minute")  # wall-clock fields differ between runs
-ASYNC_ONLY = ("sampler_wait_seconds", "trainer_wait_seconds", "rollouts_resampled_on_resume")
+ASYNC_ONLY = ("sampler_wait_seconds", "trainer_wait_seconds", "rollouts_resampled_on_resume", "partial_rollouts")
 STEPS: dict = {}  # arm -> its jitted update, shared by this module's runs
 
 
@@ -31,7 +31,7 @@ def shared(tmp_path_factory):
     return root, cfg, ctx, bank, info["path"], {"lora": lora0, "compressor": comp0}
 
 
-def _run(shared, name, mode, k=1, arm="lopd", steps=3, eval_every=0, seen=None):
+def _run(shared, name, mode, k=1, arm="lopd", steps=3, eval_every=0, seen=None, partial=False):
     """One training stage in ``<root>/<name>``; ``(final state, the stage's records)``.
     ``seen`` (a dict) collects the trajectories each step's batch was built from."""
     import train.arms as arms
@@ -39,7 +39,7 @@ def _run(shared, name, mode, k=1, arm="lopd", steps=3, eval_every=0, seen=None):
     from train.metrics import MetricsWriter, read_metrics
     root, cfg, ctx, bank, bank_path, composer0 = shared
     wd = os.path.join(root, name)
-    rollout = dataclasses.replace(cfg.rollout, mode=mode, max_staleness=k)
+    rollout = dataclasses.replace(cfg.rollout, mode=mode, max_staleness=k, partial=partial)
     stages = dataclasses.replace(cfg.stages, lopd_steps=steps, eval_every=eval_every)
     ctx.cfg = arms.resolve_arm(dataclasses.replace(cfg, arm=arm, workdir=wd, rollout=rollout, stages=stages))
     ctx.system.step_cfg = ctx.cfg.steps
@@ -119,7 +119,51 @@ def test_grpo_arm_runs_async(shared):
     assert all(np.isfinite(r["loss"]) for r in recs)
 
 
+def test_partial_k0_equals_sync(shared):
+    """One engine run across the steps, gated to the newest student, is sync step for step."""
+    state_s, sync = _run(shared, "sync_p", "sync", steps=2)
+    state_p, k0 = _run(shared, "partial_k0", "async", k=0, steps=2, partial=True)
+    for a, b in zip(sync, k0):
+        assert _comparable(a) == _comparable(b)
+        assert b["partial_rollouts"] == 0
+    for x, y in zip(jax.tree.leaves(state_s["student"]), jax.tree.leaves(state_p["student"])):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_partial_k1_swaps_weights_in_flight_within_the_bound_and_is_reproducible(shared):
+    """k = 1: step s's tokens come from versions max(0, s - 1) .. s, episodes in flight at a
+    swap are stamped with both ends, and the same seed gives the same run (environment steps
+    on the engine's thread)."""
+    runs = []
+    for name in ("partial_k1", "partial_k1_again"):
+        seen: dict[int, list] = {}
+        state, recs = _run(shared, name, "async", k=1, steps=3, eval_every=2, seen=seen, partial=True)
+        runs.append((state, recs, seen))
+    state, recs, seen = runs[0]
+    assert [r["staleness_max"] for r in recs] == [0.0, 1.0, 1.0]
+    for s in range(3):
+        for t in seen[s]:
+            assert max(0, s - 1) <= t.policy_version <= t.latest_version <= s
+    assert sum(r["partial_rollouts"] for r in recs) == sum(
+        t.latest_version != t.policy_version for s in range(3) for t in seen[s])
+    for r in recs:
+        assert r["rollouts"] == 8 and np.isfinite(r["loss"])
+    state2, recs2, seen2 = runs[1]
+    for a, b in zip(recs, recs2):
+        assert {k: v for k, v in a.items() if k not in ("time", "elapsed") and not any(t in k for t in TIMING)
+                and "wait" not in k} == {k: v for k, v in b.items() if k not in ("time", "elapsed") and not any(
+                    t in k for t in TIMING) and "wait" not in k}
+    for s in range(3):
+        assert [t.tokens.tolist() for t in seen[s]] == [t.tokens.tolist() for t in seen2[s]]
+    for x, y in zip(jax.tree.leaves(state["student"]), jax.tree.leaves(state2["student"])):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    from train.metrics import read_metrics
+    assert [e["step"] for e in read_metrics(os.path.join(shared[0], "partial_k1", "metrics.jsonl"), "eval")] == [2]
+
+
 def test_rollout_mode_settings_are_checked():
+    with pytest.raises(ConfigError, match="rollout.mode=async"):
+        apply_overrides(load_config("tiny"), ["rollout.partial=true"])
     with pytest.raises(ConfigError, match="max_staleness"):
         apply_overrides(load_config("tiny"), ["rollout.mode=async", "rollout.max_staleness=-1"])
     with pytest.raises(ConfigError, match="rollout.mode"):

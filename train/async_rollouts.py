@@ -139,7 +139,7 @@ class RolloutPipeline:
                 with self.engine_lock:
                     trajs, info = self.rollout_fn(s, tasks, params)
                 for t in trajs:
-                    t.policy_version = version
+                    t.policy_version = t.latest_version = version
                 info["sampler_wait_seconds"] = waited
                 info["rollouts_resampled_on_resume"] = len(tasks) if version != max(0, s - self.k) else 0
                 with self._cond:

@@ -27,7 +27,8 @@ from train import distributed, mesh as mesh_lib
 from train.bucketed_steps import bucketed_batch, grpo_bucketed_batch, with_group_advantages
 from train.packed_batches import model_attention_length, packed_batch
 from lopd_jax.rollout.engine import Engine
-from lopd_jax.rollout.episodes import rollout
+from lopd_jax.rollout.engine import key_data
+from lopd_jax.rollout.episodes import EpisodeBatch, prepare_episodes, rollout
 from train.step_spec import splice_layout, step_spec
 from train.system import LOPDSystem
 
@@ -190,10 +191,28 @@ class RunContext:
         tasks = list(tasks)
         if jax.process_count() == 1:
             return self.rollout(params, tasks, rng, sampling, first_episode=first_episode), 0
-        lo, hi = self.local_rows(-(-len(tasks) // self.batch_shards) * self.batch_shards)
-        lo, hi = min(lo, len(tasks)), min(hi, len(tasks))
+        lo, hi = self.task_rows(len(tasks))
         mine = self.rollout(params, tasks[lo:hi], rng, sampling, first_episode=first_episode + lo)
         return (distributed.allgather_list(mine), 0) if gather else (mine, lo)
+
+    def task_rows(self, n: int) -> tuple[int, int]:
+        """``[lo, hi)``: the tasks of an ``n``-task batch this process rolls out (its rows
+        of the batch padded to whole batch shards, cut at ``n``)."""
+        if jax.process_count() == 1:
+            return 0, n
+        lo, hi = self.local_rows(-(-n // self.batch_shards) * self.batch_shards)
+        return min(lo, n), min(hi, n)
+
+    def prepare_split(self, tasks, rng) -> tuple[EpisodeBatch, int]:
+        """This process's rows of ``tasks`` (:meth:`task_rows`) made ready for a stream of
+        steps on the engine (:func:`lopd_jax.rollout.episodes.prepare_episodes`): row ``r``
+        is episode ``r``, sampled with ``rng`` (a key) as :meth:`rollout_split` samples it.
+        Returns ``(batch, first_row)``."""
+        tasks = list(tasks)
+        lo, hi = self.task_rows(len(tasks))
+        batch = prepare_episodes(tasks[lo:hi], self.source.make_env, self.fmt, self.cfg.rollout.caps,
+                                 first_episode=lo, rng=key_data(rng))
+        return batch, lo
 
     def seq_buckets(self) -> tuple[int, ...]:
         """The padded training sequence length: one bucket, the total-token cap rounded up

@@ -25,6 +25,7 @@ import numpy as np
 from lopd_jax.io.files import AppendFile, join
 from train import distributed, mesh as mesh_lib
 from train.async_rollouts import RolloutPipeline, copy_params, staleness_metrics
+from train.partial_rollouts import PartialRolloutPipeline
 from train.batches import gather_rows, lopd_batch
 from train.bucketed_steps import BucketedLOPDStep
 from train.data import TaskPipeline
@@ -87,8 +88,9 @@ class TrainingStage:
 
     ``rollout.mode=sync``: step s's rollouts sample the current student (version s, its
     update count). ``async``: a :class:`train.async_rollouts.RolloutPipeline` samples them
-    with version max(0, s - k) on a background thread while earlier steps train; the batch
-    is built on the trainer's thread. Every trajectory carries its ``policy_version``.
+    with version max(0, s - k) on a background thread while earlier steps train
+    (``rollout.partial``: one engine run across steps, :class:`train.partial_rollouts.
+    PartialRolloutPipeline`); the batch is built on the trainer's thread. Every trajectory carries its ``policy_version``.
     Subclasses: :class:`LOPDStage`, :class:`train.arms.PolicyStage`.
     """
 
@@ -169,7 +171,7 @@ class TrainingStage:
         if self.mode == "sync":
             trajs, info = self.rollout(s, self.step_tasks(s), self.student_params())
             for t in trajs:
-                t.policy_version = s
+                t.policy_version = t.latest_version = s
         else:
             if self.pipeline is None:
                 self.start_pipeline(s)
@@ -191,7 +193,15 @@ class TrainingStage:
                 f"{start}) rather than versions {max(0, start - k)}..{start - 1} (counted in "
                 "rollouts_resampled_on_resume)")
         params0 = self.sampler_params(self.state["student"])
-        self.pipeline = RolloutPipeline(self.sample, self.step_tasks, self.tasks.get_state, start, n, k, params0)
+        if self.ctx.cfg.rollout.partial:
+            engine = self.ctx.engine
+            self.pipeline = PartialRolloutPipeline(
+                lambda s, tasks: self.ctx.prepare_split(tasks, jax.random.fold_in(self.key, s)),
+                lambda params, feed: engine.run(params, [], jax.random.fold_in(self.key, start), feed=feed),
+                self.ctx.cfg.rollout.caps.max_total_tokens, engine.config.env_timeout_s, self.step_tasks,
+                self.tasks.get_state, start, n, k, params0)
+        else:
+            self.pipeline = RolloutPipeline(self.sample, self.step_tasks, self.tasks.get_state, start, n, k, params0)
 
     def close_pipeline(self) -> None:
         """Stop the rollout thread; say how many steps' rollouts sampled ahead were dropped."""

@@ -9,8 +9,11 @@ preempting newer ready episodes for its pages, so none starves. A running row th
 pages of waiting episodes (the newest ready one, else the one whose environment step has run
 longest) rather than wait on a step. Preempted episodes are recomputed from their context. A step runs
 at most ``env_timeout_s``: then its episode ends with an error and its thread is abandoned.
-Determinism: token ``p`` of episode ``e`` is sampled with ``fold_in(fold_in(rng, e), p)``,
-whatever the slots, pool, other episodes or timing. Optional: host-side stop strings (the
+Determinism: token ``p`` of episode ``e`` is sampled with ``fold_in(fold_in(rng, e), p)``
+(``rng``: the run's key or the episode's own), whatever the slots, pool, other episodes or
+timing. A run may also take more episodes and new weights as it goes from an
+:class:`~lopd_jax.rollout.episode_spec.EpisodeFeed` (partial rollouts across training steps:
+episodes in flight go on under the new weights; each token records its weights' version). Optional: host-side stop strings (the
 cache rewound to the cut), input-embedding overrides (composer latents). Process-local: each
 process decodes its own episodes on its own ``data x tensor`` mesh (:mod:`.layout`).
 """
@@ -33,11 +36,11 @@ from models.decoder import Decoder
 from lopd_jax.rollout import engine_calls
 from lopd_jax.rollout import layout as inference_layout
 from lopd_jax.rollout.env_threads import EnvThreads, submit_inline
-from lopd_jax.rollout.episode_spec import EpisodeResult, EpisodeSpec, EpisodeState
+from lopd_jax.rollout.episode_spec import EpisodeFeed, EpisodeResult, EpisodeSpec, EpisodeState
 from lopd_jax.rollout.paged_step import empty_pools
 from lopd_jax.rollout.sampling import stop_string_cut
 
-__all__ = ["Engine"]
+__all__ = ["Engine", "key_data"]
 
 ROW_SPLITS = 4  # device calls run slots, slots / 2, slots / 4 or slots / 8 rows (the fewest that hold the work)
 
@@ -56,6 +59,38 @@ def _single_device_graphdef(model: nnx.Module):
     clone = nnx.merge(graphdef, state)
     clone.rules = None
     return nnx.split(clone)[0]
+
+
+class _Pages:
+    """One run's page pool: the free page ids (taken from the end) and the most in use."""
+
+    def __init__(self, num_pages: int, page_size: int):
+        self.num_pages, self.page_size = num_pages, page_size
+        self.free = list(range(num_pages - 1, -1, -1))
+        self.peak = 0
+
+    def grow(self, ep: EpisodeState, tokens: int) -> bool:
+        """Pages for ``tokens`` cached ids (never beyond the episode cap); False when the pool
+        has too few free pages."""
+        need = -(-min(tokens, ep.spec.max_total) // self.page_size) - len(ep.pages)
+        if need > len(self.free):
+            return False
+        for _ in range(max(need, 0)):
+            ep.pages.append(self.free.pop())
+        self.peak = max(self.peak, self.num_pages - len(self.free))
+        return True
+
+    def release(self, ep: EpisodeState) -> None:
+        self.free.extend(reversed(ep.pages))
+        ep.pages = []
+        ep.cached = 0
+
+
+def key_data(rng) -> np.ndarray:
+    """Host copy of a PRNG key's data (a typed key's ``key_data``, a raw key as it is)."""
+    if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
+        rng = jax.random.key_data(rng)
+    return np.asarray(rng)
 
 
 class Engine:
@@ -147,22 +182,6 @@ class Engine:
     def _pages_for(self, tokens: int) -> int:
         return -(-tokens // self.config.page_size)
 
-    def _grow(self, ep: EpisodeState, tokens: int) -> bool:
-        """Pages for ``tokens`` cached ids (never beyond the episode cap); False when the pool
-        has too few free pages."""
-        need = self._pages_for(min(tokens, ep.spec.max_total)) - len(ep.pages)
-        if need > len(self._free):
-            return False
-        for _ in range(max(need, 0)):
-            ep.pages.append(self._free.pop())
-        self._peak = max(self._peak, self._num_pages - len(self._free))
-        return True
-
-    def _release(self, ep: EpisodeState) -> None:
-        self._free.extend(reversed(ep.pages))
-        ep.pages = []
-        ep.cached = 0
-
     def _rows(self, n: int) -> int:
         """Rows of a device call that carries ``n`` occupied slots: the smallest of
         ``slots``, ``slots / 2``, ... (``ROW_SPLITS`` sizes, rounded up) that holds them, so
@@ -212,7 +231,20 @@ class Engine:
         """``sp`` with float32 scalar leaves, as every device call takes it (one compiled variant)."""
         return jax.tree.map(jnp.float32, sp)
 
-    def _prefill_batch(self, batch: Sequence[EpisodeState], params, pools, rng, sampling: SamplingParams, m):
+    @staticmethod
+    def _row_keys(eps: Sequence[EpisodeState | None], rows: int, base: np.ndarray | None) -> np.ndarray | None:
+        """Each row's base key data (an episode's own, else ``base``), or None for a run
+        whose rows all use the run's key (``base`` None)."""
+        if base is None:
+            return None
+        keys = np.broadcast_to(base, (rows, *base.shape)).copy()
+        for r, ep in enumerate(eps):
+            if ep is not None and ep.spec.rng is not None:
+                keys[r] = ep.spec.rng
+        return keys
+
+    def _prefill_batch(self, batch: Sequence[EpisodeState], params, pools, rng, sampling: SamplingParams, m,
+                       base_key: np.ndarray | None = None):
         """Feed every admitted episode's un-cached ids in pieces of ``prefill_chunk`` tokens
         (one call per piece for all of them, :meth:`_rows` rows); return each one's first
         sampled token, both log-probs, and the pools."""
@@ -230,7 +262,8 @@ class Engine:
                 ids[r, :len(piece)] = piece
                 start[r], n[r], eids[r] = pos[r], len(piece), ep.eid
             vectors, use = self._vectors(batch, pos, C, rows)
-            rows_in = engine_calls.PrefillRows(ids, start, n, table, eids, vectors, use)
+            rows_in = engine_calls.PrefillRows(ids, start, n, table, eids, vectors, use,
+                                               self._row_keys(batch, rows, base_key))
             (tok, lp, raw), pools = engine_calls.prefill(self.program.model_part(), params, pools, rows_in, sampling,
                                                          rng)
             tok, lp, raw = np.asarray(tok), np.asarray(lp), np.asarray(raw)
@@ -250,7 +283,7 @@ class Engine:
         cut = stop_string_cut(ep.turn, self.stop_strings, self.decode)
         if cut is None:
             return False
-        ep.turn, ep.lps, ep.raws = ep.turn[:cut], ep.lps[:cut], ep.raws[:cut]
+        ep.turn, ep.lps, ep.raws, ep.vers = ep.turn[:cut], ep.lps[:cut], ep.raws[:cut], ep.vers[:cut]
         ep.cached = min(ep.cached, len(ep.ctx) + cut - 1)  # a turn's last id is never cached
         return True
 
@@ -279,8 +312,19 @@ class Engine:
             w *= 2
 
     # ----- the loop -----
+    @staticmethod
+    def _check(i: int, e: EpisodeSpec, max_total: int) -> None:
+        if not 0 < len(e.first) < e.max_total:
+            raise ValueError(f"episode {i}: the first chunk has {len(e.first)} ids; it needs 1..max_total-1")
+        if e.max_total > max_total:
+            raise ValueError(f"episode {i}: max_total={e.max_total} is above the feed's max_total={max_total}")
+        if e.embeds is not None and not 0 <= e.embeds[0] <= e.embeds[0] + len(e.embeds[1]) <= len(e.first):
+            raise ValueError(f"episode {i}: its input embeddings cover positions {e.embeds[0]}.."
+                             f"{e.embeds[0] + len(e.embeds[1]) - 1}, outside its first chunk of {len(e.first)}")
+
     def run(self, params, episodes: Sequence[EpisodeSpec], rng: jax.Array, sampling: SamplingParams | None = None,
-            *, first_id: int = 0, on_finish: Callable[[int], None] | None = None) -> list[EpisodeResult]:
+            *, first_id: int = 0, on_finish: Callable[[int], None] | None = None,
+            feed: EpisodeFeed | None = None) -> list[EpisodeResult]:
         """Run every episode to its end; results in input order. Metrics of the run are in
         :attr:`metrics`.
 
@@ -288,27 +332,28 @@ class Engine:
         Episode ``i`` is identity ``first_id + i``: its tokens are sampled with
         ``fold_in(rng, first_id + i)`` (then the position), so a batch split differently
         (over calls or processes) samples the same tokens. ``on_finish(n)`` is called (on
-        this thread) whenever ``n`` episodes have just ended.
+        this thread) whenever ``n`` episodes have just ended. ``feed``: more episodes and
+        new weights as the run goes (:class:`~lopd_jax.rollout.episode_spec.EpisodeFeed`;
+        their results go to ``feed.ended``, not into the returned list); the in-flight
+        limit is then ``max_in_flight`` or twice the slots.
         """
         sp = self._device_sampling(sampling or self.sampling)
         cfg = self.config
         K, ps = cfg.decode_chunk, cfg.page_size
-        max_total = max(e.max_total for e in episodes)
+        if not episodes and feed is None:
+            return []
+        max_total = max([e.max_total for e in episodes] + ([feed.max_total] if feed is not None else []))
         row_pages = self._pages_for(max_total)
-        self._num_pages = cfg.num_pages or cfg.slots * row_pages
-        if self._num_pages < row_pages:
-            raise ValueError(f"EngineConfig.num_pages={self._num_pages} cannot hold one episode of "
+        num_pages = cfg.num_pages or cfg.slots * row_pages
+        if num_pages < row_pages:
+            raise ValueError(f"EngineConfig.num_pages={num_pages} cannot hold one episode of "
                              f"{max_total} tokens ({row_pages} pages of {ps}); raise it")
         for i, e in enumerate(episodes):
-            if not 0 < len(e.first) < e.max_total:
-                raise ValueError(f"episode {i}: the first chunk has {len(e.first)} ids; it needs 1..max_total-1")
-            if e.embeds is not None and not 0 <= e.embeds[0] <= e.embeds[0] + len(e.embeds[1]) <= len(e.first):
-                raise ValueError(f"episode {i}: its input embeddings cover positions {e.embeds[0]}.."
-                                 f"{e.embeds[0] + len(e.embeds[1]) - 1}, outside its first chunk of {len(e.first)}")
+            self._check(i, e, max_total)
         params, rng = self.local_params(params), self.local_key(rng)
-        pools = self._empty_pools(self._num_pages)
-        self._free = list(range(self._num_pages - 1, -1, -1))
-        self._peak = 0
+        base_key = key_data(rng) if feed is not None or any(e.rng is not None for e in episodes) else None
+        pools = self._empty_pools(num_pages)
+        pages = _Pages(num_pages, ps)
         eps = [EpisodeState(spec, first_id + i if spec.identity is None else int(spec.identity), [int(x) for x in spec.first])
                for i, spec in enumerate(episodes)]
         ready = collections.deque(eps)
@@ -318,7 +363,8 @@ class Engine:
         m = collections.Counter()
         admitted = 0
         in_flight = 0  # episodes started (admitted once) and not finished
-        limit = cfg.max_in_flight or len(eps)
+        limit = cfg.max_in_flight or (len(eps) if feed is None else 2 * cfg.slots)
+        version, fed, feed_over = 0, len(eps), feed is None  # the weights' version; episodes given so far
         t0 = time.perf_counter()
         pool = EnvThreads(cfg.env_workers) if cfg.env_workers else None
         timeout = cfg.env_timeout_s if pool is not None else 0.0  # a step on this thread cannot be timed out
@@ -331,8 +377,9 @@ class Engine:
             ep.result.turns.append(ids)
             ep.result.logprobs.append(lps)
             ep.result.raw_logprobs.append(raws)
+            ep.result.versions.append(np.asarray(ep.vers, np.int32))
             ep.ctx.extend(ep.turn)
-            ep.turn, ep.lps, ep.raws = [], [], []
+            ep.turn, ep.lps, ep.raws, ep.vers = [], [], [], []
             ep.submitted = time.monotonic()
             futures[pool.submit(ep.spec.step, ids, lps, raws) if pool else submit_inline(ep.spec.step, ids, lps, raws)] = ep
 
@@ -340,8 +387,10 @@ class Engine:
             if error is not None:
                 ep.result.error = error
                 m["env_errors"] += 1
-            self._release(ep)
+            pages.release(ep)
             ep.result.context = list(ep.ctx)
+            if feed is not None:
+                feed.ended(ep.spec, ep.result)
             return True
 
         def finish_env(fut, ep: EpisodeState) -> bool:
@@ -388,16 +437,44 @@ class Engine:
                 ep.slot = None
                 ep.ready_since = time.monotonic()
                 ready.appendleft(ep)
-            ep.turn, ep.lps, ep.raws = [], [], []
-            self._release(ep)
+            ep.turn, ep.lps, ep.raws, ep.vers = [], [], [], []
+            pages.release(ep)
 
         def turn_over(ep: EpisodeState) -> bool:
             return self._cut_at_stop_string(ep) or ep.turn[-1] in self.stop_ids or len(ep.turn) >= ep.cap
 
+        def take_feed() -> None:
+            """Ask the feed for more work when every episode given has started and there is room."""
+            nonlocal params, version, fed, feed_over
+            idle = not ready and not futures and all(s is None for s in slots)
+            item = feed.more(idle)
+            if item is None:
+                feed_over = True
+                return
+            if item.params is not None:  # new weights: every episode in flight goes on under them
+                params, version = self.local_params(item.params), int(item.version)
+                m["weight_swaps"] += 1
+            for spec in item.episodes:
+                self._check(fed, spec, max_total)
+                ep = EpisodeState(spec, fed if spec.identity is None else int(spec.identity),
+                                  [int(x) for x in spec.first])
+                ep.result = EpisodeResult([], [], [], [])
+                ready.append(ep)
+                fed += 1
+            if idle and not item.episodes:
+                raise RuntimeError("the episode feed gave an idle engine nothing and did not end; a feed must "
+                                   "block until it has work (EpisodeFeed.more)")
+
         for ep in eps:
             ep.result = EpisodeResult([], [], [], [])
         try:
-            while ready or futures or any(s is not None for s in slots):
+            while ready or futures or any(s is not None for s in slots) or not feed_over:
+                if feed is not None and feed.cancelled:  # dropped unfinished: their pages go back
+                    held = [*ready, *futures.values(), *(e for e in slots if e is not None)]
+                    m["cancelled_episodes"] = len(held)
+                    for ep in held:
+                        pages.release(ep)
+                    break
                 if futures and None in slots:
                     time.sleep(0)  # yield the GIL: steps just submitted (fast environments) can land before admission
                 done = [f for f in futures if f.done()]
@@ -408,13 +485,17 @@ class Engine:
                 in_flight -= ended
                 if ended and on_finish is not None:
                     on_finish(ended)
+                if not feed_over and in_flight < limit and all(e.admitted for e in ready):
+                    take_feed()
+                    if feed_over and not (ready or futures or any(s is not None for s in slots)):
+                        break
                 # admission: ready work into free slots, in queue order; an episode that cannot
                 # get pages waits without blocking those behind it; a new episode also waits
                 # for room under max_in_flight
                 batch, skipped = [], set()
                 if ready and all(s is None for s in slots):  # idle: the oldest ready episode first
                     head = next((e for e in ready if e.admitted or in_flight < limit), None)
-                    while head is not None and not self._grow(head, len(head.ctx) + min(K, head.cap)):
+                    while head is not None and not pages.grow(head, len(head.ctx) + min(K, head.cap)):
                         holders = [e for e in ready if e.pages and e is not head]
                         if not holders:
                             break
@@ -425,7 +506,7 @@ class Engine:
                     if j is None:
                         break
                     ep = ready[j]
-                    if not self._grow(ep, len(ep.ctx) + min(K, ep.cap)):
+                    if not pages.grow(ep, len(ep.ctx) + min(K, ep.cap)):
                         m["admission_waits"] += not skipped
                         skipped.add(id(ep))
                         continue
@@ -439,17 +520,18 @@ class Engine:
                     ep.admitted = admitted
                     batch.append(ep)
                 if batch:
-                    tok, lp, raw, pools = self._prefill_batch(batch, params, pools, rng, sp, m)
+                    tok, lp, raw, pools = self._prefill_batch(batch, params, pools, rng, sp, m, base_key)
                     for r, ep in enumerate(batch):
                         ep.cached = len(ep.ctx)
                         ep.turn, ep.lps, ep.raws = [int(tok[r])], [float(lp[r])], [float(raw[r])]
+                        ep.vers = [version]
                         m["useful_tokens"] += 1
                         prev[ep.slot] = tok[r]
                         if turn_over(ep):
                             end_turn(ep)
                 running = sorted((ep for ep in slots if ep is not None), key=lambda e: e.admitted)
                 for ep in running:  # pages for this chunk; preempt the newest when the pool is full
-                    while ep.slot is not None and not self._grow(ep, ep.cached + min(K, ep.cap - len(ep.turn))):
+                    while ep.slot is not None and not pages.grow(ep, ep.cached + min(K, ep.cap - len(ep.turn))):
                         newest = max((e for e in slots if e is not None), key=lambda e: e.admitted)
                         preempt(newest)
                 occupied = [s for s, ep in enumerate(slots) if ep is not None]
@@ -464,7 +546,7 @@ class Engine:
                     prev_rows = np.zeros(R, np.int32)
                     prev_rows[:len(occupied)] = prev[occupied]
                     rows_in = engine_calls.DecodeRows(prev_rows, lengths, live, remaining, self._table(rows, width),
-                                                      eids)
+                                                      eids, self._row_keys(rows, R, base_key))
                     (toks, lps, raws, n_gen), pools = engine_calls.decode(self.program, params, pools, rows_in, sp,
                                                                           rng)
                     toks, lps, raws, n_gen = (np.asarray(x) for x in (toks, lps, raws, n_gen))
@@ -477,6 +559,7 @@ class Engine:
                         ep.turn += toks[r, :g].tolist()
                         ep.lps += lps[r, :g].tolist()
                         ep.raws += raws[r, :g].tolist()
+                        ep.vers += [version] * g
                         ep.cached += g
                         m["useful_tokens"] += g
                         m["useful_slot_steps"] += g
@@ -503,9 +586,9 @@ class Engine:
             if pool is not None:
                 pool.close()
                 m["abandoned_threads"] = pool.abandoned
-        m["peak_pages"] = self._peak
-        m["num_pages"] = self._num_pages
-        m["leaked_pages"] = self._num_pages - len(self._free)  # 0: every ended episode gave its pages back
+        m["peak_pages"] = pages.peak
+        m["num_pages"] = num_pages
+        m["leaked_pages"] = num_pages - len(pages.free)  # 0: every ended episode gave its pages back
         m["wall_s"] = time.perf_counter() - t0
         m["utilisation"] = m["useful_slot_steps"] / max(m["slot_steps"], 1)
         self.metrics = dict(m)

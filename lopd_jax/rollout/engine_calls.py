@@ -7,7 +7,9 @@ temperature and top-p traced) and the key. They compile once per static setting 
 page-table width, run the decoder over the paged pools
 (:func:`lopd_jax.rollout.paged_step.paged_forward`, or a test policy's own ``paged_forward``) and
 sample each row with its own key: the token at context position ``p`` of episode ``e``
-uses ``fold_in(fold_in(rng, e), p)``, so a row's draws never depend on the other rows. With
+uses ``fold_in(fold_in(rng, e), p)`` (``rng``: the call's key, or the row's own base key when
+the rows carry ``keys``, as a stream of steps does), so a row's draws never depend on the
+other rows. With
 a mesh (:mod:`lopd_jax.rollout.layout`) attention runs per shard and the pools keep their
 layout from call to call.
 """
@@ -51,7 +53,8 @@ class PrefillRows(NamedTuple):
     """One prefill call's rows: ``ids`` [B, C] fed at positions ``start[b]..`` (``n[b]`` of
     them), the ``page_table`` [B, W] (attention reads its W leading pages), episode ids
     ``eids`` [B]; optional ``vectors`` [B, C, D] replace the input embeddings where
-    ``use_vec`` [B, C] is set."""
+    ``use_vec`` [B, C] is set; optional ``keys`` [B, ...] uint32: each row's base key data
+    (``jax.random.key_data``) in place of the call's key."""
 
     ids: Any
     start: Any
@@ -60,12 +63,13 @@ class PrefillRows(NamedTuple):
     eids: Any
     vectors: Any = None
     use_vec: Any = None
+    keys: Any = None
 
 
 class DecodeRows(NamedTuple):
     """One decode call's rows [B]: the last token ``prev``, cached ``lengths``, ``live``
     rows, tokens each may still generate (``remaining``), the ``page_table`` [B, W] and
-    episode ids ``eids``."""
+    episode ids ``eids``; optional per-row base ``keys`` as :class:`PrefillRows`'."""
 
     prev: Any
     lengths: Any
@@ -73,6 +77,7 @@ class DecodeRows(NamedTuple):
     remaining: Any
     page_table: Any
     eids: Any
+    keys: Any = None
 
 
 def _sample_rows(logits, keys, sp: SamplingParams):
@@ -84,8 +89,14 @@ def _sample_rows(logits, keys, sp: SamplingParams):
     return jax.vmap(one)(logits, keys)
 
 
-def _keys(rng, eids, pos):
-    return jax.vmap(lambda e, p: jax.random.fold_in(jax.random.fold_in(rng, e), p))(eids, pos)
+def _keys(rng, eids, pos, row_keys=None):
+    """Row ``b``'s key at position ``pos[b]``: ``fold_in(fold_in(base, eids[b]), pos[b])``, the
+    base being ``rng`` or, with ``row_keys``, the row's own key data (in ``rng``'s key kind)."""
+    if row_keys is None:
+        return jax.vmap(lambda e, p: jax.random.fold_in(jax.random.fold_in(rng, e), p))(eids, pos)
+    if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
+        row_keys = jax.random.wrap_key_data(row_keys, impl=jax.random.key_impl(rng))
+    return jax.vmap(lambda k, e, p: jax.random.fold_in(jax.random.fold_in(k, e), p))(row_keys, eids, pos)
 
 
 def _forward(model, lora: bool, mesh=None):
@@ -123,7 +134,7 @@ def prefill(prog: Program, params, pools, rows: PrefillRows, sampling: SamplingP
     h, pools = _forward(model, prog.lora, prog.mesh)(ids, pos, valid, start + n, pools, table, table.shape[1], emb)
     last = jnp.take_along_axis(h, jnp.maximum(n - 1, 0)[:, None, None], axis=1)[:, 0].astype(jnp.float32)
     logits = jnp.dot(last, model.lm_head_kernel().astype(jnp.float32))
-    tok, lp, raw = _sample_rows(logits, _keys(rng, rows.eids, start + n), sampling)
+    tok, lp, raw = _sample_rows(logits, _keys(rng, rows.eids, start + n, rows.keys), sampling)
     return (tok, lp, raw), pools
 
 
@@ -143,7 +154,7 @@ def decode(prog: Program, params, pools, rows: DecodeRows, sampling: SamplingPar
         h, pools = forward(prev[:, None], lengths[:, None], live[:, None], lengths + live, pools, table,
                            table.shape[1])
         logits = jnp.dot(h[:, 0].astype(jnp.float32), head)
-        tok, lp, raw = _sample_rows(logits, _keys(rng, rows.eids, lengths + 1), sampling)
+        tok, lp, raw = _sample_rows(logits, _keys(rng, rows.eids, lengths + 1, rows.keys), sampling)
         lengths = lengths + live
         n_gen = n_gen + live
         out = (jnp.where(live, tok, -1), lp, raw)

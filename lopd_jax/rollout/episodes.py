@@ -33,7 +33,7 @@ from lopd_jax.core.text import clean_text
 from lopd_jax.core.types import Message, StepResult, Task, ToolSchema
 from lopd_jax.settings.sections import RolloutConfig, SamplingParams
 from lopd_jax.rollout.engine import Engine
-from lopd_jax.rollout.episode_spec import EpisodeSpec
+from lopd_jax.rollout.episode_spec import EpisodeResult, EpisodeSpec
 
 FINISH_DONE = "done"
 FINISH_MAX_STEPS = "max_steps"
@@ -76,8 +76,9 @@ class Trajectory:
     (its environment failed; reward 0). ``error`` names the failing call and its cause
     (``"reset: RuntimeError: ..."``, ``"step: ..."``, ``"timeout: ..."``; a failing
     ``close`` after a finished episode is noted here and keeps its result).
-    ``policy_version`` is the update count of the student whose weights sampled every
-    generated token of the episode (set by the training stage; 0 elsewhere).
+    ``policy_version`` is the update count of the student whose weights sampled its oldest
+    generated token, ``latest_version`` its newest (they differ for a partial rollout that
+    went on under new weights; set by the training stage, 0 elsewhere).
     """
 
     task: Task
@@ -95,6 +96,7 @@ class Trajectory:
     finish_reason: str
     error: str | None = None
     policy_version: int = 0
+    latest_version: int = 0
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -320,16 +322,85 @@ def _close_all(episodes: Sequence[_Episode], timeout: float) -> None:
                 ep.error = ep.error or _fault("close", f"still running after engine.env_timeout_s={timeout:g}s")
 
 
-def _count_faults(engine: Engine, episodes: Sequence[_Episode]) -> None:
+def fault_counts(episodes: Sequence[_Episode]) -> dict[str, int]:
     """``env_errors`` (episodes ended by their environment) and ``env_error_<call>`` per
-    failing call into ``engine.metrics``."""
-    m = dict(engine.metrics)
-    m["env_errors"] = sum(ep.finish_reason == FINISH_ENV_ERROR for ep in episodes)
+    failing call."""
+    m = {"env_errors": sum(ep.finish_reason == FINISH_ENV_ERROR for ep in episodes)}
     for ep in episodes:
         if ep.error:
             key = "env_error_" + ep.error.split(":", 1)[0]
             m[key] = m.get(key, 0) + 1
-    engine.metrics = m
+    return m
+
+
+@dataclasses.dataclass
+class EpisodeBatch:
+    """Episodes of a batch of tasks made ready for the engine (:func:`prepare_episodes`):
+    ``episodes`` in task order, the indices of the ``live`` ones (those whose reset worked)
+    and their :class:`EpisodeSpec` s, in that order."""
+
+    episodes: list[_Episode]
+    live: list[int]
+    specs: list[EpisodeSpec]
+
+
+def prepare_episodes(tasks: Sequence[Task], make_env: Callable[[], Environment], fmt: ChatFormat,
+                     config: RolloutConfig, latents: LatentContext | None = None, first_episode: int = 0,
+                     rng: np.ndarray | None = None) -> EpisodeBatch:
+    """Start one episode per task (environments made and reset) and its engine spec; task
+    ``i`` is identity ``first_episode + i``, sampled with the run's key or ``rng`` (key
+    data). A failing reset ends its own episode (no spec). Close them with
+    :func:`finish_episodes` (also on error)."""
+    episodes: list[_Episode] = []
+    try:
+        for task in tasks:
+            episodes.append(start_episode(task, make_env, fmt, config))
+        embeds = [None] * len(episodes)
+        if latents is not None:
+            firsts = latents.first_chunks([ep.pending for ep in episodes], [ep.insert_at for ep in episodes])
+            embeds = latents.slot_embeds([ep.insert_at for ep in episodes])
+            for ep, first in zip(episodes, firsts):
+                if ep.finish_reason is not None:
+                    continue
+                ep.pending, ep.extra = first, latents.layout.length
+                if len(first) >= config.max_total_tokens:
+                    raise ValueError(f"task {ep.task.task_id!r}: the prompt with the latent block has {len(first)} "
+                                     f"tokens, not below max_total_tokens={config.max_total_tokens}; raise the cap")
+    except BaseException:
+        _close_all(episodes, 0.0)
+        raise
+    live = [i for i, ep in enumerate(episodes) if ep.finish_reason is None]
+    specs = [EpisodeSpec(episodes[i].pending, config.max_total_tokens, config.max_turn_tokens,
+                         _stepper(episodes[i], fmt, config), embeds=embeds[i], abandon=episodes[i].abandon,
+                         identity=first_episode + i, rng=rng) for i in live]
+    return EpisodeBatch(episodes, live, specs)
+
+
+def finish_episodes(batch: EpisodeBatch, results: Sequence[EpisodeResult | None], close_timeout: float,
+                    version: int = 0) -> list[Trajectory]:
+    """The trajectories of a prepared batch from the engine's ``results`` (one per live
+    episode, in order; None: the run dropped it unfinished, an ``env_error``). Every
+    environment not closed yet is closed (waiting at most ``close_timeout`` seconds in all).
+    Each trajectory's ``policy_version`` / ``latest_version`` are the oldest / newest
+    versions of the weights that sampled its tokens (``version`` for one without any)."""
+    try:
+        for i, res in zip(batch.live, results):
+            ep = batch.episodes[i]
+            error = "engine: the run ended before the episode (cancelled)" if res is None else res.error
+            if error is not None:
+                with ep.lock:  # a timed-out step (abandoned) or a fault the engine caught
+                    if ep.finish_reason is None or ep.abandoned:
+                        ep.reward, ep.finish_reason = 0.0, FINISH_ENV_ERROR
+                        ep.error = _fault("engine", error) if not error.startswith(("timeout", "engine")) else error
+    finally:
+        _close_all(batch.episodes, close_timeout)
+    trajs = [ep.result() for ep in batch.episodes]
+    for t in trajs:
+        t.policy_version = t.latest_version = version
+    for i, res in zip(batch.live, results):
+        if res is not None:
+            trajs[i].policy_version, trajs[i].latest_version = res.version_range(version)
+    return trajs
 
 
 def rollout(engine: Engine, params, fmt: ChatFormat, make_env: Callable[[], Environment],
@@ -368,42 +439,20 @@ def rollout(engine: Engine, params, fmt: ChatFormat, make_env: Callable[[], Envi
     if latents is not None and np.shape(latents.latents)[0] != len(tasks):
         raise ValueError(f"LatentContext has latents for {np.shape(latents.latents)[0]} tasks but {len(tasks)} "
                          "tasks are rolled out")
-    episodes: list[_Episode] = []
+    batch = prepare_episodes(tasks, make_env, fmt, config, latents, first_episode)
+    results = []
     try:
-        for task in tasks:
-            episodes.append(start_episode(task, make_env, fmt, config))
-        embeds = [None] * len(episodes)
-        if latents is not None:
-            firsts = latents.first_chunks([ep.pending for ep in episodes], [ep.insert_at for ep in episodes])
-            embeds = latents.slot_embeds([ep.insert_at for ep in episodes])
-            for ep, first in zip(episodes, firsts):
-                if ep.finish_reason is not None:
-                    continue
-                ep.pending, ep.extra = first, latents.layout.length
-                if len(first) >= config.max_total_tokens:
-                    raise ValueError(f"task {ep.task.task_id!r}: the prompt with the latent block has {len(first)} "
-                                     f"tokens, not below max_total_tokens={config.max_total_tokens}; raise the cap")
-        live = [i for i, ep in enumerate(episodes) if ep.finish_reason is None]
-        if len(live) < len(episodes) and on_finish is not None:
-            on_finish(len(episodes) - len(live))
-        specs = [EpisodeSpec(episodes[i].pending, config.max_total_tokens, config.max_turn_tokens,
-                             _stepper(episodes[i], fmt, config), embeds=embeds[i], abandon=episodes[i].abandon,
-                             identity=first_episode + i) for i in live]
-        results = engine.run(params, specs, rng, sampling, first_id=first_episode, on_finish=on_finish) if specs \
-            else []
-        if not specs:
+        if len(batch.live) < len(batch.episodes) and on_finish is not None:
+            on_finish(len(batch.episodes) - len(batch.live))
+        if batch.specs:
+            results = engine.run(params, batch.specs, rng, sampling, first_id=first_episode, on_finish=on_finish)
+        else:
             engine.metrics = {}
-        for i, res in zip(live, results):
-            ep = episodes[i]
-            if res.error is not None:
-                with ep.lock:  # a timed-out step (abandoned) or a fault the engine caught
-                    if ep.finish_reason is None or ep.abandoned:
-                        ep.reward, ep.finish_reason = 0.0, FINISH_ENV_ERROR
-                        ep.error = _fault("engine", res.error) if not res.error.startswith("timeout") else res.error
     finally:
-        _close_all(episodes, engine.config.env_timeout_s)
-    _count_faults(engine, episodes)
-    return [ep.result() for ep in episodes]
+        trajs = finish_episodes(batch, results + [None] * (len(batch.live) - len(results)),
+                                engine.config.env_timeout_s)
+    engine.metrics = {**engine.metrics, **fault_counts(batch.episodes)}
+    return trajs
 
 
 def training_arrays(trajectories: Sequence[Trajectory], *, length: int | None = None,

@@ -213,8 +213,10 @@ class RolloutSection:
     s updates, then step s trains) or ``"async"`` (bounded-staleness pipelining on the same
     chips, :mod:`train.async_rollouts`: a background thread rolls out steps s+1..s+k while
     step s trains; step s samples the student after max(0, s - k) updates). ``max_staleness``
-    is that k (>= 0; read only in async; 0 gives sync's results). docs/rl_step.md,
-    "Asynchronous rollouts"."""
+    is that k (>= 0; read only in async; 0 gives sync's results). ``partial`` (async only):
+    one engine run across the steps, its slots kept full; episodes in flight go on under
+    each new student (:mod:`train.partial_rollouts`). docs/rl_step.md, "Asynchronous
+    rollouts" and "Partial rollouts"."""
 
     sampling: SamplingParams = inline(SamplingParams())
     caps: RolloutConfig = inline(RolloutConfig())
@@ -222,11 +224,16 @@ class RolloutSection:
     log_rollouts: bool = False  # every rollout's ids, mask, reward and host to <workdir>/rollouts.jsonl
     mode: Literal["sync", "async"] = "sync"
     max_staleness: int = 1
+    partial: bool = False
 
     def __post_init__(self):
         if self.max_staleness < 0:
             raise ConfigError(f"rollout.max_staleness={self.max_staleness} must be >= 0 (0: every batch "
                               "samples the newest student, as rollout.mode=sync does).")
+        if self.partial and self.mode != "async":
+            raise ConfigError("rollout.partial=true keeps the engine running across steps, which needs "
+                              "rollout.mode=async; set rollout.mode=async (with rollout.max_staleness=k) or "
+                              "rollout.partial=false.")
 
 
 @dataclasses.dataclass(frozen=True)
