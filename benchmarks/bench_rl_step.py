@@ -6,13 +6,15 @@ runs ``--steps`` steps of the same rollouts per step in sync and in async at
 ``--max_staleness``, in one process and one run context, sharing one jitted update: an untimed first run of
 each mode, as long as a timed one, compiles the update and the sampler's shapes, then
 ``--rounds`` timed rounds alternate between the modes (each a fresh workdir, checkpoints at
-the end only). Steps per hour are over the whole stage (first rollout to last
+the end only). ``--partial``: the async side runs one engine across the steps (partial
+rollouts, ``rollout.partial``). Steps per hour are over the whole stage (first rollout to last
 update); the ratio is of the medians. The rollouts' share of a sync step is printed: it
 bounds what overlapping them can save. Both sides share the host's cores: the overlap helps
 only where rollouts and updates do not both saturate them.
 
     python -m benchmarks.bench_rl_step
     python -m benchmarks.bench_rl_step --steps 4 --rounds 3
+    python -m benchmarks.bench_rl_step --partial
 
 Methodology and measurements: ``docs/rl_step.md``, ``docs/benchmarks.md``.
 """
@@ -45,12 +47,12 @@ def cached_step_stage():
 
 
 def run_stage(ctx, base, bank, bank_path, composer0, workdir: str, mode: str, k: int, steps: int,
-              stage_cls=None):
+              stage_cls=None, partial: bool = False):
     """One LOPD stage of ``steps`` steps in ``workdir``; ``(seconds, its records)``."""
     from train.metrics import MetricsWriter, read_metrics
     from train.training_stage import LOPDStage
     stage_cls = stage_cls or LOPDStage
-    rollout = dataclasses.replace(base.rollout, mode=mode, max_staleness=k)
+    rollout = dataclasses.replace(base.rollout, mode=mode, max_staleness=k, partial=partial and mode == "async")
     ctx.cfg = dataclasses.replace(base, workdir=workdir, rollout=rollout,
                                   stages=dataclasses.replace(base.stages, lopd_steps=steps))
     writer = MetricsWriter(workdir, console=False, tensorboard=False)
@@ -74,6 +76,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=4, help="training steps per timed run")
     p.add_argument("--rounds", type=int, default=3, help="timed runs of each mode (alternating)")
     p.add_argument("--max_staleness", type=int, default=1, help="k of the async side")
+    p.add_argument("--partial", action="store_true", help="the async side runs partial rollouts (rollout.partial)")
     p.add_argument("--override", action="append", default=[], help="extra dotted.key=value settings")
     args = p.parse_args(argv)
 
@@ -97,15 +100,16 @@ def main(argv=None):
     stage_cls = cached_step_stage()
     for mode, k in modes:  # compiles (sampler, step) outside the timed runs
         s, _ = run_stage(ctx, cfg, bank, info["path"], composer0, f"{root}/warm-{mode}", mode, k, args.steps,
-                         stage_cls)
+                         stage_cls, args.partial)
         print(f"warm-up {mode}: {s:.1f} s (compiles included)", flush=True)
     times: dict[str, list[float]] = {"sync": [], "async": []}
     stale: list[float] = []
+    partial: list[float] = []
     share: list[float] = []
     for r in range(args.rounds):
         for mode, k in modes if r % 2 == 0 else modes[::-1]:
             s, recs = run_stage(ctx, cfg, bank, info["path"], composer0, f"{root}/{mode}-{r}", mode, k, args.steps,
-                                stage_cls)
+                                stage_cls, args.partial)
             times[mode].append(s)
             roll = sum(x["rollout_seconds"] for x in recs)
             train = sum(x["train_seconds"] for x in recs)
@@ -115,12 +119,16 @@ def main(argv=None):
                 share.append(roll / s)
             else:
                 stale += [x["staleness_mean"] for x in recs]
+                partial += [x.get("partial_rollouts", 0) for x in recs]
                 line += (f", trainer waited {sum(x['trainer_wait_seconds'] for x in recs):.1f} s, sampler waited "
                          f"{sum(x['sampler_wait_seconds'] for x in recs):.1f} s")
             print(line + f", load {os.getloadavg()[0]:.1f}", flush=True)
     sync_s, async_s = statistics.median(times["sync"]), statistics.median(times["async"])
     print(f"median stage time: sync {sync_s:.1f} s, async {async_s:.1f} s ({args.steps} steps, "
           f"{args.rounds} rounds each); rollouts are {100 * statistics.median(share):.0f}% of a sync stage")
+    if args.partial:
+        print(f"partial rollouts: {sum(partial):.0f} of {args.rounds * args.steps * cfg.env.tasks_per_step * cfg.env.group_size}"
+              " async rollouts went on under a newer student")
     print(f"rl step: async/sync steps per hour = {sync_s / async_s:.2f}x (staleness mean {statistics.mean(stale):.2f})")
 
 

@@ -5,6 +5,7 @@ of the slot count, a full page pool (waits and preemptions), failing / sleeping
 environments, stop strings, input-embedding overrides, and :func:`lopd_jax.rollout.episodes.rollout` on
 the engine independent of the batch split and the slots."""
 
+import dataclasses
 import threading
 
 import jax
@@ -298,3 +299,69 @@ def test_evaluate_samples_the_same_trajectories_at_any_batch_size(tmp_path):
                                atol=1e-5)
     assert len({t["mean_raw_logprob"] for t in outs[0]}) == 6  # sampled, distinct episodes
     assert [[len(ids) for ids in t["turn_ids"]] for t in outs[0]] == [t["turn_lengths"] for t in outs[0]]
+
+
+class _Feed:
+    """An episode feed of fixed groups: group ``g`` comes with ``swaps.get(g)`` (new weights
+    and their version); ``cancel_after`` ends the run once that many episodes ended."""
+
+    def __init__(self, groups, swaps=None, cancel_after=None, idle_gap=False):
+        self.groups, self.swaps, self.cancel_after, self.idle_gap = list(groups), swaps or {}, cancel_after, idle_gap
+        self.max_total, self.cancelled, self.given, self.results = 48, False, 0, {}
+
+    def more(self, idle):
+        from lopd_jax.rollout.episode_spec import FeedItem
+        if self.idle_gap and self.given == 1:
+            return FeedItem()  # a broken feed: never gives its second group, not even to an idle engine
+        if self.given == len(self.groups):
+            return None
+        g = self.given
+        self.given += 1
+        params, version = self.swaps.get(g, (None, 0))
+        return FeedItem(self.groups[g], params, version)
+
+    def ended(self, spec, result):
+        self.results[spec.identity] = result
+        if self.cancel_after is not None and len(self.results) >= self.cancel_after:
+            self.cancelled = True
+
+
+def test_a_feed_streams_episodes_with_their_own_keys_and_swaps_weights_in_flight(qwen, pool_full_run):
+    """Episodes given by a feed in two groups, each with the run's key as its own, sample
+    what one plain run samples; new weights given with the second group reach the first
+    group's episodes in flight, and every token records its weights' version."""
+    from lopd_jax.rollout.engine import key_data
+    keyed = lambda specs, first: [dataclasses.replace(s, identity=first + i, rng=key_data(jax.random.key(5)))
+                                  for i, s in enumerate(specs)]
+    specs = _sampled_specs(7)
+    feed = _Feed([keyed(specs[:4], 0), keyed(specs[4:], 4)])
+    engine = _five_slots(qwen, env_workers=0)
+    assert engine.run(_params(qwen), [], jax.random.key(99), feed=feed) == []
+    _same([feed.results[i] for i in range(7)], pool_full_run[0])
+    assert all(len(v) == len(t) and not v.any() for r in feed.results.values() for v, t in zip(r.versions, r.turns))
+    assert engine.metrics["leaked_pages"] == 0 and "weight_swaps" not in engine.metrics
+
+    other = jax.tree.map(lambda x: x * 1.5, _params(qwen))
+    specs = _sampled_specs(7)
+    feed = _Feed([keyed(specs[:4], 0), keyed(specs[4:], 4)], swaps={1: (other, 1)})
+    engine.run(_params(qwen), [], jax.random.key(99), feed=feed)
+    assert engine.metrics["weight_swaps"] == 1
+    first = [feed.results[i].version_range() for i in range(4)]
+    assert all(feed.results[i].version_range() == (1, 1) for i in range(4, 7))
+    assert (0, 1) in first and all(lo <= hi for lo, hi in first)  # went on under the new weights
+    for i in range(4):  # tokens sampled before the swap are the plain run's
+        r, ref = feed.results[i], pool_full_run[0][i]
+        old = int((r.versions[0] == 0).sum())
+        assert r.turns[0][:old].tolist() == ref.turns[0][:old].tolist()
+    assert any(feed.results[i].context != pool_full_run[0][i].context for i in range(7))
+
+
+def test_a_feed_can_cancel_the_run_and_must_not_leave_the_engine_idle(qwen):
+    engine = _five_slots(qwen, env_workers=0)
+    feed = _Feed([_sampled_specs(7)], cancel_after=1)
+    engine.run(_params(qwen), [], jax.random.key(1), feed=feed)
+    assert len(feed.results) == 1 and engine.metrics["cancelled_episodes"] == 6
+    assert engine.metrics["leaked_pages"] == 0
+    with pytest.raises(RuntimeError, match="must block"):
+        engine.run(_params(qwen), [], jax.random.key(1), feed=_Feed([_sampled_specs(2), _sampled_specs(2)],
+                                                                    idle_gap=True))
