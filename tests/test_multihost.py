@@ -364,7 +364,7 @@ def test_async_on_two_processes_matches_one(one_host, base, cache):
     rows on its rollout thread with no host collective there (the statistics and the
     rollout log are gathered on the trainer's thread), so both give the same rollouts row
     by row from their owners, the same metrics, one-version-old batches after step 1 and
-    the same student."""
+    the same student. Then the same with partial rollouts on 2 x 4."""
     ws = {n: str(base / f"async_x{n}") for n in (1, 2)}
     seconds = {}
     for n, w in ws.items():
@@ -380,6 +380,21 @@ def test_async_on_two_processes_matches_one(one_host, base, cache):
     assert [m2[("lopd", s)]["staleness_mean"] for s in (1, 2, 3)] == [0.0, 1.0, 1.0]
     assert m2[("lopd", 3)]["rollouts"] == 8 and m2[("lopd", 3)]["policy_version"] == 2.0
     assert_params_close(export(ws[1]), export(ws[2]))
+    # partial rollouts (one engine run per process across the steps) on 2 x 4: each process
+    # streams only its own rows of every step (the per-host quotas), staleness stays <= 1.
+    # Swap points follow each engine's own progress, so tokens may differ from the runs above.
+    wp = str(base / "async_partial_x2")
+    _cut_before_training(one_host[0], wp)
+    seconds["partial"] = run(wp, 2, cache, "rollout.mode=async", "rollout.max_staleness=1", "rollout.partial=true",
+                             "stages.eval_every=2")
+    print(f"partial rollouts k=1 on 2 x 4 devices: {seconds['partial']:.1f}s")
+    rp, mp = rollouts(wp), metrics(wp)
+    assert rp.keys() == r2.keys()
+    for key, a in rp.items():
+        assert a["process"] == key[2] // 4 and a["task_id"] == r2[key]["task_id"], key
+    assert {("lopd", 3), ("eval", 2), ("eval_after", 3)} <= mp.keys()
+    assert [mp[("lopd", s)]["staleness_max"] for s in (1, 2, 3)] == [0.0, 1.0, 1.0]
+    assert all(mp[("lopd", s)]["rollouts"] == 8 and np.isfinite(mp[("lopd", s)]["loss"]) for s in (1, 2, 3))
 
 
 def _log(workdir: str, offset: int = 0) -> str:
