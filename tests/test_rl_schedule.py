@@ -57,6 +57,21 @@ def test_drop_bounds_staleness_and_keep_drops_nothing(placement, k):
     assert simulate_rl(stream(1), RLSchedule(stale="drop", **base), times, steps=8) == drop  # deterministic
 
 
+@pytest.mark.parametrize("k", [1, 2])
+def test_step_batches_stay_within_the_bound_without_drops(k):
+    """``batches=step`` (rollout.partial as built): step s trains on its own groups, so no
+    episode is ever more than k versions old and none is dropped; at k = 0 it is sync, and
+    it keeps fewer rows busy than training on the first finished groups."""
+    times = RLStepTimes(1.0, 0.0, train_s=120.0, sync_s=1.0, env_s=7.0)
+    base = dict(mode="async", max_staleness=k, batch=4, slots=16, chunk=4)
+    step = simulate_rl(stream(1), RLSchedule(batches="step", **base), times, steps=8)
+    assert step["staleness_max"] <= k and step["dropped_per_step"] == 0
+    sync = simulate_rl(stream(1), RLSchedule(mode="sync", batch=4, slots=16, chunk=4), times, steps=8)
+    assert steps_per_hour(step) > steps_per_hour(sync)
+    assert simulate_rl(stream(1), RLSchedule(mode="sync", batches="step", batch=4, slots=16, chunk=4), times,
+                       steps=8) == sync
+
+
 def test_groups_are_trained_whole():
     """A batch is whole groups: with groups of 4 and a batch of 8, every step trains 8."""
     times = RLStepTimes(1.0, 0.0, train_s=50.0, sync_s=0.0, env_s=3.0)
@@ -65,7 +80,8 @@ def test_groups_are_trained_whole():
 
 
 @pytest.mark.parametrize("kw", [dict(mode="later"), dict(placement="split", sampler_share=1.0),
-                                dict(batch=6, group_size=4), dict(max_staleness=-1), dict(stale="maybe")])
+                                dict(batch=6, group_size=4), dict(max_staleness=-1), dict(stale="maybe"),
+                                dict(batches="any")])
 def test_bad_schedules_are_refused(kw):
     with pytest.raises(ValueError):
         RLSchedule(**kw)
@@ -80,7 +96,8 @@ def test_compile_sampler_rl_step_prints_the_comparison():
     lines = out.stdout.strip().splitlines()
     assert re.fullmatch(r"rl step model: async/sync steps per hour = \d+\.\d\dx \(k = [12], placement \S+( \S+)?\)",
                         lines[-1]), lines[-1]
-    assert sum(line.strip().startswith(("colocated", "split")) for line in lines) == 12
+    assert sum(line.strip().startswith(("colocated", "partial", "split")) for line in lines) == 15
+    assert lines[-2].strip().startswith("as built (rollout.partial")
     bad = subprocess.run([sys.executable, "-m", "lopd_jax.compile_sampler", "--config=qwen3_8b", "--rl_step",
                           "--mfu=2"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "--mfu" in bad.stderr

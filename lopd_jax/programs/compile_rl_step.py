@@ -22,8 +22,9 @@ from lopd_jax.rollout.layout import default_tensor, reshard_cost
 from lopd_jax.rollout.rl_schedule import RLSchedule, RLStepTimes, simulate_rl, steps_per_hour
 from lopd_jax.rollout.schedule import Episode, draw_episodes
 
-#: (placement, sampler share) pairs compared; ``split`` puts that share of the hosts on sampling
-PLACEMENTS = (("colocated", 1.0), ("split", 0.25), ("split", 0.5))
+#: (placement, sampler share) pairs compared; ``split`` puts that share of the hosts on sampling;
+#: ``partial`` is colocated with step s trained on step s's own groups (``rollout.partial``, as built)
+PLACEMENTS = (("colocated", 1.0), ("partial", 1.0), ("split", 0.25), ("split", 0.5))
 STALENESS = (0, 1, 2, 4)
 
 
@@ -70,12 +71,15 @@ def compare(cfg, times: RLStepTimes, processes: int, steps: int, seeds: int) -> 
     rows = []
     for placement, share in PLACEMENTS:
         for k in STALENESS:
+            if placement == "partial" and k == 0:
+                continue  # sync
             mode = "sync" if k == 0 else "async"
-            sched = RLSchedule(mode=mode, placement=placement, sampler_share=share if placement == "split" else 0.5,
-                               max_staleness=max(k, 1), **base)
+            sched = RLSchedule(mode=mode, placement="split" if placement == "split" else "colocated",
+                               sampler_share=share if placement == "split" else 0.5, max_staleness=max(k, 1),
+                               batches="step" if placement == "partial" else "finished", **base)
             runs = [simulate_rl(episode_stream(cfg, cfg.seed + s), sched, times, steps) for s in range(seeds)]
             row = {key: float(np.mean([r[key] for r in runs])) for key in runs[0] if key not in ("steps",)}
-            row |= {"placement": placement if placement == "colocated" else f"split {share:g}", "k": k,
+            row |= {"placement": placement if placement != "split" else f"split {share:g}", "k": k,
                     "mode": mode, "steps_per_hour": float(np.mean([steps_per_hour(r) for r in runs]))}
             rows.append(row)
     sync = next(r for r in rows if r["placement"] == "colocated" and r["k"] == 0)
@@ -108,6 +112,10 @@ def print_report(rep: dict, config: str, topology: str) -> None:
               f"{r['ratio']:5.2f}x  {r['busy_rows']:9.1f}  {r['chips_idle']:10.2f}  "
               f"{r['staleness_mean']:8.2f} / {r['staleness_p95']:4.1f} / {r['staleness_max']:4.1f}  "
               f"{r['dropped_per_step']:12.2f}")
+    built = max((r for r in rep["rows"] if 1 <= r["k"] <= 2 and r["placement"] == "partial"),
+                key=lambda r: r["ratio"])
+    print(f"  as built (rollout.partial: step s trains on step s's own groups): {built['ratio']:.2f}x at "
+          f"k = {built['k']}")
     best = max((r for r in rep["rows"] if 1 <= r["k"] <= 2), key=lambda r: r["ratio"])
     print(f"rl step model: async/sync steps per hour = {best['ratio']:.2f}x (k = {best['k']}, placement "
           f"{best['placement']})")

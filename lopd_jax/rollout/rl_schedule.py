@@ -57,6 +57,9 @@ class RLSchedule:
     ``max_staleness``: k, the most policy versions an episode's oldest token may lag the
     version it is trained under; ``stale``: ``drop`` restarts an episode that would exceed k
     (its tokens are wasted and counted), ``keep`` trains on it (importance-corrected).
+    ``batches``: ``finished`` trains on the first groups to finish; ``step`` on step s's own
+    groups, once all of them have finished (what ``rollout.partial`` builds: the sampler
+    keeps its slots full, the trainer still waits for a step's slowest episode).
     """
 
     mode: Literal["sync", "async"] = "sync"
@@ -69,6 +72,7 @@ class RLSchedule:
     max_staleness: int = 1
     stale: Literal["drop", "keep"] = "drop"
     chunk: int = 16
+    batches: Literal["finished", "step"] = "finished"
 
     def __post_init__(self):
         if self.mode not in ("sync", "async") or self.placement not in ("colocated", "split"):
@@ -77,6 +81,8 @@ class RLSchedule:
             raise ValueError(f"sampler_share={self.sampler_share}: a split slice needs a share in (0, 1)")
         if self.batch % self.group_size:
             raise ValueError(f"batch {self.batch} is not whole groups of {self.group_size}")
+        if self.batches not in ("finished", "step"):
+            raise ValueError(f"batches={self.batches!r}: use finished|step")
         if self.max_staleness < 0 or self.stale not in ("drop", "keep"):
             raise ValueError(f"max_staleness={self.max_staleness}, stale={self.stale!r}: k >= 0, drop|keep")
 
@@ -156,11 +162,19 @@ def simulate_rl(episodes: Iterator[Episode], sched: RLSchedule, times: RLStepTim
         heapq.heapify(env)
 
     def take_batch() -> bool:
-        """Train on the oldest ready groups if they make a batch (their episodes leave)."""
-        if len(ready_groups) * g < batch:
+        """Train on the oldest ready groups if they make a batch (``step``: on the next step's
+        groups once all are ready); their episodes leave."""
+        if sched.batches == "step":
+            need = list(range(version * (batch // g), (version + 1) * (batch // g)))
+            if not set(need) <= set(ready_groups):
+                return False
+            for gid in need:
+                ready_groups.remove(gid)
+        elif len(ready_groups) * g < batch:
             return False
-        for _ in range(batch // g):
-            gid = ready_groups.popleft()
+        else:
+            need = [ready_groups.popleft() for _ in range(batch // g)]
+        for gid in need:
             for eid in members.pop(gid):
                 staleness.append(version - live.pop(eid)[2])
                 finished.discard(eid)
