@@ -15,7 +15,8 @@ from lopd_jax.settings.overrides import apply_overrides
 from test_arms_run import SHORT
 
 TIMING = ("seconds", "per_minute")  # wall-clock fields differ between runs
-ASYNC_ONLY = ("sampler_wait_seconds", "trainer_wait_seconds", "rollouts_resampled_on_resume", "partial_rollouts")
+ASYNC_ONLY = ("sampler_wait_seconds", "trainer_wait_seconds", "rollouts_resampled_on_resume", "partial_rollouts",
+              "draw_lag")
 STEPS: dict = {}  # arm -> its jitted update, shared by this module's runs
 
 
@@ -31,7 +32,7 @@ def shared(tmp_path_factory):
     return root, cfg, ctx, bank, info["path"], {"lora": lora0, "compressor": comp0}
 
 
-def _run(shared, name, mode, k=1, arm="lopd", steps=3, eval_every=0, seen=None, partial=False):
+def _run(shared, name, mode, k=1, arm="lopd", steps=3, eval_every=0, seen=None, partial=False, order="step"):
     """One training stage in ``<root>/<name>``; ``(final state, the stage's records)``.
     ``seen`` (a dict) collects the trajectories each step's batch was built from."""
     import train.arms as arms
@@ -39,7 +40,7 @@ def _run(shared, name, mode, k=1, arm="lopd", steps=3, eval_every=0, seen=None, 
     from train.metrics import MetricsWriter, read_metrics
     root, cfg, ctx, bank, bank_path, composer0 = shared
     wd = os.path.join(root, name)
-    rollout = dataclasses.replace(cfg.rollout, mode=mode, max_staleness=k, partial=partial)
+    rollout = dataclasses.replace(cfg.rollout, mode=mode, max_staleness=k, partial=partial, batch_order=order)
     stages = dataclasses.replace(cfg.stages, lopd_steps=steps, eval_every=eval_every)
     ctx.cfg = arms.resolve_arm(dataclasses.replace(cfg, arm=arm, workdir=wd, rollout=rollout, stages=stages))
     ctx.system.step_cfg = ctx.cfg.steps
@@ -161,7 +162,47 @@ def test_partial_k1_swaps_weights_in_flight_within_the_bound_and_is_reproducible
     assert [e["step"] for e in read_metrics(os.path.join(shared[0], "partial_k1", "metrics.jsonl"), "eval")] == [2]
 
 
+def _tasks(seen, steps):
+    return sorted(t.task.task_id for s in steps for t in seen[s])
+
+
+def test_finished_order_trains_every_drawn_task_once_within_the_bound_and_resumes_exactly(shared):
+    """``rollout.batch_order=finished``: batches are the first groups to finish, so a step
+    may train tasks drawn for other steps, yet over the stage every drawn task trains exactly
+    once, no batch is more than k versions old, and a run interrupted after step 1 and
+    resumed (the checkpoint names the groups trained ahead) trains the same tasks once."""
+    sync_seen: dict[int, list] = {}
+    _run(shared, "fin_sync", "sync", steps=3, seen=sync_seen)
+    seen: dict[int, list] = {}
+    _, recs = _run(shared, "fin_k1", "async", k=1, steps=3, seen=seen, partial=True, order="finished")
+    assert _tasks(seen, range(3)) == _tasks(sync_seen, range(3))
+    assert all(r["staleness_max"] <= 1.0 and r["rollouts"] == 8 and np.isfinite(r["loss"]) for r in recs)
+    for s in range(3):
+        assert all(max(0, s - 1) <= t.policy_version <= t.latest_version <= s for t in seen[s])
+    again: dict[int, list] = {}
+    _, recs2 = _run(shared, "fin_k1_again", "async", k=1, steps=3, seen=again, partial=True, order="finished")
+    assert [[t.tokens.tolist() for t in again[s]] for s in range(3)] == [[t.tokens.tolist() for t in seen[s]]
+                                                                          for s in range(3)]
+    resumed: dict[int, list] = {}
+    _run(shared, "fin_resume", "async", k=1, steps=1, seen=resumed, partial=True, order="finished")
+    _, recs3 = _run(shared, "fin_resume", "async", k=1, steps=3, seen=resumed, partial=True, order="finished")
+    assert [r["step"] for r in recs3] == [1, 2, 3]
+    assert _tasks(resumed, range(3)) == _tasks(sync_seen, range(3))
+    assert all(r["staleness_max"] <= 1.0 for r in recs3)
+
+
+def test_finished_order_at_k0_equals_sync(shared):
+    state_s, sync = _run(shared, "fin0_sync", "sync", steps=2)
+    state_f, k0 = _run(shared, "fin0", "async", k=0, steps=2, partial=True, order="finished")
+    for a, b in zip(sync, k0):
+        assert _comparable(a) == _comparable(b)
+    for x, y in zip(jax.tree.leaves(state_s["student"]), jax.tree.leaves(state_f["student"])):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
 def test_rollout_mode_settings_are_checked():
+    with pytest.raises(ConfigError, match="rollout.partial=true"):
+        apply_overrides(load_config("tiny"), ["rollout.mode=async", "rollout.batch_order=finished"])
     with pytest.raises(ConfigError, match="rollout.mode=async"):
         apply_overrides(load_config("tiny"), ["rollout.partial=true"])
     with pytest.raises(ConfigError, match="max_staleness"):

@@ -70,7 +70,8 @@ class RolloutPipeline:
         self._cond = threading.Condition()
         self._versions: dict[int, Any] = {start: params0}  # published student versions not yet used
         self._ready: dict[int, tuple[list, dict]] = {}
-        self._task_states: dict[int, Any] = {start: task_state()}  # before step s's tasks are drawn
+        # before step s's tasks are drawn (a subclass may draw from an earlier ``first_draw``)
+        self._task_states: dict[int, Any] = {getattr(self, "first_draw", start): task_state()}
         self._error: BaseException | None = None
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="async-rollouts", daemon=True)

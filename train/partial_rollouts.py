@@ -2,22 +2,32 @@
 across the steps of a training stage, its slots kept full from step to step.
 
 :class:`PartialRolloutPipeline` has :class:`train.async_rollouts.RolloutPipeline`'s
-trainer side (``publish`` / ``get`` / ``task_state`` / ``close``) but runs a single
-:meth:`lopd_jax.rollout.engine.Engine.run` on its thread, fed step by step by
-:class:`StepFeed`. Step ``s``'s episodes are admitted as soon as the engine has room and
-the student of version ``v(s) = max(start, s - k)`` is published; admitting them swaps the
-weights of every episode in flight to ``v(s)`` (their caches, computed under older weights,
-are kept). So a slow episode of step ``s`` no longer holds the engine: steps ``s + 1 ..
-s + k`` decode beside it. Each token records the version that sampled it; a trajectory's
-``policy_version`` is its oldest token's, ``latest_version`` its newest. Step ``s``'s
-tokens all come from versions ``v(s) .. s``, so staleness stays at most ``k``.
+trainer side (``publish`` / ``get`` / ``close``) but runs a single
+:meth:`lopd_jax.rollout.engine.Engine.run` on its thread, fed by :class:`StepFeed`. The
+tasks are drawn step by step ("draw step" d, with d's key); draw step d's episodes are
+admitted, a GRPO group (``env.group_size`` rows) at a time, as soon as the engine has room
+and the student of version ``v(d) = max(start, d - k)`` is published. Admitting them swaps
+the weights of every episode in flight to ``v(d)`` (their caches, computed under older
+weights, are kept). Each token records the version that sampled it; a trajectory's
+``policy_version`` is its oldest token's, ``latest_version`` its newest.
 
-Swaps happen only when the feed is asked for work, and the feed waits for ``v(s)`` only
-once every step below ``v(s)`` has been delivered (the trainer then has what it needs to
-make it): with environment steps run on the engine's thread (``engine.env_workers=0``,
-latency counted in engine steps) the run is a function of the seed. With step threads the
-swap points depend on timing; the batches' tasks do not. docs/rl_step.md, "Partial
-rollouts".
+Which groups train at step s (``rollout.batch_order``):
+
+- ``step``: draw step s's groups, once all have finished (tasks stay tied to steps; the
+  trainer still waits for step s's slowest episode). Staleness <= k.
+- ``finished``: this process's quota of groups (its rows of a step) in the order they
+  finish, except that a group admitted under version a must train by step a + k: step s
+  takes every such group first, waiting for it, then fills its quota with the first groups
+  to finish. The admission gate (<= (a + k + 1) steps' groups admitted by version a) makes
+  the deadline groups fit the quota, so staleness <= k. A checkpoint records where the
+  task iterator must restart (the oldest draw step with a group not yet trained, on any
+  process) and the groups after it already trained, per process; a resumed run skips
+  those, so every drawn group trains exactly once.
+
+The feed waits for ``v(d)`` only once every batch below ``v(d)`` is delivered (the trainer
+then has what it needs to make it): with environment steps on the engine's thread
+(``engine.env_workers=0``, latency counted in engine steps) a run is a function of the seed
+and the process layout. docs/rl_step.md, "Partial rollouts".
 """
 
 from __future__ import annotations
@@ -32,31 +42,51 @@ from train.async_rollouts import RolloutPipeline, sampling_version
 
 
 @dataclasses.dataclass
-class _OpenStep:
-    """A step whose episodes are in the engine."""
+class _Group:
+    """One GRPO group of this process's rows of a draw step, from admission to its batch."""
 
+    draw: int
+    index: int  # among this process's groups of its draw step
     batch: EpisodeBatch
-    first_row: int
-    version: int
-    waited: float
+    version: int  # the student version it was admitted under
     started: float
     results: list[EpisodeResult | None]
-    left: int
-    tasks: int  # the step's tasks on every process
+    left: int  # live episodes still running
+    trajs: list | None = None  # once finished
+    order: int = -1  # finish order
+
+
+def split_groups(batch: EpisodeBatch, size: int) -> list[EpisodeBatch]:
+    """``batch``'s rows as consecutive groups of ``size`` (each its own :class:`EpisodeBatch`)."""
+    n = len(batch.episodes)
+    if n % size:
+        raise ValueError(f"{n} rollout rows on this process are not whole groups of env.group_size={size}; make "
+                         "each process's rows (env.tasks_per_step * env.group_size / processes) a multiple of it")
+    spec_of = dict(zip(batch.live, batch.specs))
+    out = []
+    for lo in range(0, n, size):
+        live = [i for i in batch.live if lo <= i < lo + size]
+        out.append(EpisodeBatch(batch.episodes[lo:lo + size], [i - lo for i in live], [spec_of[i] for i in live]))
+    return out
 
 
 class StepFeed:
     """The :class:`lopd_jax.rollout.episode_spec.EpisodeFeed` of a
-    :class:`PartialRolloutPipeline`: the steps' episodes in step order, each step's under
-    its sampling version (see the module docstring)."""
+    :class:`PartialRolloutPipeline` (see the module docstring)."""
 
     def __init__(self, pipe: "PartialRolloutPipeline", max_total: int):
         self.pipe, self.max_total = pipe, max_total
-        self.next_step = pipe.start
+        self.next_draw = pipe.first_draw
         self.version = pipe.start  # the weights the engine runs (version ``start`` from the first call)
-        self.open: dict[int, _OpenStep] = {}
-        self.where: dict[int, tuple[int, int]] = {}  # id(spec) -> (step, index among its live episodes)
-        self.delivered: set[int] = set()
+        self.groups: list[_Group] = []  # drawn, not yet in a batch
+        self.where: dict[int, tuple[_Group, int]] = {}  # id(spec) -> (group, index among its live episodes)
+        self.drawn: dict[int, int] = {}  # draw step -> this process's groups of it
+        self.batch_log: dict[int, list[tuple[int, int]]] = {}  # batch -> its groups' (draw, index)
+        self.next_batch = pipe.start
+        self.quota = 0  # groups per batch on this process
+        self.first_row = 0
+        self.finished = 0
+        self.waited = 0.0
 
     @property
     def cancelled(self) -> bool:
@@ -64,16 +94,15 @@ class StepFeed:
 
     def more(self, idle: bool) -> FeedItem | None:
         pipe, swap = self.pipe, None
-        while self.next_step < pipe.num_steps and not pipe._stop:
-            s = self.next_step
-            v = sampling_version(s, pipe.k, pipe.start)
-            waited = 0.0
+        while self.next_draw < pipe.num_steps and not pipe._stop:
+            d = self.next_draw
+            v = sampling_version(d, pipe.k, pipe.start)
             if v != self.version:
-                if any(t not in self.delivered for t in range(pipe.start, v)):  # the trainer still needs rollouts
+                if self.next_batch < v:  # the trainer still needs rollouts to make version v
                     if idle:
-                        raise RuntimeError(f"partial rollouts: the engine is idle before step {s + 1} but steps "
-                                           f"below {v + 1} are not delivered (a bug)")
-                    return FeedItem(params=swap, version=self.version) if swap is not None else FeedItem()
+                        raise RuntimeError(f"partial rollouts: the engine is idle before draw step {d + 1} but "
+                                           f"batch {self.next_batch + 1} is not delivered (a bug)")
+                    break
                 t0 = time.perf_counter()
                 with pipe._cond:
                     while v not in pipe._versions and not pipe._stop:
@@ -83,66 +112,134 @@ class StepFeed:
                     swap = pipe._versions[v]
                     for old in [u for u in pipe._versions if u < v]:
                         del pipe._versions[old]
-                waited = time.perf_counter() - t0
+                self.waited += time.perf_counter() - t0
                 self.version = v
-            tasks = pipe.draw_tasks(s)
-            with pipe._cond:
-                pipe._task_states[s + 1] = pipe.task_state_fn()
-            batch, first_row = pipe.prepare(s, tasks)
-            self.next_step += 1
-            step = _OpenStep(batch, first_row, v, waited, time.perf_counter(), [None] * len(batch.specs),
-                             len(batch.specs), len(tasks))
-            self.open[s] = step
-            for j, spec in enumerate(batch.specs):
-                self.where[id(spec)] = (s, j)
-            if not batch.specs:  # every reset failed: the step is done already
-                self._deliver(s)
+            specs = self._draw(d)
+            if specs:
+                return FeedItem(specs, swap, self.version)
+        if swap is not None:
+            return FeedItem(params=swap, version=self.version)
+        return None if self.next_draw >= pipe.num_steps else FeedItem()
+
+    def _draw(self, d: int) -> list[EpisodeSpec]:
+        """Draw step ``d``'s tasks and admit this process's groups of them (less those a
+        checkpoint says already trained); the specs to run."""
+        pipe = self.pipe
+        tasks = pipe.draw_tasks(d)
+        with pipe._cond:
+            pipe._task_states[d + 1] = pipe.task_state_fn()
+        batch, self.first_row = pipe.prepare(d, tasks)
+        parts = split_groups(batch, pipe.group_size)
+        self.quota = len(parts)
+        now, specs = time.perf_counter(), []
+        with pipe._cond:
+            self.next_draw += 1
+            self.drawn[d] = len(parts)
+        for j, part in enumerate(parts):
+            if (d, j) in pipe.skip:
+                finish_episodes(part, [None] * len(part.specs), 0.0, self.version)  # trained before the resume
                 continue
-            return FeedItem(batch.specs, swap, self.version)
-        return None if swap is None else FeedItem(params=swap, version=self.version)
+            group = _Group(d, j, part, self.version, now, [None] * len(part.specs), len(part.specs))
+            self.groups.append(group)
+            for i, spec in enumerate(part.specs):
+                self.where[id(spec)] = (group, i)
+            specs += part.specs
+            if not part.specs:  # every reset failed: finished already
+                self._finished(group)
+        return specs
 
     def ended(self, spec: EpisodeSpec, result: EpisodeResult) -> None:
-        s, j = self.where.pop(id(spec))
-        step = self.open[s]
-        step.results[j] = result
-        step.left -= 1
-        if step.left == 0:
-            self._deliver(s)
+        group, i = self.where.pop(id(spec))
+        group.results[i] = result
+        group.left -= 1
+        if group.left == 0:
+            self._finished(group)
 
-    def _deliver(self, s: int) -> None:
-        step = self.open.pop(s)
+    def _finished(self, group: _Group) -> None:
+        group.trajs = finish_episodes(group.batch, group.results, self.pipe.close_timeout, group.version)
+        group.order = self.finished
+        self.finished += 1
+        while self.next_batch < self.pipe.num_steps and self._deliver(self.next_batch):
+            pass
+
+    def _choose(self, s: int) -> list[_Group] | None:
+        """Batch ``s``'s groups, or None while they are not all finished."""
         pipe = self.pipe
-        trajs = finish_episodes(step.batch, step.results, pipe.close_timeout, step.version)
-        info = {"first_row": step.first_row, "rollout_seconds": time.perf_counter() - step.started,
-                "sampler_wait_seconds": step.waited,
-                "rollouts_resampled_on_resume": step.tasks if step.version != max(0, s - pipe.k) else 0,
-                "partial_rollouts": sum(t.latest_version != t.policy_version for t in trajs)}
-        self.delivered.add(s)
+        if pipe.order == "step":
+            if self.drawn.get(s) is None:
+                return None
+            chosen = [g for g in self.groups if g.draw == s]
+            return chosen if all(g.trajs is not None for g in chosen) else None
+        due = [g for g in self.groups if g.version <= s - pipe.k]  # trained by step version + k at the latest
+        if len(due) > self.quota:
+            raise RuntimeError(f"partial rollouts: {len(due)} groups are due at step {s + 1}, over the quota of "
+                               f"{self.quota} (a bug)")
+        if not self.quota or any(g.trajs is None for g in due):
+            return None
+        rest = sorted((g for g in self.groups if g.trajs is not None and g not in due), key=lambda g: g.order)
+        chosen = due + rest[:self.quota - len(due)]
+        return sorted(chosen, key=lambda g: (g.draw, g.index)) if len(chosen) == self.quota else None
+
+    def _deliver(self, s: int) -> bool:
+        chosen = self._choose(s)
+        if chosen is None:
+            return False
+        pipe = self.pipe
+        self.groups = [g for g in self.groups if g not in chosen]
+        trajs = [t for g in chosen for t in g.trajs]
+        resampled = sum(len(g.trajs) for g in chosen if g.version != max(0, g.draw - pipe.k))
+        info = {"first_row": self.first_row,
+                "rollout_seconds": time.perf_counter() - min(g.started for g in chosen),
+                "sampler_wait_seconds": self.waited, "rollouts_resampled_on_resume": resampled * pipe.processes,
+                "partial_rollouts": sum(t.latest_version != t.policy_version for t in trajs),
+                "draw_lag": float(sum(s - g.draw for g in chosen)) / len(chosen)}
+        self.waited = 0.0
         with pipe._cond:
+            self.batch_log[s] = [(g.draw, g.index) for g in chosen]
+            self.next_batch = s + 1
             pipe._ready[s] = (trajs, info)
             pipe._cond.notify_all()
+        return True
+
+    def resume_point(self, s: int) -> tuple[int, list[tuple[int, int]]]:
+        """Before batch ``s``: the oldest draw step with a group of this process not in
+        batches below ``s`` (or the next draw step) and the groups from it on that are."""
+        with self.pipe._cond:
+            trained = set(self.pipe.skip) | {x for b in range(self.pipe.start, s) for x in self.batch_log.get(b, ())}
+            drawn = dict(self.drawn)
+            nxt = self.next_draw
+        waiting = [d for d, n in drawn.items() for j in range(n) if (d, j) not in trained]
+        d0 = min(waiting + [nxt])
+        return d0, sorted(x for x in trained if x[0] >= d0)
 
     def close_open(self) -> None:
-        """Close the environments of steps still in the engine (a cancelled run)."""
-        for s in list(self.open):
-            step = self.open.pop(s)
-            finish_episodes(step.batch, step.results, 0.0, step.version)
+        """Close the environments of groups not delivered (a cancelled run)."""
+        for g in self.groups:
+            if g.trajs is None:
+                finish_episodes(g.batch, g.results, 0.0, g.version)
+        self.groups = []
 
 
 class PartialRolloutPipeline(RolloutPipeline):
     """Steps ``start .. num_steps - 1`` as one engine run on a background thread (see the
-    module docstring). ``prepare(s, tasks)`` gives this process's prepared episodes of step
-    ``s`` and its first row (:meth:`train.run_context.RunContext.prepare_split`);
+    module docstring). ``prepare(d, tasks)`` gives this process's prepared episodes of draw
+    step ``d`` and its first row (:meth:`train.run_context.RunContext.prepare_split`);
     ``run_stream(params, feed)`` runs the engine over the feed; ``max_total`` caps an
-    episode's tokens; ``close_timeout`` bounds closing a step's environments. The other
-    arguments are :class:`train.async_rollouts.RolloutPipeline`'s. The held-out evaluation
-    runs beside the stream on its own page pool (no engine lock)."""
+    episode's tokens; ``close_timeout`` bounds closing a group's environments; ``order`` is
+    ``rollout.batch_order``; ``first_draw`` the task iterator's step (below ``start`` after
+    a resume in ``finished`` order) and ``skip`` the ``(draw, group)`` pairs already
+    trained. The other arguments are :class:`train.async_rollouts.RolloutPipeline`'s. The
+    held-out evaluation runs beside the stream on its own page pool (no engine lock)."""
 
     def __init__(self, prepare: Callable[[int, list], tuple[EpisodeBatch, int]],
                  run_stream: Callable[[Any, StepFeed], Any], max_total: int, close_timeout: float,
                  draw_tasks: Callable[[int], list], task_state: Callable[[], Any], start: int, num_steps: int,
-                 k: int, params0):
+                 k: int, params0, *, order: str = "step", group_size: int = 1, first_draw: int | None = None,
+                 skip=(), processes: int = 1):
         self.prepare, self.run_stream, self.close_timeout = prepare, run_stream, close_timeout
+        self.order, self.group_size, self.processes = order, group_size, processes
+        self.first_draw = start if first_draw is None else first_draw
+        self.skip = {tuple(x) for x in skip}
         self.feed: StepFeed | None = None
         self._max_total = max_total
         super().__init__(None, draw_tasks, task_state, start, num_steps, k, params0)
@@ -150,8 +247,21 @@ class PartialRolloutPipeline(RolloutPipeline):
     def lock_engine_if(self, condition: bool):
         return super().lock_engine_if(False)
 
+    def resume_point(self, s: int) -> tuple[int, list[tuple[int, int]]]:
+        """``(draw step, groups trained from it on)`` a run resumed before step ``s``
+        restarts from, for this process (``finished`` order; see :class:`StepFeed`)."""
+        with self._cond:
+            feed = self.feed
+        return feed.resume_point(s) if feed is not None else (self.first_draw, sorted(self.skip))
+
+    def iterator_state(self, d: int):
+        """The task iterator's state before draw step ``d``."""
+        with self._cond:
+            return self._task_states[d]
+
     def _run(self) -> None:
-        self.feed = feed = StepFeed(self, self._max_total)
+        with self._cond:
+            self.feed = feed = StepFeed(self, self._max_total)
         try:
             self.run_stream(self._versions[self.start], feed)
         except BaseException as e:  # handed to the trainer by get()
@@ -161,7 +271,7 @@ class PartialRolloutPipeline(RolloutPipeline):
         finally:
             feed.close_open()
             with self._cond:
-                if self._error is None and not self._stop and len(feed.delivered) < self.num_steps - self.start:
-                    self._error = RuntimeError("partial rollouts: the engine run ended before every step was "
-                                               "delivered")
+                if self._error is None and not self._stop and feed.next_batch < self.num_steps:
+                    self._error = RuntimeError("partial rollouts: the engine run ended before every step's batch "
+                                               "was delivered")
                 self._cond.notify_all()

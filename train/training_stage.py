@@ -112,6 +112,7 @@ class TrainingStage:
         self.mode, self.max_staleness = ctx.cfg.rollout.mode, ctx.cfg.rollout.max_staleness
         self.pipeline: RolloutPipeline | None = None  # async: started by the first batch()
         self.version = 0  # async: the current student's version (its update count)
+        self._trained_ahead = None  # finished-order partial rollouts: per process, groups trained before a resume
 
     # ----- what subclasses give -----
     def gather(self, s: int, trajs: list, local: dict) -> tuple[list, dict]:
@@ -193,13 +194,17 @@ class TrainingStage:
                 f"{start}) rather than versions {max(0, start - k)}..{start - 1} (counted in "
                 "rollouts_resampled_on_resume)")
         params0 = self.sampler_params(self.state["student"])
-        if self.ctx.cfg.rollout.partial:
+        ro = self.ctx.cfg.rollout
+        if ro.partial:
             engine = self.ctx.engine
+            skip = (self._trained_ahead or [[]] * jax.process_count())[jax.process_index()]
             self.pipeline = PartialRolloutPipeline(
                 lambda s, tasks: self.ctx.prepare_split(tasks, jax.random.fold_in(self.key, s)),
-                lambda params, feed: engine.run(params, [], jax.random.fold_in(self.key, start), feed=feed),
-                self.ctx.cfg.rollout.caps.max_total_tokens, engine.config.env_timeout_s, self.step_tasks,
-                self.tasks.get_state, start, n, k, params0)
+                lambda params, feed: engine.run(params, [], jax.random.fold_in(self.key, start), feed=feed,
+                                                version=start),
+                ro.caps.max_total_tokens, engine.config.env_timeout_s, self.step_tasks, self.tasks.get_state,
+                start, n, k, params0, order=ro.batch_order, group_size=self.group_size, first_draw=self.tasks.step,
+                skip=skip, processes=jax.process_count())
         else:
             self.pipeline = RolloutPipeline(self.sample, self.step_tasks, self.tasks.get_state, start, n, k, params0)
 
@@ -238,7 +243,14 @@ class TrainingStage:
 
     def meta(self, s: int) -> dict:
         """Checkpoint metadata: the task iterator's state (before step ``s``'s tasks) and
-        the bank's path."""
+        the bank's path; with finished-order partial rollouts, the iterator's state before
+        the oldest draw step with a group not yet trained and, per process, the groups
+        after it already trained (``trained_ahead``; a collective)."""
+        if isinstance(self.pipeline, PartialRolloutPipeline) and self.pipeline.order == "finished":
+            parts = distributed.allgather_objects(self.pipeline.resume_point(s))  # every process's
+            d0 = min(d for d, _ in parts)
+            return {"data": self.pipeline.iterator_state(d0), "bank": self.bank_path,
+                    "trained_ahead": [[list(x) for x in trained if x[0] >= d0] for _, trained in parts]}
         data = self.pipeline.task_state(s) if self.pipeline is not None else self.tasks.get_state()
         return {"data": data, "bank": self.bank_path}
 
@@ -246,6 +258,7 @@ class TrainingStage:
         """Continue from a restored checkpoint (the next rollout samples its student)."""
         self.state = state
         self.tasks.set_state(meta["data"])
+        self._trained_ahead = meta.get("trained_ahead")
 
     def run(self):
         """Run (or resume) the stage's ``stages.lopd_steps`` steps; ``(state, preempted)``.

@@ -324,7 +324,7 @@ class Engine:
 
     def run(self, params, episodes: Sequence[EpisodeSpec], rng: jax.Array, sampling: SamplingParams | None = None,
             *, first_id: int = 0, on_finish: Callable[[int], None] | None = None,
-            feed: EpisodeFeed | None = None) -> list[EpisodeResult]:
+            feed: EpisodeFeed | None = None, version: int = 0) -> list[EpisodeResult]:
         """Run every episode to its end; results in input order. Metrics of the run are in
         :attr:`metrics`.
 
@@ -335,7 +335,8 @@ class Engine:
         this thread) whenever ``n`` episodes have just ended. ``feed``: more episodes and
         new weights as the run goes (:class:`~lopd_jax.rollout.episode_spec.EpisodeFeed`;
         their results go to ``feed.ended``, not into the returned list); the in-flight
-        limit is then ``max_in_flight`` or twice the slots.
+        limit is then ``max_in_flight`` or twice the slots. ``version``: the version of
+        ``params`` that tokens record until the feed gives new weights.
         """
         sp = self._device_sampling(sampling or self.sampling)
         cfg = self.config
@@ -364,7 +365,7 @@ class Engine:
         admitted = 0
         in_flight = 0  # episodes started (admitted once) and not finished
         limit = cfg.max_in_flight or (len(eps) if feed is None else 2 * cfg.slots)
-        version, fed, feed_over = 0, len(eps), feed is None  # the weights' version; episodes given so far
+        fed, feed_over = len(eps), feed is None  # episodes given so far
         t0 = time.perf_counter()
         pool = EnvThreads(cfg.env_workers) if cfg.env_workers else None
         timeout = cfg.env_timeout_s if pool is not None else 0.0  # a step on this thread cannot be timed out

@@ -215,7 +215,8 @@ class RolloutSection:
     step s trains; step s samples the student after max(0, s - k) updates). ``max_staleness``
     is that k (>= 0; read only in async; 0 gives sync's results). ``partial`` (async only):
     one engine run across the steps, its slots kept full; episodes in flight go on under
-    each new student (:mod:`train.partial_rollouts`). docs/rl_step.md, "Asynchronous
+    each new student (:mod:`train.partial_rollouts`); ``batch_order`` (partial only):
+    ``step`` trains step s on step s's tasks, ``finished`` on the first groups to finish. docs/rl_step.md, "Asynchronous
     rollouts" and "Partial rollouts"."""
 
     sampling: SamplingParams = inline(SamplingParams())
@@ -225,6 +226,7 @@ class RolloutSection:
     mode: Literal["sync", "async"] = "sync"
     max_staleness: int = 1
     partial: bool = False
+    batch_order: Literal["step", "finished"] = "step"
 
     def __post_init__(self):
         if self.max_staleness < 0:
@@ -234,6 +236,12 @@ class RolloutSection:
             raise ConfigError("rollout.partial=true keeps the engine running across steps, which needs "
                               "rollout.mode=async; set rollout.mode=async (with rollout.max_staleness=k) or "
                               "rollout.partial=false.")
+        if self.batch_order not in ("step", "finished"):
+            raise ConfigError(f"rollout.batch_order={self.batch_order!r}: use step (step s trains on step s's "
+                              "tasks) or finished (the first groups to finish, within max_staleness).")
+        if self.batch_order == "finished" and not self.partial:
+            raise ConfigError("rollout.batch_order=finished takes the first groups to finish from one engine run "
+                              "across steps; set rollout.partial=true (and rollout.mode=async) too.")
 
 
 @dataclasses.dataclass(frozen=True)
