@@ -16,10 +16,12 @@ Which groups train at step s (``rollout.batch_order``):
 - ``step``: draw step s's groups, once all have finished (tasks stay tied to steps; the
   trainer still waits for step s's slowest episode). Staleness <= k.
 - ``finished``: this process's quota of groups (its rows of a step) in the order they
-  finish, except that a group admitted under version a must train by step a + k: step s
-  takes every such group first, waiting for it, then fills its quota with the first groups
-  to finish. The admission gate (<= (a + k + 1) steps' groups admitted by version a) makes
-  the deadline groups fit the quota, so staleness <= k. A checkpoint records where the
+  finish, except that a group admitted under version a must train by step a + k. Step s
+  first takes, earliest-due first, as many finished groups as leave at most (t - s) quotas
+  due by each later step t (waiting for them if they are still running), then fills its
+  quota with the first groups to finish. The admission gate (draw step d under version
+  >= d - k) keeps at most k + 1 quotas untrained, so every deadline can be met and
+  staleness <= k. A checkpoint records where the
   task iterator must restart (the oldest draw step with a group not yet trained, on any
   process) and the groups after it already trained, per process; a resumed run skips
   those, so every drawn group trains exactly once.
@@ -170,14 +172,28 @@ class StepFeed:
                 return None
             chosen = [g for g in self.groups if g.draw == s]
             return chosen if all(g.trajs is not None for g in chosen) else None
-        due = [g for g in self.groups if g.version <= s - pipe.k]  # trained by step version + k at the latest
-        if len(due) > self.quota:
-            raise RuntimeError(f"partial rollouts: {len(due)} groups are due at step {s + 1}, over the quota of "
-                               f"{self.quota} (a bug)")
-        if not self.quota or any(g.trajs is None for g in due):
+        if not self.quota:
             return None
-        rest = sorted((g for g in self.groups if g.trajs is not None and g not in due), key=lambda g: g.order)
-        chosen = due + rest[:self.quota - len(due)]
+        # A group admitted under version a must train by step a + k. Step s must leave at most
+        # (t - s) quotas of groups due by each step t > s, so it takes that many of the
+        # earliest-due finished groups first (waiting when they have not finished), then
+        # fills its quota in finish order.
+        done = lambda g: g.trajs is not None  # noqa: E731
+        chosen: list[_Group] = []
+        for t in range(s, s + pipe.k + 1):
+            pool = [g for g in self.groups if g.version + pipe.k <= t]
+            need = len(pool) - (t - s) * self.quota
+            if need > self.quota:
+                raise RuntimeError(f"partial rollouts: {need} groups must train at step {s + 1}, over the quota "
+                                   f"of {self.quota} (a bug)")
+            have = sum(g.version + pipe.k <= t for g in chosen)
+            if need > have:
+                cands = sorted((g for g in pool if done(g) and g not in chosen), key=lambda g: g.order)
+                if len(cands) < need - have:
+                    return None
+                chosen += cands[:need - have]
+        rest = sorted((g for g in self.groups if done(g) and g not in chosen), key=lambda g: g.order)
+        chosen += rest[:self.quota - len(chosen)]
         return sorted(chosen, key=lambda g: (g.draw, g.index)) if len(chosen) == self.quota else None
 
     def _deliver(self, s: int) -> bool:
