@@ -58,8 +58,10 @@ class RLSchedule:
     version it is trained under; ``stale``: ``drop`` restarts an episode that would exceed k
     (its tokens are wasted and counted), ``keep`` trains on it (importance-corrected).
     ``batches``: ``finished`` trains on the first groups to finish; ``step`` on step s's own
-    groups, once all of them have finished (what ``rollout.partial`` builds: the sampler
-    keeps its slots full, the trainer still waits for a step's slowest episode).
+    groups, once all of them have finished (``rollout.batch_order=step``: the sampler keeps
+    its slots full, the trainer still waits for a step's slowest episode); ``due`` is
+    ``rollout.batch_order=finished`` as built: the groups due soonest first (a group started
+    under version a trains by step a + k), then the first to finish; nothing is dropped.
     """
 
     mode: Literal["sync", "async"] = "sync"
@@ -72,7 +74,7 @@ class RLSchedule:
     max_staleness: int = 1
     stale: Literal["drop", "keep"] = "drop"
     chunk: int = 16
-    batches: Literal["finished", "step"] = "finished"
+    batches: Literal["finished", "step", "due"] = "finished"
 
     def __post_init__(self):
         if self.mode not in ("sync", "async") or self.placement not in ("colocated", "split"):
@@ -81,8 +83,8 @@ class RLSchedule:
             raise ValueError(f"sampler_share={self.sampler_share}: a split slice needs a share in (0, 1)")
         if self.batch % self.group_size:
             raise ValueError(f"batch {self.batch} is not whole groups of {self.group_size}")
-        if self.batches not in ("finished", "step"):
-            raise ValueError(f"batches={self.batches!r}: use finished|step")
+        if self.batches not in ("finished", "step", "due"):
+            raise ValueError(f"batches={self.batches!r}: use finished|step|due")
         if self.max_staleness < 0 or self.stale not in ("drop", "keep"):
             raise ValueError(f"max_staleness={self.max_staleness}, stale={self.stale!r}: k >= 0, drop|keep")
 
@@ -161,12 +163,36 @@ def simulate_rl(episodes: Iterator[Episode], sched: RLSchedule, times: RLStepTim
         env[:] = [x for x in env if x[1] in live]
         heapq.heapify(env)
 
+    def due_batch() -> list[int] | None:
+        """``due``: the groups due soonest (started under version a: due by a + k) as far as
+        later steps need, then the first to finish (ready_groups is in finish order)."""
+        q, done = batch // g, list(ready_groups)
+        start_version = {gid: live[ids[0]][2] for gid, ids in members.items()}
+        chosen: list[int] = []
+        for t in range(version, version + k + 1):
+            pool = [gid for gid, v in start_version.items() if v + k <= t]
+            need = len(pool) - (t - version) * q
+            have = sum(start_version[gid] + k <= t for gid in chosen)
+            if need > have:
+                cands = [gid for gid in done if gid in pool and gid not in chosen]
+                if len(cands) < need - have:
+                    return None
+                chosen += cands[:need - have]
+        chosen += [gid for gid in done if gid not in chosen][:q - len(chosen)]
+        return chosen if len(chosen) == q else None
+
     def take_batch() -> bool:
         """Train on the oldest ready groups if they make a batch (``step``: on the next step's
         groups once all are ready); their episodes leave."""
         if sched.batches == "step":
             need = list(range(version * (batch // g), (version + 1) * (batch // g)))
             if not set(need) <= set(ready_groups):
+                return False
+            for gid in need:
+                ready_groups.remove(gid)
+        elif sched.batches == "due":
+            need = due_batch()
+            if need is None:
                 return False
             for gid in need:
                 ready_groups.remove(gid)
