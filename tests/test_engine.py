@@ -305,8 +305,9 @@ class _Feed:
     """An episode feed of fixed groups: group ``g`` comes with ``swaps.get(g)`` (new weights
     and their version); ``cancel_after`` ends the run once that many episodes ended."""
 
-    def __init__(self, groups, swaps=None, cancel_after=None, idle_gap=False):
+    def __init__(self, groups, swaps=None, cancel_after=None, idle_gap=False, drop_on_first_end=()):
         self.groups, self.swaps, self.cancel_after, self.idle_gap = list(groups), swaps or {}, cancel_after, idle_gap
+        self.drop_on_first_end, self.drops = list(drop_on_first_end), []
         self.max_total, self.cancelled, self.given, self.results = 48, False, 0, {}
 
     def more(self, idle):
@@ -320,8 +321,14 @@ class _Feed:
         params, version = self.swaps.get(g, (None, 0))
         return FeedItem(self.groups[g], params, version)
 
+    def take_drops(self):
+        drops, self.drops = self.drops, []
+        return drops
+
     def ended(self, spec, result):
         self.results[spec.identity] = result
+        if len(self.results) == 1:
+            self.drops, self.drop_on_first_end = self.drop_on_first_end, []
         if self.cancel_after is not None and len(self.results) >= self.cancel_after:
             self.cancelled = True
 
@@ -354,6 +361,19 @@ def test_a_feed_streams_episodes_with_their_own_keys_and_swaps_weights_in_flight
         old = int((r.versions[0] == 0).sum())
         assert r.turns[0][:old].tolist() == ref.turns[0][:old].tolist()
     assert any(feed.results[i].context != pool_full_run[0][i].context for i in range(7))
+
+
+@pytest.mark.parametrize("env_workers", [0, 2])
+def test_a_feed_can_drop_episodes_in_flight(qwen, env_workers):
+    """Episodes a feed drops (a restart) leave wherever they are, with their pages; the
+    others finish as in a plain run."""
+    specs = [dataclasses.replace(x, identity=i) for i, x in enumerate(_sampled_specs(7))]
+    feed = _Feed([specs], drop_on_first_end=specs[3:5])  # given when the first episode ends
+    engine = _five_slots(qwen, env_workers=env_workers)
+    engine.run(_params(qwen), [], jax.random.key(5), feed=feed)
+    dropped = {3, 4} - set(feed.results)  # one may have ended before the engine took the drops
+    assert dropped and engine.metrics["dropped_episodes"] == len(dropped)
+    assert set(feed.results) == set(range(7)) - dropped and engine.metrics["leaked_pages"] == 0
 
 
 def test_a_feed_can_cancel_the_run_and_must_not_leave_the_engine_idle(qwen):

@@ -29,6 +29,8 @@ def _scripted_engine(seed, room=10):
     def run(params, feed, version=0):
         rs, running, over = np.random.RandomState(seed), [], False
         while not feed.cancelled:
+            dropped = {id(x) for x in feed.take_drops()}
+            running = [(spec, v) for spec, v in running if id(spec) not in dropped]
             if not over and len(running) < room:
                 item = feed.more(not running)
                 if item is None:
@@ -46,7 +48,7 @@ def _scripted_engine(seed, room=10):
     return run
 
 
-def _pipeline(start, steps, k, first_draw=None, skip=(), seed=0):
+def _pipeline(start, steps, k, first_draw=None, skip=(), seed=0, stale="wait"):
     state = {"d": start if first_draw is None else first_draw}
 
     def draw(d):
@@ -56,43 +58,50 @@ def _pipeline(start, steps, k, first_draw=None, skip=(), seed=0):
     run = _scripted_engine(seed)
     return PartialRolloutPipeline(_prepare, lambda p, feed: run(p, feed, start), 8, 0.0, draw,
                                   lambda: dict(state), start, steps, k, "params0", order="finished",
-                                  group_size=GROUP, first_draw=first_draw, skip=skip)
+                                  group_size=GROUP, first_draw=first_draw, skip=skip, stale=stale,
+                                  reprepare=lambda d, tasks, first: _prepare(d, tasks[::GROUP])[0])
 
 
 def _train(pipe, start, stop, k, out):
-    """The trainer's side: take batches start..stop-1, publish each version a later draw needs."""
+    """The trainer's side: take batches start..stop-1, publish each version a later draw
+    needs; the rollouts restarted."""
+    restarted = 0
     for s in range(start, stop):
         trajs, info = pipe.get(s)
         out[s] = trajs
+        restarted += info["rollouts_restarted"]
         assert len(trajs) == TASKS * GROUP
         assert all(s - k <= t.policy_version <= s for t in trajs), (s, [t.policy_version for t in trajs])
         for g in range(0, len(trajs), GROUP):  # whole groups, each from one task
             assert len({t.task.task_id for t in trajs[g:g + GROUP]}) == 1
         if pipe.wants(s + 1):
             pipe.publish(s + 1, f"params{s + 1}")
+    return restarted
 
 
+@pytest.mark.parametrize("stale", ["wait", "restart"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("k", [0, 1, 2, 3])
-def test_every_drawn_group_trains_once_within_the_bound_across_a_resume(k, seed):
+def test_every_drawn_group_trains_once_within_the_bound_across_a_resume(k, seed, stale):
     steps, cut = 7, 3
     whole: dict[int, list] = {}
-    pipe = _pipeline(0, steps, k, seed=seed)
-    _train(pipe, 0, steps, k, whole)
+    pipe = _pipeline(0, steps, k, seed=seed, stale=stale)
+    restarted = _train(pipe, 0, steps, k, whole)
     pipe.close()
+    assert (restarted > 0) == (stale == "restart" and k > 0)  # these streams always leave a straggler
     ids = lambda batches: sorted(t.task.task_id for b in batches.values() for t in b)
     assert ids(whole) == sorted(f"{d}/{i}" for d in range(steps) for i in range(TASKS) for _ in range(GROUP))
     lag = any(t.task.task_id.split("/")[0] != str(s) for s, b in whole.items() for t in b)
     assert lag == (k > 0)  # trained out of draw order, except at k = 0 (sync)
 
     first: dict[int, list] = {}
-    pipe = _pipeline(0, steps, k, seed=seed)
+    pipe = _pipeline(0, steps, k, seed=seed, stale=stale)
     _train(pipe, 0, cut, k, first)
     d0, trained = pipe.resume_point(cut)
     pipe.close()
     assert d0 <= cut and all(d >= d0 for d, _ in trained)
     rest: dict[int, list] = {}
-    pipe = _pipeline(cut, steps, k, first_draw=d0, skip=trained, seed=seed + 10)
+    pipe = _pipeline(cut, steps, k, first_draw=d0, skip=trained, seed=seed + 10, stale=stale)
     _train(pipe, cut, steps, k, rest)
     pipe.close()
     assert ids({**first, **rest}) == ids(whole)  # every group exactly once, none lost to the interruption

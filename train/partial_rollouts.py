@@ -54,6 +54,7 @@ class _Group:
     started: float
     results: list[EpisodeResult | None]
     left: int  # live episodes still running
+    first: int = 0  # the identity (row) of its first episode
     trajs: list | None = None  # once finished
     order: int = -1  # finish order
 
@@ -89,6 +90,13 @@ class StepFeed:
         self.first_row = 0
         self.finished = 0
         self.waited = 0.0
+        self.drops: list[EpisodeSpec] = []  # episodes of restarted groups the engine must drop
+        self.restarts: list[_Group] = []  # restarted groups waiting to be admitted again
+        self.restarted = 0  # rollouts restarted since the last batch
+
+    def take_drops(self) -> list[EpisodeSpec]:
+        drops, self.drops = self.drops, []
+        return drops
 
     @property
     def cancelled(self) -> bool:
@@ -96,6 +104,13 @@ class StepFeed:
 
     def more(self, idle: bool) -> FeedItem | None:
         pipe, swap = self.pipe, None
+        if self.restarts:  # under at least the version the next batch needs
+            swap = self._swap_to(max(self.version, sampling_version(self.next_batch, pipe.k, pipe.start)))
+            if pipe._stop:
+                return None
+            specs = self._readmit()
+            if specs:
+                return FeedItem(specs, swap, self.version)
         while self.next_draw < pipe.num_steps and not pipe._stop:
             d = self.next_draw
             v = sampling_version(d, pipe.k, pipe.start)
@@ -105,23 +120,67 @@ class StepFeed:
                         raise RuntimeError(f"partial rollouts: the engine is idle before draw step {d + 1} but "
                                            f"batch {self.next_batch + 1} is not delivered (a bug)")
                     break
-                t0 = time.perf_counter()
-                with pipe._cond:
-                    while v not in pipe._versions and not pipe._stop:
-                        pipe._cond.wait()
-                    if pipe._stop:
-                        return None
-                    swap = pipe._versions[v]
-                    for old in [u for u in pipe._versions if u < v]:
-                        del pipe._versions[old]
-                self.waited += time.perf_counter() - t0
-                self.version = v
+                swap = self._swap_to(v)
+                if pipe._stop:
+                    return None
             specs = self._draw(d)
             if specs:
                 return FeedItem(specs, swap, self.version)
         if swap is not None:
             return FeedItem(params=swap, version=self.version)
-        return None if self.next_draw >= pipe.num_steps else FeedItem()
+        if self.next_draw < pipe.num_steps or (pipe.stale == "restart" and self.next_batch < pipe.num_steps):
+            return FeedItem()  # more to come (restart: a group may still be restarted)
+        return None
+
+    def _swap_to(self, v: int):
+        """Wait for student version ``v`` (the trainer has what it needs to make it); its
+        parameters, or None when the engine runs it already."""
+        if v == self.version:
+            return None
+        pipe, t0 = self.pipe, time.perf_counter()
+        with pipe._cond:
+            while v not in pipe._versions and not pipe._stop:
+                pipe._cond.wait()
+            if pipe._stop:
+                return None
+            params = pipe._versions[v]
+            for old in [u for u in pipe._versions if u < v]:
+                del pipe._versions[old]
+        self.waited += time.perf_counter() - t0
+        self.version = v
+        return params
+
+    def _restart(self, group: _Group) -> None:
+        """``stale=restart``: drop a group that would train more than k versions old (its
+        episodes in flight are dropped, its environments closed) and queue it to start
+        again under newer weights, with the same tasks, identities and keys."""
+        self.groups.remove(group)
+        for i, spec in enumerate(group.batch.specs):
+            self.where.pop(id(spec), None)
+            if group.results[i] is None:
+                self.drops.append(spec)
+        finish_episodes(group.batch, group.results, self.pipe.close_timeout, group.version)
+        self.restarted += len(group.batch.episodes)
+        self.restarts.append(group)
+
+    def _readmit(self) -> list[EpisodeSpec]:
+        """The restarted groups, prepared afresh under the current version."""
+        specs, now = [], time.perf_counter()
+        for old in self.restarts:
+            part = self.pipe.reprepare(old.draw, [ep.task for ep in old.batch.episodes], old.first)
+            group = _Group(old.draw, old.index, part, self.version, now, [None] * len(part.specs), len(part.specs),
+                           old.first)
+            self._admit(group)
+            specs += part.specs
+        self.restarts = []
+        return specs
+
+    def _admit(self, group: _Group) -> None:
+        self.groups.append(group)
+        for i, spec in enumerate(group.batch.specs):
+            self.where[id(spec)] = (group, i)
+        if not group.batch.specs:  # every reset failed: finished already
+            self._finished(group)
 
     def _draw(self, d: int) -> list[EpisodeSpec]:
         """Draw step ``d``'s tasks and admit this process's groups of them (less those a
@@ -141,16 +200,14 @@ class StepFeed:
             if (d, j) in pipe.skip:
                 finish_episodes(part, [None] * len(part.specs), 0.0, self.version)  # trained before the resume
                 continue
-            group = _Group(d, j, part, self.version, now, [None] * len(part.specs), len(part.specs))
-            self.groups.append(group)
-            for i, spec in enumerate(part.specs):
-                self.where[id(spec)] = (group, i)
+            self._admit(_Group(d, j, part, self.version, now, [None] * len(part.specs), len(part.specs),
+                               self.first_row + j * pipe.group_size))
             specs += part.specs
-            if not part.specs:  # every reset failed: finished already
-                self._finished(group)
         return specs
 
     def ended(self, spec: EpisodeSpec, result: EpisodeResult) -> None:
+        if id(spec) not in self.where:  # a restarted group's episode that ended before the engine dropped it
+            return
         group, i = self.where.pop(id(spec))
         group.results[i] = result
         group.left -= 1
@@ -174,6 +231,9 @@ class StepFeed:
             return chosen if all(g.trajs is not None for g in chosen) else None
         if not self.quota:
             return None
+        if pipe.stale == "restart":  # stale groups were restarted: the first to finish
+            rest = sorted((g for g in self.groups if g.trajs is not None), key=lambda g: g.order)[:self.quota]
+            return sorted(rest, key=lambda g: (g.draw, g.index)) if len(rest) == self.quota else None
         # A group admitted under version a must train by step a + k. Step s must leave at most
         # (t - s) quotas of groups due by each step t > s, so it takes that many of the
         # earliest-due finished groups first (waiting when they have not finished), then
@@ -204,17 +264,20 @@ class StepFeed:
         self.groups = [g for g in self.groups if g not in chosen]
         trajs = [t for g in chosen for t in g.trajs]
         resampled = sum(len(g.trajs) for g in chosen if g.version != max(0, g.draw - pipe.k))
-        info = {"first_row": self.first_row,
+        info = {"first_row": self.first_row, "rollouts_restarted": self.restarted * pipe.processes,
                 "rollout_seconds": time.perf_counter() - min(g.started for g in chosen),
                 "sampler_wait_seconds": self.waited, "rollouts_resampled_on_resume": resampled * pipe.processes,
                 "partial_rollouts": sum(t.latest_version != t.policy_version for t in trajs),
                 "draw_lag": float(sum(s - g.draw for g in chosen)) / len(chosen)}
-        self.waited = 0.0
+        self.waited, self.restarted = 0.0, 0
         with pipe._cond:
             self.batch_log[s] = [(g.draw, g.index) for g in chosen]
             self.next_batch = s + 1
             pipe._ready[s] = (trajs, info)
             pipe._cond.notify_all()
+        if pipe.order == "finished" and pipe.stale == "restart" and s + 1 < pipe.num_steps:
+            for g in [g for g in self.groups if g.version < s + 1 - pipe.k]:  # would train more than k behind
+                self._restart(g)
         return True
 
     def resume_point(self, s: int) -> tuple[int, list[tuple[int, int]]]:
@@ -251,9 +314,13 @@ class PartialRolloutPipeline(RolloutPipeline):
                  run_stream: Callable[[Any, StepFeed], Any], max_total: int, close_timeout: float,
                  draw_tasks: Callable[[int], list], task_state: Callable[[], Any], start: int, num_steps: int,
                  k: int, params0, *, order: str = "step", group_size: int = 1, first_draw: int | None = None,
-                 skip=(), processes: int = 1):
+                 skip=(), processes: int = 1, stale: str = "wait",
+                 reprepare: Callable[[int, list, int], EpisodeBatch] | None = None):
+        if order == "finished" and stale == "restart" and reprepare is None:
+            raise ValueError("stale=restart needs reprepare (a group's tasks made ready again)")
         self.prepare, self.run_stream, self.close_timeout = prepare, run_stream, close_timeout
         self.order, self.group_size, self.processes = order, group_size, processes
+        self.stale, self.reprepare = stale, reprepare
         self.first_draw = start if first_draw is None else first_draw
         self.skip = {tuple(x) for x in skip}
         self.feed: StepFeed | None = None

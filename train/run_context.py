@@ -210,9 +210,13 @@ class RunContext:
         Returns ``(batch, first_row)``."""
         tasks = list(tasks)
         lo, hi = self.task_rows(len(tasks))
-        batch = prepare_episodes(tasks[lo:hi], self.source.make_env, self.fmt, self.cfg.rollout.caps,
-                                 first_episode=lo, rng=key_data(rng))
-        return batch, lo
+        return self.prepare_rows(tasks[lo:hi], rng, lo), lo
+
+    def prepare_rows(self, tasks, rng, first_episode: int) -> EpisodeBatch:
+        """``tasks`` (rows ``first_episode..`` of a batch) made ready for the engine, sampled
+        with ``rng`` (:func:`lopd_jax.rollout.episodes.prepare_episodes`)."""
+        return prepare_episodes(list(tasks), self.source.make_env, self.fmt, self.cfg.rollout.caps,
+                                first_episode=first_episode, rng=key_data(rng))
 
     def seq_buckets(self) -> tuple[int, ...]:
         """The padded training sequence length: one bucket, the total-token cap rounded up

@@ -204,7 +204,8 @@ class TrainingStage:
                                                 version=start),
                 ro.caps.max_total_tokens, engine.config.env_timeout_s, self.step_tasks, self.tasks.get_state,
                 start, n, k, params0, order=ro.batch_order, group_size=self.group_size, first_draw=self.tasks.step,
-                skip=skip, processes=jax.process_count())
+                skip=skip, processes=jax.process_count(), stale=ro.stale,
+                reprepare=lambda d, tasks, first: self.ctx.prepare_rows(tasks, jax.random.fold_in(self.key, d), first))
         else:
             self.pipeline = RolloutPipeline(self.sample, self.step_tasks, self.tasks.get_state, start, n, k, params0)
 

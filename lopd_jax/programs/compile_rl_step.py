@@ -22,11 +22,14 @@ from lopd_jax.rollout.layout import default_tensor, reshard_cost
 from lopd_jax.rollout.rl_schedule import RLSchedule, RLStepTimes, simulate_rl, steps_per_hour
 from lopd_jax.rollout.schedule import Episode, draw_episodes
 
-#: (placement, sampler share) pairs compared; ``split`` puts that share of the hosts on sampling;
-#: ``partial-step`` / ``partial-due`` are colocated as ``rollout.partial`` builds it, with
-#: ``rollout.batch_order=step`` / ``finished`` (:class:`RLSchedule` ``batches`` step / due)
-PLACEMENTS = (("colocated", 1.0), ("partial-step", 1.0), ("partial-due", 1.0), ("split", 0.25), ("split", 0.5))
-BATCHES = {"partial-step": "step", "partial-due": "due"}
+#: (placement, sampler share) pairs compared; ``split`` puts that share of the hosts on sampling
+#: (not built). The colocated rows are what ``rollout.partial=true`` builds: ``colocated`` with
+#: ``rollout.batch_order=finished rollout.stale=restart`` (the first groups to finish; stale
+#: ones restarted), ``partial-wait`` with ``stale=wait`` (the step waits for groups due) and
+#: ``partial-step`` with ``batch_order=step`` (:class:`RLSchedule` ``batches`` finished / due / step)
+PLACEMENTS = (("colocated", 1.0), ("partial-step", 1.0), ("partial-wait", 1.0), ("split", 0.25), ("split", 0.5))
+BATCHES = {"partial-step": "step", "partial-wait": "due"}
+BUILT = ("colocated", *BATCHES)
 STALENESS = (0, 1, 2, 4)
 
 
@@ -115,9 +118,9 @@ def print_report(rep: dict, config: str, topology: str) -> None:
               f"{r['ratio']:5.2f}x  {r['busy_rows']:9.1f}  {r['chips_idle']:10.2f}  "
               f"{r['staleness_mean']:8.2f} / {r['staleness_p95']:4.1f} / {r['staleness_max']:4.1f}  "
               f"{r['dropped_per_step']:12.2f}")
-    best = max((r for r in rep["rows"] if 1 <= r["k"] <= 2 and r["placement"] in BATCHES), key=lambda r: r["ratio"])
+    best = max((r for r in rep["rows"] if 1 <= r["k"] <= 2 and r["placement"] in BUILT), key=lambda r: r["ratio"])
     print(f"rl step model: async/sync steps per hour = {best['ratio']:.2f}x (k = {best['k']}, placement "
           f"{best['placement']})")  # the best of what rollout.partial builds
 
 
-__all__ = ["BATCHES", "PLACEMENTS", "STALENESS", "compare", "episode_stream", "print_report", "report", "step_times"]
+__all__ = ["BATCHES", "BUILT", "PLACEMENTS", "STALENESS", "compare", "episode_stream", "print_report", "report", "step_times"]

@@ -444,6 +444,34 @@ class Engine:
         def turn_over(ep: EpisodeState) -> bool:
             return self._cut_at_stop_string(ep) or ep.turn[-1] in self.stop_ids or len(ep.turn) >= ep.cap
 
+        def drop_specs(specs) -> None:
+            """Drop the feed's episodes ``specs`` wherever they are (their pages go back; a
+            running environment step is abandoned). They end without a result."""
+            nonlocal in_flight
+            ids = {id(x) for x in specs}  # episodes that ended meanwhile are no longer held
+            if not ids:
+                return
+            for ep in [e for e in ready if id(e.spec) in ids]:
+                ready.remove(ep)
+                in_flight -= ep.admitted > 0
+                pages.release(ep)
+                m["dropped_episodes"] += 1
+            for j, ep in enumerate(slots):
+                if ep is not None and id(ep.spec) in ids:
+                    slots[j], ep.slot = None, None
+                    in_flight -= 1
+                    pages.release(ep)
+                    m["dropped_episodes"] += 1
+            for fut, ep in [(f, e) for f, e in futures.items() if id(e.spec) in ids]:
+                futures.pop(fut)
+                if pool is not None:
+                    pool.abandon(fut)
+                if ep.spec.abandon is not None:
+                    ep.spec.abandon()
+                in_flight -= 1
+                pages.release(ep)
+                m["dropped_episodes"] += 1
+
         def take_feed() -> None:
             """Ask the feed for more work when every episode given has started and there is room."""
             nonlocal params, version, fed, feed_over
@@ -476,6 +504,8 @@ class Engine:
                     for ep in held:
                         pages.release(ep)
                     break
+                if feed is not None:
+                    drop_specs(feed.take_drops())
                 if futures and None in slots:
                     time.sleep(0)  # yield the GIL: steps just submitted (fast environments) can land before admission
                 done = [f for f in futures if f.done()]

@@ -87,7 +87,9 @@ class EpisodeFeed(Protocol):
     waits or steps in the engine, so the feed must then give work, block until it can, or
     end. It returns a :class:`FeedItem` (``FeedItem()``: nothing now) or None when the feed
     is over (the run ends when its episodes do). :meth:`ended` is called as each episode
-    ends; ``cancelled`` ends the run at once (episodes in flight are dropped unfinished).
+    ends; :meth:`take_drops` (polled every iteration) names episodes to drop unfinished
+    (e.g. to restart them under newer weights); ``cancelled`` ends the run at once
+    (episodes in flight are dropped unfinished).
     """
 
     max_total: int
@@ -96,6 +98,8 @@ class EpisodeFeed(Protocol):
     def more(self, idle: bool) -> FeedItem | None: ...
 
     def ended(self, spec: EpisodeSpec, result: "EpisodeResult") -> None: ...
+
+    def take_drops(self) -> Sequence[EpisodeSpec]: ...
 
 
 @dataclasses.dataclass

@@ -216,7 +216,9 @@ class RolloutSection:
     is that k (>= 0; read only in async; 0 gives sync's results). ``partial`` (async only):
     one engine run across the steps, its slots kept full; episodes in flight go on under
     each new student (:mod:`train.partial_rollouts`); ``batch_order`` (partial only):
-    ``step`` trains step s on step s's tasks, ``finished`` on the first groups to finish. docs/rl_step.md, "Asynchronous
+    ``step`` trains step s on step s's tasks, ``finished`` on the first groups to finish;
+    ``stale`` (finished only): a group that would train more than k versions old
+    ``restart`` s under newer weights, or the step ``wait`` s for it. docs/rl_step.md, "Asynchronous
     rollouts" and "Partial rollouts"."""
 
     sampling: SamplingParams = inline(SamplingParams())
@@ -227,6 +229,7 @@ class RolloutSection:
     max_staleness: int = 1
     partial: bool = False
     batch_order: Literal["step", "finished"] = "step"
+    stale: Literal["restart", "wait"] = "restart"
 
     def __post_init__(self):
         if self.max_staleness < 0:
@@ -239,6 +242,10 @@ class RolloutSection:
         if self.batch_order not in ("step", "finished"):
             raise ConfigError(f"rollout.batch_order={self.batch_order!r}: use step (step s trains on step s's "
                               "tasks) or finished (the first groups to finish, within max_staleness).")
+        if self.stale not in ("restart", "wait"):
+            raise ConfigError(f"rollout.stale={self.stale!r}: use restart (a group that would train more than "
+                              "max_staleness versions old starts again under newer weights) or wait (it trains "
+                              "first, and its step waits for it).")
         if self.batch_order == "finished" and not self.partial:
             raise ConfigError("rollout.batch_order=finished takes the first groups to finish from one engine run "
                               "across steps; set rollout.partial=true (and rollout.mode=async) too.")
