@@ -16,7 +16,7 @@ from test_arms_run import SHORT
 
 TIMING = ("seconds", "per_minute")  # wall-clock fields differ between runs
 ASYNC_ONLY = ("sampler_wait_seconds", "trainer_wait_seconds", "rollouts_resampled_on_resume", "partial_rollouts",
-              "draw_lag")
+              "draw_lag", "rollouts_restarted")
 STEPS: dict = {}  # arm -> its jitted update, shared by this module's runs
 
 

@@ -380,18 +380,22 @@ def test_async_on_two_processes_matches_one(one_host, base, cache):
     assert [m2[("lopd", s)]["staleness_mean"] for s in (1, 2, 3)] == [0.0, 1.0, 1.0]
     assert m2[("lopd", 3)]["rollouts"] == 8 and m2[("lopd", 3)]["policy_version"] == 2.0
     assert_params_close(export(ws[1]), export(ws[2]))
-    # partial rollouts (one engine run per process across the steps) on 2 x 4: each process
-    # streams only its own rows of every step (the per-host quotas), staleness stays <= 1.
-    # Swap points follow each engine's own progress, so tokens may differ from the runs above.
+    # partial rollouts in finished order (one engine run per process across the steps; each
+    # step trains the first groups to finish, stale ones restarted) on 2 x 4: each process
+    # trains its own quota of rows every step, every drawn task trains once (the checkpoint
+    # metadata gathers each process's groups trained ahead), staleness stays <= 1. Swap
+    # points follow each engine's own progress, so tokens may differ from the runs above.
     wp = str(base / "async_partial_x2")
     _cut_before_training(one_host[0], wp)
     seconds["partial"] = run(wp, 2, cache, "rollout.mode=async", "rollout.max_staleness=1", "rollout.partial=true",
-                             "stages.eval_every=2")
-    print(f"partial rollouts k=1 on 2 x 4 devices: {seconds['partial']:.1f}s")
+                             "rollout.batch_order=finished", "stages.eval_every=2")
+    print(f"partial rollouts (finished order) k=1 on 2 x 4 devices: {seconds['partial']:.1f}s")
     rp, mp = rollouts(wp), metrics(wp)
     assert rp.keys() == r2.keys()
-    for key, a in rp.items():
-        assert a["process"] == key[2] // 4 and a["task_id"] == r2[key]["task_id"], key
+    assert all(a["process"] == key[2] // 4 for key, a in rp.items())
+    for p in (0, 1):  # each process's own rows of the drawn steps, each trained once
+        assert sorted(a["task_id"] for key, a in rp.items() if a["process"] == p) == sorted(
+            a["task_id"] for key, a in r2.items() if a["process"] == p)
     assert {("lopd", 3), ("eval", 2), ("eval_after", 3)} <= mp.keys()
     assert [mp[("lopd", s)]["staleness_max"] for s in (1, 2, 3)] == [0.0, 1.0, 1.0]
     assert all(mp[("lopd", s)]["rollouts"] == 8 and np.isfinite(mp[("lopd", s)]["loss"]) for s in (1, 2, 3))
