@@ -37,10 +37,12 @@ from lopd_jax.rollout import engine_calls
 from lopd_jax.rollout import layout as inference_layout
 from lopd_jax.rollout.env_threads import EnvThreads, submit_inline
 from lopd_jax.rollout.episode_spec import EpisodeFeed, EpisodeResult, EpisodeSpec, EpisodeState
+from lopd_jax.rollout.engine_rows import embedding_overrides, page_table, row_keys
+from lopd_jax.rollout.pages import Pages, key_data
 from lopd_jax.rollout.paged_step import empty_pools
 from lopd_jax.rollout.sampling import stop_string_cut
 
-__all__ = ["Engine", "key_data"]
+__all__ = ["Engine"]
 
 ROW_SPLITS = 4  # device calls run slots, slots / 2, slots / 4 or slots / 8 rows (the fewest that hold the work)
 
@@ -59,38 +61,6 @@ def _single_device_graphdef(model: nnx.Module):
     clone = nnx.merge(graphdef, state)
     clone.rules = None
     return nnx.split(clone)[0]
-
-
-class _Pages:
-    """One run's page pool: the free page ids (taken from the end) and the most in use."""
-
-    def __init__(self, num_pages: int, page_size: int):
-        self.num_pages, self.page_size = num_pages, page_size
-        self.free = list(range(num_pages - 1, -1, -1))
-        self.peak = 0
-
-    def grow(self, ep: EpisodeState, tokens: int) -> bool:
-        """Pages for ``tokens`` cached ids (never beyond the episode cap); False when the pool
-        has too few free pages."""
-        need = -(-min(tokens, ep.spec.max_total) // self.page_size) - len(ep.pages)
-        if need > len(self.free):
-            return False
-        for _ in range(max(need, 0)):
-            ep.pages.append(self.free.pop())
-        self.peak = max(self.peak, self.num_pages - len(self.free))
-        return True
-
-    def release(self, ep: EpisodeState) -> None:
-        self.free.extend(reversed(ep.pages))
-        ep.pages = []
-        ep.cached = 0
-
-
-def key_data(rng) -> np.ndarray:
-    """Host copy of a PRNG key's data (a typed key's ``key_data``, a raw key as it is)."""
-    if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
-        rng = jax.random.key_data(rng)
-    return np.asarray(rng)
 
 
 class Engine:
@@ -193,34 +163,6 @@ class Engine:
         """Every row count :meth:`_rows` can return."""
         return sorted({self._rows(n) for n in range(1, self.config.slots + 1)})
 
-    def _table(self, eps: Sequence[EpisodeState | None], width: int) -> np.ndarray:
-        t = np.zeros((len(eps), width), np.int32)
-        for r, ep in enumerate(eps):
-            if ep is not None and ep.pages:
-                t[r, :min(width, len(ep.pages))] = ep.pages[:width]
-        return t
-
-    def _vectors(self, batch: Sequence[EpisodeState], pos: Sequence[int], C: int, rows: int):
-        """The input-embedding overrides of one prefill piece: ``(vectors [rows, C, D],
-        use [rows, C])``, or ``(None, None)`` when no row's piece has any."""
-        hits = []
-        for r, ep in enumerate(batch):
-            if ep.spec.embeds is None:
-                continue
-            start, vec = ep.spec.embeds
-            lo, hi = max(start, pos[r]), min(start + len(vec), pos[r] + C, len(ep.ctx))
-            if lo < hi:
-                hits.append((r, lo - pos[r], np.asarray(vec[lo - start:hi - start])))
-        if not hits:
-            return None, None
-        dim, dtype = hits[0][2].shape[-1], hits[0][2].dtype
-        vectors = np.zeros((rows, C, dim), dtype)
-        use = np.zeros((rows, C), bool)
-        for r, at, vec in hits:
-            vectors[r, at:at + len(vec)] = vec
-            use[r, at:at + len(vec)] = True
-        return vectors, use
-
     @property
     def program(self) -> engine_calls.Program:
         """The static part of every device call (:class:`lopd_jax.rollout.engine_calls.Program`)."""
@@ -231,18 +173,6 @@ class Engine:
         """``sp`` with float32 scalar leaves, as every device call takes it (one compiled variant)."""
         return jax.tree.map(jnp.float32, sp)
 
-    @staticmethod
-    def _row_keys(eps: Sequence[EpisodeState | None], rows: int, base: np.ndarray | None) -> np.ndarray | None:
-        """Each row's base key data (an episode's own, else ``base``), or None for a run
-        whose rows all use the run's key (``base`` None)."""
-        if base is None:
-            return None
-        keys = np.broadcast_to(base, (rows, *base.shape)).copy()
-        for r, ep in enumerate(eps):
-            if ep is not None and ep.spec.rng is not None:
-                keys[r] = ep.spec.rng
-        return keys
-
     def _prefill_batch(self, batch: Sequence[EpisodeState], params, pools, rng, sampling: SamplingParams, m,
                        base_key: np.ndarray | None = None):
         """Feed every admitted episode's un-cached ids in pieces of ``prefill_chunk`` tokens
@@ -251,7 +181,7 @@ class Engine:
         cfg = self.config
         C, rows = cfg.prefill_chunk, self._rows(len(batch))
         width = bucket(max(len(ep.pages) for ep in batch), (), 1)
-        table = self._table(list(batch) + [None] * (rows - len(batch)), width)
+        table = page_table(list(batch) + [None] * (rows - len(batch)), width)
         pos = [ep.cached for ep in batch]
         out = [np.zeros(len(batch), np.int32), np.zeros(len(batch), np.float32), np.zeros(len(batch), np.float32)]
         while any(p < len(ep.ctx) for p, ep in zip(pos, batch)):
@@ -261,9 +191,9 @@ class Engine:
                 piece = ep.ctx[pos[r]:pos[r] + C]
                 ids[r, :len(piece)] = piece
                 start[r], n[r], eids[r] = pos[r], len(piece), ep.eid
-            vectors, use = self._vectors(batch, pos, C, rows)
+            vectors, use = embedding_overrides(batch, pos, C, rows)
             rows_in = engine_calls.PrefillRows(ids, start, n, table, eids, vectors, use,
-                                               self._row_keys(batch, rows, base_key))
+                                               row_keys(batch, rows, base_key))
             (tok, lp, raw), pools = engine_calls.prefill(self.program.model_part(), params, pools, rows_in, sampling,
                                                          rng)
             tok, lp, raw = np.asarray(tok), np.asarray(lp), np.asarray(raw)
@@ -354,7 +284,7 @@ class Engine:
         params, rng = self.local_params(params), self.local_key(rng)
         base_key = key_data(rng) if feed is not None or any(e.rng is not None for e in episodes) else None
         pools = self._empty_pools(num_pages)
-        pages = _Pages(num_pages, ps)
+        pages = Pages(num_pages, ps)
         eps = [EpisodeState(spec, first_id + i if spec.identity is None else int(spec.identity), [int(x) for x in spec.first])
                for i, spec in enumerate(episodes)]
         ready = collections.deque(eps)
@@ -576,8 +506,8 @@ class Engine:
                     eids = np.asarray([0 if ep is None else ep.eid for ep in rows], np.int32)
                     prev_rows = np.zeros(R, np.int32)
                     prev_rows[:len(occupied)] = prev[occupied]
-                    rows_in = engine_calls.DecodeRows(prev_rows, lengths, live, remaining, self._table(rows, width),
-                                                      eids, self._row_keys(rows, R, base_key))
+                    rows_in = engine_calls.DecodeRows(prev_rows, lengths, live, remaining, page_table(rows, width),
+                                                      eids, row_keys(rows, R, base_key))
                     (toks, lps, raws, n_gen), pools = engine_calls.decode(self.program, params, pools, rows_in, sp,
                                                                           rng)
                     toks, lps, raws, n_gen = (np.asarray(x) for x in (toks, lps, raws, n_gen))
