@@ -15,6 +15,7 @@ only where rollouts and updates do not both saturate them.
     python -m benchmarks.bench_rl_step
     python -m benchmarks.bench_rl_step --steps 4 --rounds 3
     python -m benchmarks.bench_rl_step --partial
+    python -m benchmarks.bench_rl_step --partial --batch_order finished
 
 Methodology and measurements: ``docs/rl_step.md``, ``docs/benchmarks.md``.
 """
@@ -47,12 +48,14 @@ def cached_step_stage():
 
 
 def run_stage(ctx, base, bank, bank_path, composer0, workdir: str, mode: str, k: int, steps: int,
-              stage_cls=None, partial: bool = False):
+              stage_cls=None, partial: bool = False, batch_order: str = "step"):
     """One LOPD stage of ``steps`` steps in ``workdir``; ``(seconds, its records)``."""
     from train.metrics import MetricsWriter, read_metrics
     from train.training_stage import LOPDStage
     stage_cls = stage_cls or LOPDStage
-    rollout = dataclasses.replace(base.rollout, mode=mode, max_staleness=k, partial=partial and mode == "async")
+    on = partial and mode == "async"
+    rollout = dataclasses.replace(base.rollout, mode=mode, max_staleness=k, partial=on,
+                                  batch_order=batch_order if on else "step")
     ctx.cfg = dataclasses.replace(base, workdir=workdir, rollout=rollout,
                                   stages=dataclasses.replace(base.stages, lopd_steps=steps))
     writer = MetricsWriter(workdir, console=False, tensorboard=False)
@@ -77,6 +80,8 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=3, help="timed runs of each mode (alternating)")
     p.add_argument("--max_staleness", type=int, default=1, help="k of the async side")
     p.add_argument("--partial", action="store_true", help="the async side runs partial rollouts (rollout.partial)")
+    p.add_argument("--batch_order", default="step", choices=("step", "finished"),
+                   help="--partial: rollout.batch_order of the async side")
     p.add_argument("--override", action="append", default=[], help="extra dotted.key=value settings")
     args = p.parse_args(argv)
 
@@ -100,16 +105,17 @@ def main(argv=None):
     stage_cls = cached_step_stage()
     for mode, k in modes:  # compiles (sampler, step) outside the timed runs
         s, _ = run_stage(ctx, cfg, bank, info["path"], composer0, f"{root}/warm-{mode}", mode, k, args.steps,
-                         stage_cls, args.partial)
+                         stage_cls, args.partial, args.batch_order)
         print(f"warm-up {mode}: {s:.1f} s (compiles included)", flush=True)
     times: dict[str, list[float]] = {"sync": [], "async": []}
     stale: list[float] = []
     partial: list[float] = []
+    restarted: list[float] = []
     share: list[float] = []
     for r in range(args.rounds):
         for mode, k in modes if r % 2 == 0 else modes[::-1]:
             s, recs = run_stage(ctx, cfg, bank, info["path"], composer0, f"{root}/{mode}-{r}", mode, k, args.steps,
-                                stage_cls, args.partial)
+                                stage_cls, args.partial, args.batch_order)
             times[mode].append(s)
             roll = sum(x["rollout_seconds"] for x in recs)
             train = sum(x["train_seconds"] for x in recs)
@@ -120,6 +126,7 @@ def main(argv=None):
             else:
                 stale += [x["staleness_mean"] for x in recs]
                 partial += [x.get("partial_rollouts", 0) for x in recs]
+                restarted += [x.get("rollouts_restarted", 0) for x in recs]
                 line += (f", trainer waited {sum(x['trainer_wait_seconds'] for x in recs):.1f} s, sampler waited "
                          f"{sum(x['sampler_wait_seconds'] for x in recs):.1f} s")
             print(line + f", load {os.getloadavg()[0]:.1f}", flush=True)
@@ -128,7 +135,8 @@ def main(argv=None):
           f"{args.rounds} rounds each); rollouts are {100 * statistics.median(share):.0f}% of a sync stage")
     if args.partial:
         print(f"partial rollouts: {sum(partial):.0f} of {args.rounds * args.steps * cfg.env.tasks_per_step * cfg.env.group_size}"
-              " async rollouts went on under a newer student")
+              f" async rollouts went on under a newer student; {sum(restarted):.0f} restarted (batch order "
+              f"{args.batch_order})")
     print(f"rl step: async/sync steps per hour = {sync_s / async_s:.2f}x (staleness mean {statistics.mean(stale):.2f})")
 
 

@@ -9,7 +9,9 @@ the paper's seeds all start from one checkpoint; then each arm x seed resumes a 
 ``W/results.json`` holds one record per run; the table (mean +- sample SD over seeds) is printed
 with :mod:`benchmarks.rank_arms`'s contrasts and ranking. Arms: ``lopd``, ``grpo``,
 ``lopd_frozen_composer``, ``m0`` (``steps.margin=0``), any other ``TrainConfig.arm``, and
-``ARM_asyncK`` (ARM with ``rollout.mode=async rollout.max_staleness=K``). Details:
+``ARM_asyncK`` (ARM with ``rollout.mode=async rollout.max_staleness=K``) and ``ARM_partialK``
+(the same with partial rollouts in finished order: ``rollout.partial=true
+rollout.batch_order=finished``). Details:
 ``docs/miniature.md``.
 """
 
@@ -36,16 +38,20 @@ WALL_FILE = "wall.json"
 ASYNC_ARM = rank_arms.ASYNC_ARM
 
 
-def async_grid(k: str) -> tuple[tuple[str, str], ...]:
-    """The overrides (key, value) of asynchronous rollouts at staleness ``k``."""
-    return (("rollout.mode", "async"), ("rollout.max_staleness", str(k)))
+def async_grid(k: str, mode: str = "async") -> tuple[tuple[str, str], ...]:
+    """The overrides (key, value) of asynchronous rollouts at staleness ``k`` (``mode``
+    ``partial``: partial rollouts in finished order)."""
+    grid = (("rollout.mode", "async"), ("rollout.max_staleness", str(k)))
+    if mode == "partial":
+        grid += tuple(tuple(g.split("=", 1)) for g in rank_arms.PARTIAL_GRID)
+    return grid
 
 
 def arm_overrides(arm: str) -> list[str]:
     """Config overrides of an arm name (``ARM_asyncK``: ARM's, then async rollouts at staleness K)."""
     m = ASYNC_ARM.match(arm)
     if m:
-        return [*arm_overrides(m["arm"]), *[f"{k}={v}" for k, v in async_grid(m["k"])]]
+        return [*arm_overrides(m["arm"]), *[f"{k}={v}" for k, v in async_grid(m["k"], m["mode"])]]
     return ARM_OVERRIDES.get(arm, [f"arm={arm}"])
 
 
@@ -148,7 +154,7 @@ def sweep_report(W: str, arms: list[str], seeds: list[int]) -> list[str]:
             if not _ledger(src).get("eval_after", {}).get("done"):
                 continue
             m = ASYNC_ARM.match(arm)
-            base, grid = (m["arm"], async_grid(m["k"])) if m else (arm, ())
+            base, grid = (m["arm"], async_grid(m["k"], m["mode"])) if m else (arm, ())
             if base == "m0":
                 spec = RunSpec("lopd", seed, (("steps.margin", "0"), *grid), ())
             elif base == "lopd" and "m0" in arms and not grid:  # named by its margin: the report draws fig3_margin

@@ -33,17 +33,21 @@ PRIMARY = "oracle_arg_prob"  # train.oracle_scores.KEY: the per-task key of the 
 SECONDARY = "reward"
 _MINIATURE = re.compile(r"^(?P<arm>.+)_s(?P<seed>\d+)$")
 _SWEEP_SEED = re.compile(r"^seed(?P<seed>\d+)$")
-ASYNC_ARM = re.compile(r"^(?P<arm>.+)_async(?P<k>\d+)$")
+ASYNC_ARM = re.compile(r"^(?P<arm>.+)_(?P<mode>async|partial)(?P<k>\d+)$")
+#: the sweep's grid entries of partial rollouts in finished order (an ARM_partialK run)
+PARTIAL_GRID = ("rollout.partial=true", "rollout.batch_order=finished")
 
 
 def arm_of(sweep_name: str) -> str:
     """The arm a :mod:`lopd_jax.sweep` run name stands for: ``m0`` for LOPD at margin 0, the
     plain arm for LOPD at another margin, else the name itself."""
     arm, *grid = sweep_name.split("__")
-    if "rollout.mode=async" in grid:  # ARM_asyncK, K the run's rollout.max_staleness (default 1)
+    if "rollout.mode=async" in grid:  # ARM_asyncK / ARM_partialK, K the run's rollout.max_staleness (default 1)
         ks = [g.split("=", 1)[1] for g in grid if g.startswith("rollout.max_staleness=")]
-        rest = [g for g in grid if g != "rollout.mode=async" and not g.startswith("rollout.max_staleness=")]
-        return f"{arm_of('__'.join([arm, *rest]))}_async{ks[0] if ks else 1}"
+        mode = "partial" if "rollout.partial=true" in grid else "async"
+        rest = [g for g in grid if g not in ("rollout.mode=async", *PARTIAL_GRID)
+                and not g.startswith("rollout.max_staleness=")]
+        return f"{arm_of('__'.join([arm, *rest]))}_{mode}{ks[0] if ks else 1}"
     if arm == "lopd" and grid == ["steps.margin=0"]:
         return "m0"
     if arm == "lopd" and len(grid) == 1 and grid[0].startswith("steps.margin="):
@@ -52,7 +56,8 @@ def arm_of(sweep_name: str) -> str:
 
 
 def staleness_pairs(arms) -> list[tuple[str, str]]:
-    """``(ARM_asyncK, ARM)`` for every asynchronous arm whose synchronous arm is present."""
+    """``(ARM_asyncK, ARM)`` / ``(ARM_partialK, ARM)`` for every asynchronous arm whose
+    synchronous arm is present."""
     return [(a, m["arm"]) for a in sorted(arms) if (m := ASYNC_ARM.match(a)) and m["arm"] in arms]
 
 

@@ -85,6 +85,13 @@ def test_sweep_names_of_async_runs():
     assert rank_arms.arm_of("grpo__rollout.mode=async") == "grpo_async1"
     assert rank_arms.arm_of("lopd__steps.margin=0__rollout.mode=async__rollout.max_staleness=1") == "m0_async1"
     assert rank_arms.arm_of("lopd__rollout.mode=sync") == "lopd__rollout.mode=sync"
+    assert rank_arms.arm_of("grpo__rollout.mode=async__rollout.max_staleness=2__rollout.partial=true"
+                            "__rollout.batch_order=finished") == "grpo_partial2"
+    from benchmarks.miniature_core import arm_overrides
+    assert arm_overrides("lopd_partial1") == ["rollout.mode=async", "rollout.max_staleness=1", "rollout.partial=true",
+                                              "rollout.batch_order=finished"]
+    assert rank_arms.staleness_pairs(["lopd", "lopd_partial2", "lopd_async1"]) == [
+        ("lopd_async1", "lopd"), ("lopd_partial2", "lopd")]
 
 
 def test_primary_metric_ranks_when_every_run_records_it(tmp_path, capsys):
