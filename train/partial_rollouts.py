@@ -268,7 +268,7 @@ class StepFeed:
                 "rollout_seconds": time.perf_counter() - min(g.started for g in chosen),
                 "sampler_wait_seconds": self.waited, "rollouts_resampled_on_resume": resampled * pipe.processes,
                 "partial_rollouts": sum(t.latest_version != t.policy_version for t in trajs),
-                "draw_lag": float(sum(s - g.draw for g in chosen)) / len(chosen)}
+                "out_of_step_rollouts": sum(len(g.trajs) for g in chosen if g.draw != s)}
         self.waited, self.restarted = 0.0, 0
         with pipe._cond:
             self.batch_log[s] = [(g.draw, g.index) for g in chosen]
