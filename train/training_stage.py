@@ -198,6 +198,9 @@ class TrainingStage:
         if ro.partial:
             engine = self.ctx.engine
             skip = (self._trained_ahead or [[]] * jax.process_count())[jax.process_index()]
+            if start > 0 and ro.batch_order == "finished":
+                log(f"{self.label}: partial rollouts resumed at step {start}: tasks are drawn again from draw step "
+                    f"{self.tasks.step + 1}, less the {len(skip)} group(s) of this process already trained")
             self.pipeline = PartialRolloutPipeline(
                 lambda s, tasks: self.ctx.prepare_split(tasks, jax.random.fold_in(self.key, s)),
                 lambda params, feed: engine.run(params, [], jax.random.fold_in(self.key, start), feed=feed,
