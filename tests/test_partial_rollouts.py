@@ -16,10 +16,10 @@ from train.partial_rollouts import PartialRolloutPipeline, split_groups
 TASKS, GROUP = 4, 2  # tasks per draw step, rows per group: 8 rows, 4 groups per step
 
 
-def _prepare(d, tasks):
-    episodes = [_Episode(t, None) for t in tasks for _ in range(GROUP)]
-    specs = [EpisodeSpec([1], 8, 4, None, identity=i) for i in range(len(episodes))]
-    return EpisodeBatch(episodes, list(range(len(episodes))), specs), 0
+def _prepare(d, tasks, first):
+    episodes = [_Episode(t, None) for t in tasks]
+    specs = [EpisodeSpec([1], 8, 4, None, identity=first + i) for i in range(len(episodes))]
+    return EpisodeBatch(episodes, list(range(len(episodes))), specs)
 
 
 def _scripted_engine(seed, room=10):
@@ -54,12 +54,11 @@ def _pipeline(start, steps, k, first_draw=None, skip=(), seed=0, stale="wait"):
     def draw(d):
         assert d == state["d"]
         state["d"] += 1
-        return [types.SimpleNamespace(task_id=f"{d}/{i}") for i in range(TASKS)]
+        return [types.SimpleNamespace(task_id=f"{d}/{i}") for i in range(TASKS) for _ in range(GROUP)]
     run = _scripted_engine(seed)
-    return PartialRolloutPipeline(_prepare, lambda p, feed: run(p, feed, start), 8, 0.0, draw,
+    return PartialRolloutPipeline(lambda n: (0, n), _prepare, lambda p, feed: run(p, feed, start), 8, 0.0, draw,
                                   lambda: dict(state), start, steps, k, "params0", order="finished",
-                                  group_size=GROUP, first_draw=first_draw, skip=skip, stale=stale,
-                                  reprepare=lambda d, tasks, first: _prepare(d, tasks[::GROUP])[0])
+                                  group_size=GROUP, first_draw=first_draw, skip=skip, stale=stale)
 
 
 def _train(pipe, start, stop, k, out):
@@ -108,7 +107,7 @@ def test_every_drawn_group_trains_once_within_the_bound_across_a_resume(k, seed,
 
 
 def test_rows_that_are_not_whole_groups_are_refused():
-    batch, _ = _prepare(0, [types.SimpleNamespace(task_id="t")] * 3)
+    batch = _prepare(0, [types.SimpleNamespace(task_id="t")] * 6, 0)
     assert len(split_groups(batch, 2)) == 3
     with pytest.raises(ValueError, match="whole groups"):
         split_groups(batch, 4)

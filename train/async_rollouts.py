@@ -59,19 +59,20 @@ class RolloutPipeline:
     ``sampler_wait_seconds`` (the thread waiting for that version), ``trainer_wait_seconds``
     (:meth:`get` waiting for the rollouts) and ``rollouts_resampled_on_resume``.
     ``engine_lock`` is held during each rollout: other users of the engine (the held-out
-    evaluation) take it too.
+    evaluation) take it too. ``first_draw``: the task iterator's step when the pipeline
+    starts (``start`` unless a subclass draws from earlier).
     """
 
     def __init__(self, rollout_fn: Callable, draw_tasks: Callable[[int], list], task_state: Callable[[], Any],
-                 start: int, num_steps: int, k: int, params0):
+                 start: int, num_steps: int, k: int, params0, first_draw: int | None = None):
         self.rollout_fn, self.draw_tasks, self.task_state_fn = rollout_fn, draw_tasks, task_state
         self.start, self.num_steps, self.k = start, num_steps, k
+        self.first_draw = start if first_draw is None else first_draw  # the task iterator's step
         self.engine_lock = threading.Lock()
         self._cond = threading.Condition()
         self._versions: dict[int, Any] = {start: params0}  # published student versions not yet used
         self._ready: dict[int, tuple[list, dict]] = {}
-        # before step s's tasks are drawn (a subclass may draw from an earlier ``first_draw``)
-        self._task_states: dict[int, Any] = {getattr(self, "first_draw", start): task_state()}
+        self._task_states: dict[int, Any] = {self.first_draw: task_state()}  # before draw step d's tasks
         self._error: BaseException | None = None
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="async-rollouts", daemon=True)

@@ -167,7 +167,7 @@ class StepFeed:
         """The restarted groups, prepared afresh under the current version."""
         specs, now = [], time.perf_counter()
         for old in self.restarts:
-            part = self.pipe.reprepare(old.draw, [ep.task for ep in old.batch.episodes], old.first)
+            part = self.pipe.prepare(old.draw, [ep.task for ep in old.batch.episodes], old.first)
             group = _Group(old.draw, old.index, part, self.version, now, [None] * len(part.specs), len(part.specs),
                            old.first)
             self._admit(group)
@@ -189,7 +189,8 @@ class StepFeed:
         tasks = pipe.draw_tasks(d)
         with pipe._cond:
             pipe._task_states[d + 1] = pipe.task_state_fn()
-        batch, self.first_row = pipe.prepare(d, tasks)
+        lo, hi = pipe.rows(len(tasks))
+        batch, self.first_row = pipe.prepare(d, tasks[lo:hi], lo), lo
         parts = split_groups(batch, pipe.group_size)
         self.quota = len(parts)
         now, specs = time.perf_counter(), []
@@ -301,8 +302,10 @@ class StepFeed:
 
 class PartialRolloutPipeline(RolloutPipeline):
     """Steps ``start .. num_steps - 1`` as one engine run on a background thread (see the
-    module docstring). ``prepare(d, tasks)`` gives this process's prepared episodes of draw
-    step ``d`` and its first row (:meth:`train.run_context.RunContext.prepare_split`);
+    module docstring). ``rows(n)`` gives this process's ``[lo, hi)`` of an ``n``-task draw
+    step (:meth:`train.run_context.RunContext.task_rows`); ``prepare(d, tasks, first)``
+    makes tasks of draw step ``d`` ready for the engine, the first one episode ``first``
+    (:meth:`train.run_context.RunContext.prepare_rows`; also restarts a group);
     ``run_stream(params, feed)`` runs the engine over the feed; ``max_total`` caps an
     episode's tokens; ``close_timeout`` bounds closing a group's environments; ``order`` is
     ``rollout.batch_order``; ``first_draw`` the task iterator's step (below ``start`` after
@@ -310,22 +313,17 @@ class PartialRolloutPipeline(RolloutPipeline):
     trained. The other arguments are :class:`train.async_rollouts.RolloutPipeline`'s. The
     held-out evaluation runs beside the stream on its own page pool (no engine lock)."""
 
-    def __init__(self, prepare: Callable[[int, list], tuple[EpisodeBatch, int]],
+    def __init__(self, rows: Callable[[int], tuple[int, int]], prepare: Callable[[int, list, int], EpisodeBatch],
                  run_stream: Callable[[Any, StepFeed], Any], max_total: int, close_timeout: float,
                  draw_tasks: Callable[[int], list], task_state: Callable[[], Any], start: int, num_steps: int,
                  k: int, params0, *, order: str = "step", group_size: int = 1, first_draw: int | None = None,
-                 skip=(), processes: int = 1, stale: str = "wait",
-                 reprepare: Callable[[int, list, int], EpisodeBatch] | None = None):
-        if order == "finished" and stale == "restart" and reprepare is None:
-            raise ValueError("stale=restart needs reprepare (a group's tasks made ready again)")
-        self.prepare, self.run_stream, self.close_timeout = prepare, run_stream, close_timeout
-        self.order, self.group_size, self.processes = order, group_size, processes
-        self.stale, self.reprepare = stale, reprepare
-        self.first_draw = start if first_draw is None else first_draw
+                 skip=(), processes: int = 1, stale: str = "wait"):
+        self.rows, self.prepare, self.run_stream, self.close_timeout = rows, prepare, run_stream, close_timeout
+        self.order, self.group_size, self.processes, self.stale = order, group_size, processes, stale
         self.skip = {tuple(x) for x in skip}
         self.feed: StepFeed | None = None
         self._max_total = max_total
-        super().__init__(None, draw_tasks, task_state, start, num_steps, k, params0)
+        super().__init__(None, draw_tasks, task_state, start, num_steps, k, params0, first_draw=first_draw)
 
     def lock_engine_if(self, condition: bool):
         return super().lock_engine_if(False)

@@ -203,15 +203,6 @@ class RunContext:
         lo, hi = self.local_rows(-(-n // self.batch_shards) * self.batch_shards)
         return min(lo, n), min(hi, n)
 
-    def prepare_split(self, tasks, rng) -> tuple[EpisodeBatch, int]:
-        """This process's rows of ``tasks`` (:meth:`task_rows`) made ready for a stream of
-        steps on the engine (:func:`lopd_jax.rollout.episodes.prepare_episodes`): row ``r``
-        is episode ``r``, sampled with ``rng`` (a key) as :meth:`rollout_split` samples it.
-        Returns ``(batch, first_row)``."""
-        tasks = list(tasks)
-        lo, hi = self.task_rows(len(tasks))
-        return self.prepare_rows(tasks[lo:hi], rng, lo), lo
-
     def prepare_rows(self, tasks, rng, first_episode: int) -> EpisodeBatch:
         """``tasks`` (rows ``first_episode..`` of a batch) made ready for the engine, sampled
         with ``rng`` (:func:`lopd_jax.rollout.episodes.prepare_episodes`)."""

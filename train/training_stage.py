@@ -202,13 +202,13 @@ class TrainingStage:
                 log(f"{self.label}: partial rollouts resumed at step {start}: tasks are drawn again from draw step "
                     f"{self.tasks.step + 1}, less the {len(skip)} group(s) of this process already trained")
             self.pipeline = PartialRolloutPipeline(
-                lambda s, tasks: self.ctx.prepare_split(tasks, jax.random.fold_in(self.key, s)),
+                self.ctx.task_rows,
+                lambda d, tasks, first: self.ctx.prepare_rows(tasks, jax.random.fold_in(self.key, d), first),
                 lambda params, feed: engine.run(params, [], jax.random.fold_in(self.key, start), feed=feed,
                                                 version=start),
                 ro.caps.max_total_tokens, engine.config.env_timeout_s, self.step_tasks, self.tasks.get_state,
                 start, n, k, params0, order=ro.batch_order, group_size=self.group_size, first_draw=self.tasks.step,
-                skip=skip, processes=jax.process_count(), stale=ro.stale,
-                reprepare=lambda d, tasks, first: self.ctx.prepare_rows(tasks, jax.random.fold_in(self.key, d), first))
+                skip=skip, processes=jax.process_count(), stale=ro.stale)
         else:
             self.pipeline = RolloutPipeline(self.sample, self.step_tasks, self.tasks.get_state, start, n, k, params0)
 

@@ -415,17 +415,13 @@ class Engine:
                 m["weight_swaps"] += 1
             for spec in item.episodes:
                 self._check(fed, spec, max_total)
-                ep = EpisodeState(spec, fed if spec.identity is None else int(spec.identity),
-                                  [int(x) for x in spec.first])
-                ep.result = EpisodeResult([], [], [], [])
-                ready.append(ep)
+                ready.append(EpisodeState(spec, fed if spec.identity is None else int(spec.identity),
+                                          [int(x) for x in spec.first]))
                 fed += 1
             if idle and not item.episodes:
                 raise RuntimeError("the episode feed gave an idle engine nothing and did not end; a feed must "
                                    "block until it has work (EpisodeFeed.more)")
 
-        for ep in eps:
-            ep.result = EpisodeResult([], [], [], [])
         try:
             while ready or futures or any(s is not None for s in slots) or not feed_over:
                 if feed is not None and feed.cancelled:  # dropped unfinished: their pages go back

@@ -118,7 +118,7 @@ class EpisodeState:
     vers: list[int] = dataclasses.field(default_factory=list)  # the weights' version of each id of the turn
     slot: int | None = None
     admitted: int = 0  # admission counter (newest = largest)
-    result: EpisodeResult | None = None
+    result: EpisodeResult = dataclasses.field(default_factory=lambda: EpisodeResult([], [], [], []))
     submitted: float = 0.0  # when its pending environment step was submitted (monotonic)
     ready_since: float = 0.0  # when it last became ready
 

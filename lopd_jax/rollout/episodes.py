@@ -386,12 +386,15 @@ def finish_episodes(batch: EpisodeBatch, results: Sequence[EpisodeResult | None]
     try:
         for i, res in zip(batch.live, results):
             ep = batch.episodes[i]
-            error = "engine: the run ended before the episode (cancelled)" if res is None else res.error
-            if error is not None:
-                with ep.lock:  # a timed-out step (abandoned) or a fault the engine caught
-                    if ep.finish_reason is None or ep.abandoned:
-                        ep.reward, ep.finish_reason = 0.0, FINISH_ENV_ERROR
-                        ep.error = _fault("engine", error) if not error.startswith(("timeout", "engine")) else error
+            if res is None:
+                error = _fault("engine", "the run ended before the episode (cancelled)")
+            elif res.error is None:
+                continue
+            else:
+                error = res.error if res.error.startswith("timeout") else _fault("engine", res.error)
+            with ep.lock:  # a timed-out step (abandoned) or a fault the engine caught
+                if ep.finish_reason is None or ep.abandoned:
+                    ep.reward, ep.finish_reason, ep.error = 0.0, FINISH_ENV_ERROR, error
     finally:
         _close_all(batch.episodes, close_timeout)
     trajs = [ep.result() for ep in batch.episodes]
