@@ -1,7 +1,15 @@
 """train.oracle_scores: the arms' primary metric, the policy's teacher-forced probability of
-the oracle call's hidden-rule argument, against a NumPy reference over the full logits."""
+the oracle call's hidden-rule argument, against a NumPy reference over the full logits,
+and on 2 processes against 1."""
+
+import json
+import os
+import subprocess
+import sys
+import time
 
 import numpy as np
+import portpicker
 import pytest
 from flax import nnx
 
@@ -63,3 +71,34 @@ def test_evaluation_records_it_per_task(ctx):
     assert len(probs) == len(ev["per_task"]["reward"]) == 8
     assert ev[KEY] == pytest.approx(np.mean(probs))
     assert probs[:6] == pytest.approx(oracle_argument_probs(ctx, _params(ctx), ctx.eval_tasks[:6]), rel=1e-6)
+
+
+def test_two_processes_give_the_one_process_probabilities(ctx, tmp_path):
+    """2 processes x 2 CPU devices (``tests/multihost_oracle_worker.py``, jax.distributed
+    on localhost): the policy's parameters span both processes, and each process gets
+    every task's probability, equal to this single process's (8 devices)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false",
+               PYTHONPATH=os.pathsep.join([root, os.path.join(root, "tests")]))
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if "force_host_platform_device_count" not in f]
+    env["XLA_FLAGS"] = " ".join(flags + ["--xla_force_host_platform_device_count=2"])
+    port, out = portpicker.pick_unused_port(), str(tmp_path / "probs.json")
+    worker = os.path.join(root, "tests", "multihost_oracle_worker.py")
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen([sys.executable, worker, f"localhost:{port}", "2", str(i), out], cwd=root, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    try:
+        logs = [p.communicate(timeout=300)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    print(f"\n2 processes x 2 devices: {time.perf_counter() - t0:.1f}s")
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(x[-3000:] for x in logs)
+    tasks = ctx.eval_tasks[:6]
+    want = oracle_argument_probs(ctx, _params(ctx), tasks)
+    for i in range(2):
+        got = json.load(open(f"{out}.p{i}"))
+        assert (got["processes"], got["devices"]) == (2, 4)
+        assert got["task_ids"] == [t.task_id for t in tasks]
+        np.testing.assert_allclose(got["probs"], want, rtol=1e-5)

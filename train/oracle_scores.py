@@ -21,6 +21,8 @@ from lopd_jax.core.types import Task
 from lopd_jax.envs.synthetic.env import ENV_ID, oracle_argument, oracle_turns
 from lopd_jax.method.losses_kl import chunked_token_logp
 from lopd_jax.rollout.episodes import training_arrays
+from train import mesh as mesh_lib
+from train.distributed import global_array
 from train.warmup import demonstration
 
 KEY = "oracle_arg_prob"
@@ -58,7 +60,8 @@ def argument_span(fmt, task: Task, demo) -> tuple[int, int] | None:
 
 def _row_logprob_fn(system):
     """jit: ``(params, tokens, attention_mask, span_mask) -> [B]`` sum of log pi(token) over
-    each row's masked positions, the backbone built from a flat policy dict."""
+    each row's masked positions, the backbone built from a flat policy dict. With a mesh
+    the output is replicated, so every process holds every row's score."""
 
     def fn(params, tokens, attention_mask, span):
         model = nnx.merge(system.backbone_def, params)
@@ -68,7 +71,7 @@ def _row_logprob_fn(system):
                                   compute_dtype=system.model_cfg.jnp_dtype)
         return jnp.sum(jnp.where(span[:, 1:] > 0, logp, 0.0), axis=-1)
 
-    return jax.jit(fn)
+    return jax.jit(fn, out_shardings=mesh_lib.replicated(system.rules))
 
 
 def oracle_argument_probs(ctx, params, tasks: Sequence[Task]) -> list[float] | None:
@@ -76,10 +79,11 @@ def oracle_argument_probs(ctx, params, tasks: Sequence[Task]) -> list[float] | N
     teacher-forced on the task's oracle demonstration (its plain prompt). None when any
     task is not a synthetic hidden-rule task (the metric is undefined there).
 
-    Runs on one process: the per-row scores of a pod's sharded evaluation would need a
-    host gather of a sharded output, so a multi-process run returns None and keeps the reward
-    alone."""
-    if jax.process_count() > 1 or not tasks or any(t.env_id != ENV_ID or oracle_argument(t) is None for t in tasks):
+    On a pod every process calls it with the same ``tasks`` (the evaluation's held-out
+    list, the same everywhere) and gets the same list back: each process builds every row,
+    the rows go in as replicated global arrays on the policy's mesh, and the replicated
+    scores are read from a local device -- the numbers of one process."""
+    if not tasks or any(t.env_id != ENV_ID or oracle_argument(t) is None for t in tasks):
         return None
     demos = [demonstration(ctx, t) for t in tasks]
     spans = [argument_span(ctx.fmt, t, d) for t, d in zip(tasks, demos)]
@@ -96,6 +100,21 @@ def oracle_argument_probs(ctx, params, tasks: Sequence[Task]) -> list[float] | N
         span = np.zeros_like(arrays["tokens"])
         for r, (lo, hi) in enumerate(spans[i:i + n]):
             span[r, lo:hi] = 1
-        sums = np.asarray(score(params, arrays["tokens"], arrays["attention_mask"], span))
+        sums = _local(score(params, *(_replicated(ctx.system.rules, x) for x in
+                                      (arrays["tokens"], arrays["attention_mask"], span))))
         out += [float(np.exp(s)) for s in sums[:n]]
     return out
+
+
+def _replicated(rules, x: np.ndarray):
+    """``x`` (the same on every process) as a replicated global array on ``rules``' mesh
+    (``x`` itself without a mesh)."""
+    sharding = mesh_lib.replicated(rules)
+    return x if sharding is None else global_array(x, sharding, len(x))
+
+
+def _local(out) -> np.ndarray:
+    """A replicated (or single-process) jit output as numpy, from this process's own copy."""
+    if isinstance(out, jax.Array) and not out.is_fully_addressable:
+        out = out.addressable_data(0)
+    return np.asarray(out)
