@@ -1,6 +1,6 @@
 """Shared pieces of the full-size configs: the paper's hyperparameters (docs/method.md, "Defaults")
 and the TPU memory layout the compile check measured to fit (docs/results.md, "Compile check"):
-FSDP over all chips, full remat, Pallas splash attention (block 512), logits chunk 1024,
+FSDP over the slice with 4-way tensor parallelism, full remat, Pallas splash attention (block 512), logits chunk 1024,
 one trajectory per chip per micro-step (``steps.micro_batch=1``), fp32 master weights
 (bf16 compute). Each named config fills in its backbone and, where needed, its mesh.
 Splash attention is a TPU kernel: on CPU override ``model.attention_impl=blockwise``.
@@ -19,8 +19,13 @@ from models.config import LoraConfig
 
 
 def paper_config(name: str, *, source: str = "envscaler", workdir: str,
-                 mesh: MeshConfig = MeshConfig(data=1, fsdp=-1, tensor=1), num_pages: int = 10_240) -> TrainConfig:
+                 mesh: MeshConfig = MeshConfig(data=1, fsdp=-1, tensor=4), num_pages: int = 10_240) -> TrainConfig:
     """LOPD at paper settings on backbone ``name``.
+
+    ``mesh``: the trainer's; by default FSDP with 4-way tensor parallelism (a host's 4 chips).
+    On v5p-32 that makes 4 batch shards of 8 trajectories instead of 16 of 2, so packed rows
+    are 92% real tokens instead of 49%, and the LOPD step's estimate falls from 11.7 s to 7.2 s
+    with every collective priced and none overlapped (docs/packing.md, "The mesh").
 
     ``num_pages``: the engine's page pool per host (the default: the sizing rule's for
     v5p-32, ``python -m lopd_jax.compile_sampler --config=qwen3_8b --pool=rule``; a model
@@ -70,11 +75,9 @@ def paper_config(name: str, *, source: str = "envscaler", workdir: str,
         stages=StagesSection(warmup_steps=0, cold_start_steps=1000, cold_start_batch=8, lopd_steps=50,
                              eval_tasks=None, eval_every=10),
         checkpoint=CheckpointSection(every_steps=10, keep=3, async_save=True),
-        # length buckets (docs/length_buckets.md): on v5p-32 (16 batch shards, 2 rows each) an
-        # LOPD step under the default length distribution needs 2.2x fewer model FLOPs than
-        # padding every row to 40,960; each bucket compiles for 1 or 2 rows per chip. Packing
-        # puts whole trajectories back to back in rows of those lengths (docs/packing.md), so
-        # short episodes share a row instead of each padding one
+        # packed rows (docs/packing.md): whole trajectories back to back in rows of these
+        # lengths, each with its own segment, positions and latent block; on v5p-32 (4 batch
+        # shards of 8 trajectories) 92% of row tokens are real, against 20% padded to 40,960
         lengths=LengthConfig(buckets=(8192, 16384, 24576, 32768), packing=True),
         seed=0,
         workdir=workdir,

@@ -328,10 +328,14 @@ def test_compile_check_prints_packed_figures(tmp_path, capsys):
     # a TPU generation's peak gives the step times (from the executed FLOPs)
     cfg, spec, system = _tiny_system(PACKED_TINY)
     rep = length_report(cfg, spec, system, "v5p", 2, step_flops_fn("lopd", cfg, spec, system), compile_passes=False)
-    line = length_lines(rep, None)[-1]
+    line, comm = length_lines(rep, None)[-2:]
     assert "from executed FLOPs: padded" in line and "bucketed/packed" in line
+    assert "ICI collectives, not overlapped (mesh data=1 fsdp=2 tensor=1)" in comm
     est = rep["estimate"]
     assert est["packed"]["seconds"] == est["packed"]["executed_flops"] / (2 * 459e12)
+    for side in ("padded", "bucketed", "packed"):
+        e = est[side]
+        assert e["collective_seconds"] > 0 and e["seconds_with_collectives"] == e["seconds"] + e["collective_seconds"]
 
 
 def _real_pass(kind, spec, cfg, system):

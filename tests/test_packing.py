@@ -103,6 +103,21 @@ def test_packed_lopd_on_a_2x4_mesh_equals_padded(lopd):  # noqa: F811
     _check_lopd(jax.device_get(acc), want_g, want_m, system.step_cfg.loss.margin)
 
 
+def test_packed_lopd_with_tensor_parallelism_equals_padded(lopd):  # noqa: F811
+    """The paper configs' layout in small: fsdp 2 x tensor 2 (heads, MLP columns and the
+    vocabulary split; 2 batch shards, so each holds several trajectories per packed row)."""
+    system1, state, frozen, np_batch, want_g, want_m = lopd
+    mesh = mesh_lib.make_mesh(MeshConfig(data=1, fsdp=2, tensor=2), jax.devices()[:4])
+    system = LOPDSystem.create(_backbone(), COMPOSER, LAYOUT, system1.step_cfg, rules=mesh_lib.rules_for(mesh))
+    assert system.batch_shards(8) == 2
+    pb = packed_batch(np_batch, ROW, SHARD_TOKENS, 2, LAYOUT)
+    assert max(len(set(int(x) for x in r[r > 0])) for p in pb.passes for r in np.asarray(p["segment_ids"])) > 1
+    s = mesh_lib.put(state, system.state_shardings(state))
+    f = mesh_lib.put(frozen, system.frozen_shardings())
+    acc = BucketedLOPDStep(system, s).accumulate(s, f, pb.put(system))
+    _check_lopd(jax.device_get(acc), want_g, want_m, system.step_cfg.loss.margin)
+
+
 # ----------------------------------------------------------------------------- other steps
 
 

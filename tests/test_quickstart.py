@@ -161,8 +161,8 @@ def test_tpu_extra_resolves_the_paper_configs_for_a_slice(tmp_path, runtime_pyth
                            os.path.join(ROOT, "constraints.txt"), "-e", f"{ROOT}[tpu]"],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    slices = {"qwen3_8b": ("v5p-32", 16, 95.0, {"data": 1, "fsdp": 16, "tensor": 1}),
-              "olmo3_7b": ("v5p-32", 16, 95.0, {"data": 1, "fsdp": 16, "tensor": 1}),
+    slices = {"qwen3_8b": ("v5p-32", 16, 95.0, {"data": 1, "fsdp": 4, "tensor": 4}),
+              "olmo3_7b": ("v5p-32", 16, 95.0, {"data": 1, "fsdp": 4, "tensor": 4}),
               "qwen3_4b": ("v5e-64", 64, 16.0, {"data": 1, "fsdp": 32, "tensor": 2})}
     for config, (topology, chips, hbm, mesh) in slices.items():
         note = config == "olmo3_7b"

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from lopd_jax.settings.arm_config import GROUP_ARMS
+from lopd_jax.settings.collective_estimate import pass_collective_bytes, step_pass_shape
 from lopd_jax.settings.length_estimate import step_estimate
 from train.packed_batches import model_attention_length
 from lopd_jax.settings.length_model import rows_per_pass
@@ -151,10 +152,32 @@ def _bucketed_step(cfg, system, kind: str):
     return BucketedSFTStep(system, warm, opt), warm, state["composer"]["lora"]
 
 
+def collectives_fn(cfg, spec, system, kind: str, ici: float):
+    """``collectives(rows, seq, segments)``: seconds one pass of the ``kind`` step spends in ICI
+    collectives on ``system``'s mesh at ``ici`` bytes/s per chip, not overlapped
+    (:mod:`lopd_jax.settings.collective_estimate`)."""
+    m = spec.model
+    layer_params = m.num_layers * (m.hidden_size * m.head_dim * (2 * m.num_heads + 2 * m.num_kv_heads)
+                                   + 3 * m.hidden_size * m.intermediate_size)
+    mesh = dict(system.rules.mesh.shape) if system.rules is not None else {}
+    width = {"bfloat16": 2, "float16": 2}
+    fixed = dict(hidden=m.hidden_size, layers=m.num_layers, layer_params=layer_params,
+                 head_params=m.hidden_size * m.vocab_size, data=mesh.get("data", 1), fsdp=mesh.get("fsdp", 1),
+                 tensor=mesh.get("tensor", 1), remat=m.remat_policy == "full", act_bytes=width.get(m.dtype, 4),
+                 param_bytes=width.get(m.param_dtype, 4))
+
+    def seconds(rows: int, seq: int, segments: int = 0) -> float:
+        shape = step_pass_shape(kind, rows, seq, n_ret=spec.composer.n_ret, exp_len=spec.exp_len,
+                                l_ins=system.layout.length, ctx_tokens=cfg.arms.context_tokens, segments=segments)
+        return pass_collective_bytes(shape, **fixed)["total"] / ici
+    return seconds
+
+
 def length_report(cfg, spec, system, gen: str, chips: int, flops_fn, compile_passes: bool = True,
-                  kind: str = "lopd") -> dict:
+                  kind: str = "lopd", largest_only: bool = False) -> dict:
     """The length-aware figures of the ``kind`` step (:data:`STEP_KINDS`) of run config ``cfg``
-    (see the module docstring).
+    (see the module docstring). ``largest_only``: compile only the pass of the longest rows
+    (the largest; minutes instead of an hour for an 8B model on a small host).
 
     ``system``: the compile check's abstract :class:`train.system.LOPDSystem` on the
     topology's mesh; ``flops_fn(rows, seq, segments=0, segment_lengths=None)``: FLOPs of
@@ -172,15 +195,20 @@ def length_report(cfg, spec, system, gen: str, chips: int, flops_fn, compile_pas
     buckets = lengths.bucket_lengths(spec.seq)
     out: dict = {"step": kind, "rows": rows, "buckets": list(buckets), "shard_tokens": per_shard_tokens,
                  "batch_shards": shards, "fill": lengths.fill, "packing": lengths.packing,
+                 "mesh": dict(system.rules.mesh.shape) if system.rules is not None else {"data": 1, "fsdp": 1, "tensor": 1},
                  "distribution": {k: getattr(lengths, k) for k in ("prompt_median", "prompt_sigma", "turns_mean",
                                                                     "turn_median", "turn_sigma", "first_turn_median",
                                                                     "obs_median", "obs_sigma")}}
-    peak = PEAK_FLOPS.get(gen)
+    peak, ici = PEAK_FLOPS.get(gen), ICI_BANDWIDTH.get(gen)
+    micro = spec.steps.micro_batch
     est = step_estimate(lengths, flops_fn, rows, spec.seq, shards, per_shard_tokens, (peak or 1.0) * chips,
-                        attention_length=model_attention_length(system.model_cfg))
+                        attention_length=model_attention_length(system.model_cfg),
+                        collectives=None if ici is None else collectives_fn(cfg, spec, system, kind, ici),
+                        padded_passes=max(1, rows // shards // micro) if micro else 1)
     if peak is None:
         for side in ("padded", "bucketed", "packed"):
             est[side].pop("seconds")
+            est[side].pop("seconds_with_collectives", None)
     out["estimate"] = est | {"buckets": list(est["buckets"]), "peak_flops_per_chip": peak}
     if not (compile_passes and lengths.enabled):
         out["not_compiled"] = ("passes not compiled" if lengths.enabled else
@@ -212,6 +240,8 @@ def length_report(cfg, spec, system, gen: str, chips: int, flops_fn, compile_pas
               f"GiB per chip ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
         if update_mem is None:
             update_mem = _memory(lowered_update.compile())
+        if largest_only:
+            break
     out["compile_s"] = round(time.time() - t0, 1)
     out["passes"] = passes[::-1]
     out["update_per_chip_gib"] = update_mem
@@ -269,9 +299,15 @@ def length_lines(rep: dict, hbm_gib: float | None) -> list[str]:
                      f"executed FLOPs: padded {p['seconds']:.1f} s, bucketed {b['seconds']:.1f} s, packed "
                      f"{k['seconds']:.1f} s (padded/packed {p['seconds'] / k['seconds']:.2f}x, bucketed/packed "
                      f"{b['seconds'] / k['seconds']:.2f}x)")
+    if "seconds_with_collectives" in p:
+        lines.append(f"    + ICI collectives, not overlapped (mesh data={rep['mesh']['data']} fsdp={rep['mesh']['fsdp']} "
+                     f"tensor={rep['mesh']['tensor']}): padded {p['collective_seconds']:.1f} s, bucketed "
+                     f"{b['collective_seconds']:.1f} s, packed {k['collective_seconds']:.1f} s -> padded "
+                     f"{p['seconds_with_collectives']:.1f} s, bucketed {b['seconds_with_collectives']:.1f} s, packed "
+                     f"{k['seconds_with_collectives']:.1f} s")
     return lines
 
 
 __all__ = ["HBM_BANDWIDTH", "ICI_BANDWIDTH", "PEAK_FLOPS", "STEP_KINDS", "STEP_NAMES", "stage_steps", "step_rows",
-           "shard_tokens", "block_width", "abstract_packed_pass", "length_report", "memory_line", "distribution_line",
+           "shard_tokens", "block_width", "collectives_fn", "abstract_packed_pass", "length_report", "memory_line", "distribution_line",
            "length_lines"]

@@ -375,7 +375,7 @@ def run(args) -> dict:
         return head | {"dry_run": True, "latent_block_tokens": layout.length,
                        "model_flops": model_flops(mcfg, spec.composer, spec.batch, spec.seq, spec.exp_len,
                                                   layout.length)["total"]}
-    if "lopd" in steps and not args.estimate_only:  # the padded LOPD step: the reference beside the passes
+    if "lopd" in steps and not (args.estimate_only or args.largest_only):  # the padded LOPD step: the reference beside the passes
         report, system = _padded_lopd(args, head, spec, layout, devices, hbm)
         if system is None:
             return report
@@ -387,7 +387,7 @@ def run(args) -> dict:
     report["length_steps"] = {}
     for kind in steps:
         rep = length_report(cfg, spec, system, gen, len(devices), step_flops_fn(kind, cfg, spec, system),
-                            compile_passes=not args.estimate_only, kind=kind)
+                            compile_passes=not args.estimate_only, kind=kind, largest_only=args.largest_only)
         report["length_steps"][kind] = rep
         if hbm is not None and "largest" in rep:
             report["fits"] = report["fits"] and rep["largest"]["per_chip_gib"]["total"] <= hbm
@@ -436,6 +436,9 @@ def parse_args(argv=None):
     p.add_argument("--estimate_only", action="store_true",
                    help="compile nothing: print every step's padded / bucketed / packed estimate for the lengths "
                         "distribution (seconds of CPU; memory is not checked)")
+    p.add_argument("--largest_only", action="store_true",
+                   help="compile only each step's pass of the longest rows (its largest) and skip the padded LOPD "
+                        "step: the memory check of the largest pass in a fraction of the time")
     p.add_argument("overrides", nargs="*", help="dotted config overrides key=value, as for lopd_jax.train")
     return p.parse_args(argv)
 
@@ -486,7 +489,8 @@ def main(argv=None) -> int:
             print()
     else:
         print("  padded LOPD step not compiled ("
-              + ("--estimate_only" if report.get("estimate_only") else f"--steps={','.join(report['steps'])}") + ")")
+              + ("--estimate_only" if report.get("estimate_only") else "--largest_only" if args.largest_only
+                 else f"--steps={','.join(report['steps'])}") + ")")
     reps = list(report["length_steps"].values())
     print(distribution_line(reps[0]))
     for rep in reps:

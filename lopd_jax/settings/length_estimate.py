@@ -21,15 +21,24 @@ from lopd_jax.settings.pack_plan import plan_packed_passes
 FlopsFn = Callable[..., float]
 
 
-def _side(flops: float, executed: float, real: float, row_tokens: float, peak_flops: float) -> dict:
-    return {"flops": flops, "executed_flops": executed, "seconds": executed / peak_flops,
-            "flops_per_real_token": flops / real, "executed_flops_per_real_token": executed / real,
-            "real_fraction": real / row_tokens}
+# collectives(rows, seq, segments): seconds one pass spends in ICI collectives (see step_estimate)
+CollectivesFn = Callable[[int, int, int], float]
+
+
+def _side(flops: float, executed: float, real: float, row_tokens: float, peak_flops: float,
+          collective_s: float | None) -> dict:
+    out = {"flops": flops, "executed_flops": executed, "seconds": executed / peak_flops,
+           "flops_per_real_token": flops / real, "executed_flops_per_real_token": executed / real,
+           "real_fraction": real / row_tokens}
+    if collective_s is not None:
+        out |= {"collective_seconds": collective_s, "seconds_with_collectives": out["seconds"] + collective_s}
+    return out
 
 
 def step_estimate(cfg: LengthConfig, flops: FlopsFn, batch: int, cap: int, shards: int, shard_tokens: int,
                   peak_flops: float, draws: int = 200, seed: int = 0,
-                  attention_length: float = float("inf")) -> dict:
+                  attention_length: float = float("inf"), collectives: CollectivesFn | None = None,
+                  padded_passes: int = 1) -> dict:
     """Expected FLOPs and time at 100% of ``peak_flops`` (the slice's, per second) of one step
     on batches of ``batch`` episodes drawn from ``cfg``'s distribution: ``padded`` (every
     row at ``cap``), ``bucketed`` (passes of ``cfg.bucket_lengths(cap)``) and ``packed``
@@ -46,11 +55,20 @@ def step_estimate(cfg: LengthConfig, flops: FlopsFn, batch: int, cap: int, shard
     both per real (prompt or generated) token, and ``real_fraction`` of the row tokens.
     ``packed`` also has ``segments``: per row length the most episodes a row held (the
     pass shape's K) in any draw.
+
+    ``collectives(rows, seq, segments)``: seconds one pass of ``rows`` rows (over the whole
+    mesh) spends in ICI collectives, not overlapped
+    (:mod:`lopd_jax.settings.collective_estimate`); given, each side also has
+    ``collective_seconds`` and ``seconds_with_collectives``. The padded step runs in
+    ``padded_passes`` equal passes (its micro-batches).
     """
     buckets = cfg.bucket_lengths(cap)
     lengths = sample_lengths(cfg, batch * draws, cap, seed).reshape(draws, batch)
     real = float(lengths.sum(1).mean())
     padded = flops(batch, cap)
+    comm = {"padded": 0.0, "bucketed": 0.0, "packed": 0.0}
+    if collectives is not None:
+        comm["padded"] = padded_passes * collectives(batch // padded_passes, cap, 0)
     cache: dict[tuple, float] = {}
 
     def cached(*key) -> float:
@@ -65,18 +83,23 @@ def step_estimate(cfg: LengthConfig, flops: FlopsFn, batch: int, cap: int, shard
         for p in plan_passes(row, buckets, shard_tokens, shards, cfg.fill):
             bucketed += cached(len(p.rows), p.seq)
             bucket_rows += len(p.rows) * p.seq
+            if collectives is not None:
+                comm["bucketed"] += collectives(len(p.rows), p.seq, 0)
         for q in plan_packed_passes(row, buckets, shard_tokens, shards, attention_length):
             members: Sequence[int] = [int(row[i]) for r in q.rows for i in r]
             packed += flops(len(q.rows), q.seq, q.segments, members)
             executed += cached(len(q.rows), q.seq, q.segments, None)
             packed_rows += q.tokens
             segments[q.seq] = max(segments.get(q.seq, 0), q.segments)
+            if collectives is not None:
+                comm["packed"] += collectives(len(q.rows), q.seq, q.segments)
     n = float(draws)
+    per_step = {k: (v if k == "padded" else v / n) if collectives is not None else None for k, v in comm.items()}
     return {"real_tokens": real, "mean_length": real / batch, "buckets": buckets,
-            "padded": _side(padded, padded, real, batch * cap, peak_flops),
-            "bucketed": _side(bucketed / n, bucketed / n, real, bucket_rows / n, peak_flops),
-            "packed": _side(packed / n, executed / n, real, packed_rows / n, peak_flops)
+            "padded": _side(padded, padded, real, batch * cap, peak_flops, per_step["padded"]),
+            "bucketed": _side(bucketed / n, bucketed / n, real, bucket_rows / n, peak_flops, per_step["bucketed"]),
+            "packed": _side(packed / n, executed / n, real, packed_rows / n, peak_flops, per_step["packed"])
             | {"segments": dict(sorted(segments.items()))}}
 
 
-__all__ = ["FlopsFn", "step_estimate"]
+__all__ = ["CollectivesFn", "FlopsFn", "step_estimate"]
