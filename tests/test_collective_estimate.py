@@ -81,3 +81,23 @@ def test_paper_mesh_packs_rows_at_the_paper_batch(tmp_path):
     assert fsdp_mesh["fsdp"] == 16 and fsdp_only["packed"]["real_fraction"] < 0.6
     ratio = lopd["packed"]["seconds_with_collectives"] / fsdp_only["bucketed"]["seconds_with_collectives"]
     assert ratio <= 0.62, ratio
+
+
+def test_paper_mesh_keeps_the_tensor_axis_inside_a_host():
+    """On v5p-32 (4 hosts x 4 chips) the config's fsdp 4 x tensor 4 mesh puts each tensor
+    group on one host's chips, so the batch axis spans the hosts: every host owns one batch
+    shard (docs/pods.md) and the all-reduces stay on a host's ICI links."""
+    import numpy as np
+
+    from configs import load_config
+    from lopd_jax.programs.compile_check import CannotCompileHere, topology_devices
+    from train import mesh as mesh_lib
+
+    try:
+        devices, _, _ = topology_devices("v5p-32")
+    except CannotCompileHere as e:
+        pytest.skip(str(e))
+    mesh = mesh_lib.make_mesh(load_config("qwen3_8b").mesh, devices)
+    hosts = np.vectorize(lambda d: d.process_index)(mesh.devices)[0]  # [fsdp, tensor]
+    assert hosts.shape == (4, 4)
+    assert all(len(set(row)) == 1 for row in hosts) and len(set(hosts[:, 0])) == 4
