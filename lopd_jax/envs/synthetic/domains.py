@@ -6,8 +6,8 @@ it samples parameters and an initial state from a seeded RNG, renders a short in
 knows the oracle tool calls and the checks over the final state that score an episode.
 Everything is JSON-able, so a task payload rebuilds the task exactly.
 
-``dispatch.ship`` is opt-in (:data:`OPT_IN_FAMILIES`) and has a hidden rule: each customer
-ships through its own hub (:data:`HIDDEN_RULES`, a fixed seeded map the instruction never
+``dispatch.ship`` (8 customers) and ``fleet.ship`` (64) are opt-in (:data:`OPT_IN_FAMILIES`)
+and have a hidden rule: each customer ships through its own hub (:data:`HIDDEN_RULES`, a fixed seeded map the instruction never
 states), while the warm-up tasks draw the hub at random, so a warmed-up model can learn to
 read the hub from a privileged context but not the map. The CPU miniature is built on it
 (docs/miniature.md).
@@ -31,6 +31,14 @@ ROOMS = ("101", "102", "201", "202", "301", "302")
 # each is one token: reading one from a context is choosing one token, not copying a string)
 CUSTOMERS = ACCOUNTS
 HUBS = ("Paris", "Berlin", "Tokyo", "Oslo")
+# fleet: the same rule over 64 customers (names of several tokens are fine: the policy copies
+# the customer from the instruction), so held-out tasks spread over many independent
+# clusters and an arm comparison's interval can narrow (docs/statistics.md)
+FLEET_CUSTOMERS = ACCOUNTS + GUESTS + (
+    "ava", "ben", "cleo", "dan", "eli", "fay", "gus", "hana", "ian", "jay", "kai", "lea", "max", "nia", "otto",
+    "pia", "quinn", "ray", "sam", "tess", "uma", "vic", "wes", "xena", "yuri", "zack", "amy", "bea", "cal", "dora",
+    "ed", "finn", "gwen", "hal", "iris", "jon", "kate", "lou", "mel", "ned", "ola", "pat", "rose", "sid", "tom",
+    "val", "will", "yara")
 
 
 # ---------------------------------------------------------------------------------------
@@ -252,6 +260,8 @@ DOMAINS = {
 OPT_IN_DOMAINS = {
     "dispatch": Domain("dispatch", Dispatch, "shipped",
                        "You are a dispatch assistant. Use the tools, then answer briefly."),
+    "fleet": Domain("fleet", Dispatch, "shipped",
+                    "You are a dispatch assistant. Use the tools, then answer briefly."),
 }
 ALL_DOMAINS = {**DOMAINS, **OPT_IN_DOMAINS}
 
@@ -491,19 +501,27 @@ FAMILIES: dict[str, Family] = {f.family_id: f for f in [
 ]}
 
 
-def _sample_ship(rng):
-    # the hub is filled in by the task source from its hidden rule (or at random for warm-up tasks)
-    return {"initial": {c: "" for c in CUSTOMERS}, "customer": rng.choice(CUSTOMERS),
-            "order": rng.randrange(100, 1000)}
+def _ship_sampler(customers: tuple[str, ...]):
+    def sample(rng):
+        # the hub is filled in by the task source from its hidden rule (or at random for warm-up tasks)
+        return {"initial": {c: "" for c in customers}, "customer": rng.choice(customers),
+                "order": rng.randrange(100, 1000)}
+    return sample
 
 
-OPT_IN_FAMILIES: dict[str, Family] = {f.family_id: f for f in [
-    Family(
-        "dispatch.ship", "dispatch", _sample_ship,
+def _ship_family(family_id: str, domain: str, customers: tuple[str, ...]) -> Family:
+    """Ship a customer's order through the hub a hidden per-customer rule assigns."""
+    return Family(
+        family_id, domain, _ship_sampler(customers),
         lambda p: f"Ship order {p['order']} for {p['customer']}.",
         lambda p: ([_call("ship_order", customer=p["customer"], hub=p["hub"])], f'Shipped via "{p["hub"]}".'),
         lambda p: [(f"{p['customer']}'s order went via {p['hub']}", lambda st, ans: st.get(p["customer"]) == p["hub"]),
-                   _unchanged(p["initial"], (p["customer"],))]),
+                   _unchanged(p["initial"], (p["customer"],))])
+
+
+OPT_IN_FAMILIES: dict[str, Family] = {f.family_id: f for f in [
+    _ship_family("dispatch.ship", "dispatch", CUSTOMERS),
+    _ship_family("fleet.ship", "fleet", FLEET_CUSTOMERS),
 ]}
 ALL_FAMILIES = {**FAMILIES, **OPT_IN_FAMILIES}
 
@@ -525,7 +543,8 @@ class HiddenRule:
         return dict(zip(self.keys, vals))
 
 
-HIDDEN_RULES: dict[str, HiddenRule] = {"dispatch.ship": HiddenRule("customer", CUSTOMERS, "hub", HUBS)}
+HIDDEN_RULES: dict[str, HiddenRule] = {"dispatch.ship": HiddenRule("customer", CUSTOMERS, "hub", HUBS),
+                                        "fleet.ship": HiddenRule("customer", FLEET_CUSTOMERS, "hub", HUBS)}
 
 
 # Tasks whose correct outcome leaves the state as it was (the condition does not hold) are
