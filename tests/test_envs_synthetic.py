@@ -357,6 +357,27 @@ def test_dispatch_hidden_rule_is_consistent_across_splits_and_seeded(dispatch):
     assert other.hidden_rule("dispatch.ship") != rule
 
 
+def test_fleet_is_the_dispatch_rule_over_64_customers():
+    """``fleet.ship`` (configs/miniature_wide.py): the same tool and hubs, a balanced hidden
+    map over 64 customers, the oracle solves every task, and the held-out tasks spread over
+    many customer clusters."""
+    from lopd_jax.envs.synthetic.domains import FLEET_CUSTOMERS, HUBS
+
+    src = SyntheticTaskSource(n_train_per_family=128, n_heldout_per_family=128, families=["fleet"],
+                              tool_descriptions=False, n_warmup_per_family=16)
+    assert src.families == ["fleet.ship"] and len(set(FLEET_CUSTOMERS)) == 64
+    rule = src.hidden_rule("fleet.ship")
+    assert set(rule) == set(FLEET_CUSTOMERS) and all(list(rule.values()).count(h) == 16 for h in HUBS)
+    heldout = src.tasks("heldout")
+    assert len({src.cluster_key(t) for t in heldout}) >= 48
+    for t in heldout[:16] + src.tasks("train")[:16] + src.warmup_tasks():
+        p = t.payload["params"]
+        result, _, env = run(src, t, oracle_turns(t))
+        assert result.reward == 1.0, env.check_results()
+        assert p["customer"] in t.instruction and p["hub"] not in t.instruction
+    assert all(t.payload["params"]["hub"] == rule[t.payload["params"]["customer"]] for t in heldout)
+
+
 def test_dispatch_warmup_tasks_are_separate_and_their_hub_is_random(dispatch):
     warm = dispatch.warmup_tasks()
     assert len(warm) == 40 and all(t.task_id.startswith("dispatch.ship/warmup/") for t in warm)
