@@ -156,6 +156,20 @@ def global_array(local: np.ndarray, sharding, global_rows: int | None = None) ->
     return jax.make_array_from_process_local_data(sharding, local, shape)
 
 
+def replicated_array(x: np.ndarray, sharding) -> np.ndarray | jax.Array:
+    """``x`` (equal on every process) as a global array replicated on ``sharding`` (a
+    replicated ``NamedSharding``); ``x`` itself as numpy when ``sharding`` is None (no mesh)."""
+    x = np.asarray(x)
+    return x if sharding is None else global_array(x, sharding, len(x) if x.ndim else None)
+
+
+def local_copy(arr) -> np.ndarray:
+    """A replicated (or single-process) array as numpy, from this process's own copy."""
+    if isinstance(arr, jax.Array) and not arr.is_fully_addressable:
+        arr = arr.addressable_data(0)
+    return np.asarray(arr)
+
+
 def local_rows(arr) -> np.ndarray:
     """The rows of a batch-major array that live on this process, as numpy (all rows on one process)."""
     if not multiprocess() or not isinstance(arr, jax.Array) or arr.is_fully_addressable:
@@ -211,5 +225,5 @@ def sync(name: str) -> None:
         multihost_utils.sync_global_devices(name)
 
 
-__all__ = ["initialize", "share_cpu_compilation_cache", "multiprocess", "row_range", "global_array", "local_rows", "global_max", "global_any",
+__all__ = ["initialize", "share_cpu_compilation_cache", "multiprocess", "row_range", "global_array", "replicated_array", "local_copy", "local_rows", "global_max", "global_any",
            "allgather_objects", "allgather_list", "sync"]

@@ -22,7 +22,7 @@ from lopd_jax.envs.synthetic.env import ENV_ID, oracle_argument, oracle_turns
 from lopd_jax.method.losses_kl import chunked_token_logp
 from lopd_jax.rollout.episodes import training_arrays
 from train import mesh as mesh_lib
-from train.distributed import global_array
+from train.distributed import local_copy, replicated_array
 from train.warmup import demonstration
 
 KEY = "oracle_arg_prob"
@@ -100,21 +100,9 @@ def oracle_argument_probs(ctx, params, tasks: Sequence[Task]) -> list[float] | N
         span = np.zeros_like(arrays["tokens"])
         for r, (lo, hi) in enumerate(spans[i:i + n]):
             span[r, lo:hi] = 1
-        sums = _local(score(params, *(_replicated(ctx.system.rules, x) for x in
-                                      (arrays["tokens"], arrays["attention_mask"], span))))
+        rep = mesh_lib.replicated(ctx.system.rules)
+        sums = local_copy(score(params, *(replicated_array(x, rep) for x in
+                                          (arrays["tokens"], arrays["attention_mask"], span))))
         out += [float(np.exp(s)) for s in sums[:n]]
     return out
 
-
-def _replicated(rules, x: np.ndarray):
-    """``x`` (the same on every process) as a replicated global array on ``rules``' mesh
-    (``x`` itself without a mesh)."""
-    sharding = mesh_lib.replicated(rules)
-    return x if sharding is None else global_array(x, sharding, len(x))
-
-
-def _local(out) -> np.ndarray:
-    """A replicated (or single-process) jit output as numpy, from this process's own copy."""
-    if isinstance(out, jax.Array) and not out.is_fully_addressable:
-        out = out.addressable_data(0)
-    return np.asarray(out)

@@ -26,6 +26,7 @@ from lopd_jax.settings.run_config import load_run_config
 from train import mesh as mesh_lib
 from train.batches import experience_arrays
 from train.checkpoint import CheckpointError
+from train.distributed import replicated_array
 from lopd_jax.rollout.episodes import LatentContext
 from train.run_reader import COMPOSER_STAGES, open_run
 
@@ -104,16 +105,10 @@ def task_latents(run: ComposerRun, tasks: Sequence) -> jax.Array:
     if run.latents_fn is None:
         run.latents_fn = jax.jit(ctx.system.latents)
     if jax.process_count() > 1:  # the same inputs on every process, as one global replicated value
-        exp_tokens, exp_mask = (distributed_replicated(ctx, x) for x in (exp_tokens, exp_mask))
+        exp_tokens, exp_mask = (replicated_array(x, mesh_lib.replicated(ctx.rules)) for x in (exp_tokens, exp_mask))
     else:
         exp_tokens, exp_mask = jnp.asarray(exp_tokens), jnp.asarray(exp_mask)
     return run.latents_fn(run.frozen, run.composer, exp_tokens, exp_mask)
-
-
-def distributed_replicated(ctx, x):
-    """``x`` (numpy, equal on every process) as a global array replicated over ``ctx``'s mesh."""
-
-    return jax.device_put(np.asarray(x), mesh_lib.replicated(ctx.rules))
 
 
 def rows_latent_context(run: ComposerRun, tasks: Sequence, lo: int, hi: int):
