@@ -377,30 +377,30 @@ class Engine:
         def drop_specs(specs) -> None:
             """Drop the feed's episodes ``specs`` wherever they are (their pages go back; a
             running environment step is abandoned). They end without a result."""
-            nonlocal in_flight
             ids = {id(x) for x in specs}  # episodes that ended meanwhile are no longer held
             if not ids:
                 return
-            for ep in [e for e in ready if id(e.spec) in ids]:
-                ready.remove(ep)
-                in_flight -= ep.admitted > 0
+
+            def forget(ep, admitted: bool = True) -> None:
+                nonlocal in_flight
+                in_flight -= admitted
                 pages.release(ep)
                 m["dropped_episodes"] += 1
-            for j, ep in enumerate(slots):
+
+            for ep in [e for e in ready if id(e.spec) in ids]:  # waiting for a slot
+                ready.remove(ep)
+                forget(ep, ep.admitted > 0)
+            for j, ep in enumerate(slots):  # decoding
                 if ep is not None and id(ep.spec) in ids:
                     slots[j], ep.slot = None, None
-                    in_flight -= 1
-                    pages.release(ep)
-                    m["dropped_episodes"] += 1
-            for fut, ep in [(f, e) for f, e in futures.items() if id(e.spec) in ids]:
+                    forget(ep)
+            for fut, ep in [(f, e) for f, e in futures.items() if id(e.spec) in ids]:  # in an environment step
                 futures.pop(fut)
                 if pool is not None:
                     pool.abandon(fut)
                 if ep.spec.abandon is not None:
                     ep.spec.abandon()
-                in_flight -= 1
-                pages.release(ep)
-                m["dropped_episodes"] += 1
+                forget(ep)
 
         def take_feed() -> None:
             """Ask the feed for more work when every episode given has started and there is room."""
