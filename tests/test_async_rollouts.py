@@ -222,6 +222,5 @@ def test_sampling_versions_and_staleness():
     from train.async_rollouts import sampling_version, staleness_metrics
     assert [sampling_version(s, 2) for s in range(5)] == [0, 0, 0, 1, 2]
     assert [sampling_version(s, 2, start=3) for s in range(3, 7)] == [3, 3, 3, 4]
-    trajs = [type("T", (), {"policy_version": v})() for v in (3, 3, 2, 1)]
-    m = staleness_metrics(trajs, 3)
+    m = staleness_metrics([3, 3, 2, 1], 3)
     assert m["staleness_max"] == 2 and m["staleness_mean"] == 0.75 and m["policy_version"] == 3

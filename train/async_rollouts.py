@@ -31,11 +31,15 @@ def sampling_version(step: int, k: int, start: int = 0) -> int:
     return max(start, step - k, 0)
 
 
-def staleness_metrics(trajs, step: int) -> dict[str, float]:
-    """Step ``step``'s record of its batch's policy versions: ``policy_version`` (the
-    trainer's student version, i.e. ``step``) and the staleness (``step`` minus each
-    rollout's ``Trajectory.policy_version``) mean, 95th percentile and max."""
-    stale = np.asarray([step - t.policy_version for t in trajs], np.float64)
+# a pipeline's per-step counts of this process's rollouts, summed over processes for the record
+PIPELINE_COUNTS = ("rollouts_resampled_on_resume", "rollouts_restarted", "partial_rollouts", "out_of_step_rollouts")
+
+
+def staleness_metrics(versions, step: int) -> dict[str, float]:
+    """Step ``step``'s record of its batch's policy ``versions`` (every rollout's
+    ``Trajectory.policy_version``): ``policy_version`` (the trainer's student version, i.e.
+    ``step``) and the staleness (``step`` minus each version) mean, 95th percentile and max."""
+    stale = np.asarray([step - v for v in versions], np.float64)
     if stale.size == 0:
         stale = np.zeros(1)
     return {"policy_version": float(step), "staleness_mean": float(stale.mean()),
@@ -143,7 +147,7 @@ class RolloutPipeline:
                 for t in trajs:
                     t.policy_version = t.latest_version = version
                 info["sampler_wait_seconds"] = waited
-                info["rollouts_resampled_on_resume"] = len(tasks) if version != max(0, s - self.k) else 0
+                info["rollouts_resampled_on_resume"] = len(trajs) if version != max(0, s - self.k) else 0
                 with self._cond:
                     self._ready[s] = (trajs, info)
                     nxt = sampling_version(s + 1, self.k, self.start)

@@ -265,9 +265,9 @@ class StepFeed:
         self.groups = [g for g in self.groups if g not in chosen]
         trajs = [t for g in chosen for t in g.trajs]
         resampled = sum(len(g.trajs) for g in chosen if g.version != max(0, g.draw - pipe.k))
-        info = {"first_row": self.first_row, "rollouts_restarted": self.restarted * pipe.processes,
+        info = {"first_row": self.first_row, "rollouts_restarted": self.restarted,
                 "rollout_seconds": time.perf_counter() - min(g.started for g in chosen),
-                "sampler_wait_seconds": self.waited, "rollouts_resampled_on_resume": resampled * pipe.processes,
+                "sampler_wait_seconds": self.waited, "rollouts_resampled_on_resume": resampled,
                 "partial_rollouts": sum(t.latest_version != t.policy_version for t in trajs),
                 "out_of_step_rollouts": sum(len(g.trajs) for g in chosen if g.draw != s)}
         self.waited, self.restarted = 0.0, 0
@@ -317,9 +317,9 @@ class PartialRolloutPipeline(RolloutPipeline):
                  run_stream: Callable[[Any, StepFeed], Any], max_total: int, close_timeout: float,
                  draw_tasks: Callable[[int], list], task_state: Callable[[], Any], start: int, num_steps: int,
                  k: int, params0, *, order: str = "step", group_size: int = 1, first_draw: int | None = None,
-                 skip=(), processes: int = 1, stale: str = "wait"):
+                 skip=(), stale: str = "wait"):
         self.rows, self.prepare, self.run_stream, self.close_timeout = rows, prepare, run_stream, close_timeout
-        self.order, self.group_size, self.processes, self.stale = order, group_size, processes, stale
+        self.order, self.group_size, self.stale = order, group_size, stale
         self.skip = {tuple(x) for x in skip}
         self.feed: StepFeed | None = None
         self._max_total = max_total

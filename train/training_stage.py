@@ -24,7 +24,7 @@ import numpy as np
 
 from lopd_jax.io.files import AppendFile, join
 from train import distributed, mesh as mesh_lib
-from train.async_rollouts import RolloutPipeline, copy_params, staleness_metrics
+from train.async_rollouts import PIPELINE_COUNTS, RolloutPipeline, copy_params, staleness_metrics
 from train.partial_rollouts import PartialRolloutPipeline
 from train.batches import gather_rows, lopd_batch
 from train.bucketed_steps import BucketedLOPDStep
@@ -173,13 +173,19 @@ class TrainingStage:
             trajs, info = self.rollout(s, self.step_tasks(s), self.student_params())
             for t in trajs:
                 t.policy_version = t.latest_version = s
+            versions = [s] * len(trajs)
         else:
             if self.pipeline is None:
                 self.start_pipeline(s)
             trajs, local = self.pipeline.get(s)
             trajs, info = self.gather(s, trajs, local)
-            info = {**{k: v for k, v in local.items() if k != "first_row"}, **info}
-        self._rollout_info[s] = {**info, **staleness_metrics(trajs, s)}
+            # the pipeline's counts and versions are this process's rows: the record has every host's
+            parts = distributed.allgather_objects(({k: local[k] for k in PIPELINE_COUNTS if k in local},
+                                                   [t.policy_version for t in trajs]))
+            versions = [v for _, vs in parts for v in vs]
+            info = {**{k: v for k, v in local.items() if k != "first_row"}, **info,
+                    **{k: sum(c[k] for c, _ in parts) for k in parts[0][0]}}
+        self._rollout_info[s] = {**info, **staleness_metrics(versions, s)}
         return self.make_batch(s, trajs)
 
     def start_pipeline(self, start: int) -> None:
@@ -208,7 +214,7 @@ class TrainingStage:
                                                 version=start),
                 ro.caps.max_total_tokens, engine.config.env_timeout_s, self.step_tasks, self.tasks.get_state,
                 start, n, k, params0, order=ro.batch_order, group_size=self.group_size, first_draw=self.tasks.step,
-                skip=skip, processes=jax.process_count(), stale=ro.stale)
+                skip=skip, stale=ro.stale)
         else:
             self.pipeline = RolloutPipeline(self.sample, self.step_tasks, self.tasks.get_state, start, n, k, params0)
 
