@@ -384,3 +384,19 @@ def test_abstract_packed_pass_is_the_trainers_and_compiles():
     assert (p["rows"], p["seq"]) == (8, 256) and p["segments"] == max(rep["estimate"]["packed"]["segments"].values())
     assert p["per_chip_gib"]["total"] > 0 and rep["update_per_chip_gib"]["total"] > 0
     assert "compiled 1 packed pass shapes (rows x seq x segments 8x256x" in "\n".join(length_lines(rep, None))
+
+
+def test_largest_only_compiles_one_pass_per_step(tmp_path, capsys):
+    """``--largest_only``: no padded step, and per step only the pass of the longest rows
+    (the cap), with its memory and the update's."""
+    from lopd_jax.programs.compile_check import main
+
+    out = tmp_path / "r.json"
+    assert main(["--config=tiny", "--topology=cpu:2", "--largest_only", "--steps=lopd", *PACKED_TINY,
+                 f"--json={out}"]) == 0
+    report = json.loads(out.read_text())
+    assert "per_chip_gib" not in report and report["fits"]
+    rep = report["length_steps"]["lopd"]
+    assert [p["seq"] for p in rep["passes"]] == [max(rep["buckets"])] and rep["largest"] == rep["passes"][0]
+    assert rep["update_per_chip_gib"]["total"] > 0
+    assert "padded LOPD step not compiled (--largest_only)" in capsys.readouterr().out
