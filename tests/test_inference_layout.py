@@ -84,22 +84,28 @@ from lopd_jax.io.startup import configure_platform
 configure_platform()
 import json
 from lopd_jax.programs.compile_check import topology_devices
+from lopd_jax.settings.sections import MeshConfig
 from configs import load_config
 from train import mesh as mesh_lib
 from lopd_jax.rollout.layout import _global_layout
 devices, _, _ = topology_devices("v5p-32")
-order = list(mesh_lib.make_mesh(load_config("qwen3_8b").mesh, devices).devices.flat)
-gmesh, grid = _global_layout(order, 4)
-col = {d: j for j in range(4) for d in gmesh.devices.take(j, axis=list(gmesh.axis_names).index("tensor")).flat}
-print(json.dumps({"procs": [d.process_index for d in order], "axes": list(gmesh.axis_names),
-                  "grid": [[d.process_index, col[d]] for d in grid.flat], "same_order": list(gmesh.devices.flat) == order}))
+out = {}
+for name, mesh in (("config", load_config("qwen3_8b").mesh), ("fsdp_only", MeshConfig(data=1, fsdp=-1, tensor=1))):
+    order = list(mesh_lib.make_mesh(mesh, devices).devices.flat)
+    gmesh, grid = _global_layout(order, 4)
+    col = {d: j for j in range(4) for d in gmesh.devices.take(j, axis=list(gmesh.axis_names).index("tensor")).flat}
+    out[name] = {"procs": [d.process_index for d in order], "axes": list(gmesh.axis_names),
+                 "grid": [[d.process_index, col[d]] for d in grid.flat], "same_order": list(gmesh.devices.flat) == order}
+print(json.dumps(out))
 """
 
 
 def test_the_reshard_to_each_host_sends_each_chip_its_tensor_shard_on_v5p_32():
-    """The trainer's v5p-32 device order interleaves the 4 hosts (position k on host k mod 4),
-    so the merged params' global layout puts tensor on the major axis: every host then holds
-    one chip per tensor column and receives only tensor shards (not a replicated copy)."""
+    """Every host holds one chip per tensor column of the merged params' global layout, so it
+    receives only tensor shards (not a replicated copy), for both trainer layouts of v5p-32:
+    the config's fsdp x tensor 4 (each host's 4 chips a tensor group: tensor the minor axis)
+    and FSDP alone, whose device order interleaves the 4 hosts (position k on host k mod 4:
+    tensor the major axis)."""
     pytest.importorskip("libtpu")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="", PYTHONPATH=root)
@@ -107,5 +113,9 @@ def test_the_reshard_to_each_host_sends_each_chip_its_tensor_shard_on_v5p_32():
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert r["procs"] == [k % 4 for k in range(16)] and r["axes"] == ["tensor", "data"] and r["same_order"]
-    assert r["grid"] == [[0, j] for j in range(4)]  # host 0's chips, one per tensor column, in column order
+    config, fsdp = r["config"], r["fsdp_only"]
+    assert config["procs"] == [k // 4 for k in range(16)] and config["axes"] == ["data", "tensor"]
+    assert fsdp["procs"] == [k % 4 for k in range(16)] and fsdp["axes"] == ["tensor", "data"]
+    for layout in (config, fsdp):
+        assert layout["same_order"]
+        assert layout["grid"] == [[0, j] for j in range(4)]  # host 0's chips, one per tensor column, in column order
