@@ -10,6 +10,17 @@ per-layer window; padding is segment id 0, so a valid query sees exactly the val
 its own segment that the reference allows. The sequence is padded internally to a
 multiple of the block size and q is pre-scaled. The kernel does not run on CPU;
 ``interpret=True`` runs the Pallas interpreter there (tests only).
+
+**Blocks across segments are skipped.** The kernel's static mask knows causality and the
+window, not the segments, so on its own it computes (and masks) every causal block of a
+packed row. Each row's mask infos are therefore narrowed at run time
+(:func:`segment_block_keep`, :func:`restrict_mask_info`): a (query block, key block) pair
+runs only if the two blocks' ranges of real segment ids overlap, or it is a diagonal
+block (so a query block of padding still sees a key and stays finite). The skipped blocks
+are exactly those with no allowed pair for a real query, so real positions are unchanged;
+a padding query sees only the padding of its own block. Skipped grid steps also keep the
+previous block's index, so they fetch nothing new. A packed row then costs about its
+segments' causal attention, plus a block's width per segment at the boundaries.
 """
 
 from __future__ import annotations
@@ -64,6 +75,58 @@ def _kernel(heads: int, seq: int, window: int, block: int, interpret: bool):
                               q_seq_shards=1, interpret=interpret)
 
 
+def segment_block_keep(seg, block: int, xp=jnp):
+    """Which (query block, key block) pairs of a row a segment-masked kernel must compute:
+    bool ``[S // block, S // block]`` for segment ids ``seg`` ``[S]`` (``S`` a multiple of
+    ``block``; real segments >= 1, 0 = padding).
+
+    A pair is kept when the blocks' ranges of real segment ids overlap (a superset of the
+    pairs holding an equal-segment query and key, exact when segments are contiguous, as
+    in packed rows), and on the diagonal. Causality and windows are the static mask's.
+    ``xp``: ``jax.numpy`` in the kernel, ``numpy`` in cost estimates."""
+    ids = seg.reshape(-1, block)
+    real = ids > 0
+    lo = xp.where(real, ids, 2 ** 30).min(-1)
+    hi = xp.where(real, ids, 0).max(-1)
+    overlap = (lo[:, None] <= hi[None, :]) & (lo[None, :] <= hi[:, None])
+    return overlap | xp.eye(ids.shape[0], dtype=bool)
+
+
+def restrict_mask_info(info, keep, *, dkv: bool = False):
+    """A splash ``MaskInfo`` whose blocks outside ``keep`` [q blocks, kv blocks] are skipped.
+
+    Entry ``[h, i, j]`` of the forward and dq infos is query block ``i`` and key block
+    ``data_next[h, i, j]``; of the dkv info (``dkv=True``) query block ``data_next[h, i, j]``
+    and key block ``j``, its grid running over ``i``. A skipped entry's ``block_mask`` is 0
+    (no compute) and its ``data_next`` repeats the last kept entry's along the grid (the
+    first's before any), so the pipeline fetches no block for it."""
+    if info is None or info.block_mask is None:
+        return info
+    nxt = info.data_next.astype(jnp.int32)
+    if dkv:
+        run = keep[nxt, jnp.arange(nxt.shape[2])[None, None, :]]
+        axis = 1
+    else:
+        run = keep[jnp.arange(nxt.shape[1])[None, :, None], nxt]
+        axis = 2
+    run &= info.block_mask > 0
+    step = jax.lax.broadcasted_iota(jnp.int32, nxt.shape, axis)
+    last = jax.lax.cummax(jnp.where(run, step, -1), axis=axis)
+    first = jax.lax.cummin(jnp.where(run, step, nxt.shape[axis]), axis=axis, reverse=True)
+    held = jnp.where(last >= 0, last, jnp.where(first < nxt.shape[axis], first, step))
+    data_next = jnp.take_along_axis(nxt, held, axis=axis).astype(info.data_next.dtype)
+    block_mask = jnp.where(run, info.block_mask, 0).astype(info.block_mask.dtype)
+    return info._replace(data_next=data_next, block_mask=block_mask)
+
+
+def _row_kernel(kernel, seg, block: int):
+    """``kernel`` with its mask infos restricted to row ``seg``'s segment blocks."""
+    keep = segment_block_keep(seg, block)
+    return type(kernel)(restrict_mask_info(kernel.fwd_mask_info, keep),
+                        restrict_mask_info(kernel.dq_mask_info, keep),
+                        restrict_mask_info(kernel.dkv_mask_info, keep, dkv=True), **kernel.kwargs)
+
+
 def _local(q, k, v, seg, window, *, windows, block, interpret):
     """Per-shard body: q [b, H, S, hd] (pre-scaled), k / v [b, KV, S, hd], seg [b, S]."""
     from jax.experimental.pallas.ops.tpu.splash_attention import SegmentIds  # TPU kernel, as above
@@ -72,7 +135,10 @@ def _local(q, k, v, seg, window, *, windows, block, interpret):
 
     def run(w):
         kernel = _kernel(heads, seq, int(w), block, interpret)
-        return jax.vmap(lambda qi, ki, vi, si: kernel(qi, ki, vi, SegmentIds(si, si)))(q, k, v, seg)
+
+        def row(qi, ki, vi, si):
+            return _row_kernel(kernel, si, block)(qi, ki, vi, SegmentIds(si, si))
+        return jax.vmap(row)(q, k, v, seg)
 
     if len(windows) == 1:
         return run(windows[0])

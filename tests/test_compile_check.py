@@ -191,6 +191,30 @@ def test_splash_kernel_flops_counts_calls_by_phase_and_causal_blocks():
     assert splash_kernel_flops(hlo, 2048, q_per_kv=2) == (2 * 4 * 2 + 2 * 4 * 4) * 2 * 1024 * 1024 * 128
 
 
+def test_kernel_block_pairs_follow_the_segments():
+    """Segments of 300, 200, 260 and 100 tokens in a 1,024-token row, blocks of 128 (ranges
+    [1], [1], [1,2], [2,3], [3], [3,4], [4], padding): 16 causal block pairs of 36, and
+    each row's own in the LOPD FLOPs (student and teacher rows, whole blocks)."""
+    from lopd_jax.programs.compile_check import kernel_block_pairs, model_flops
+    from models.config import named_config
+
+    assert kernel_block_pairs((300, 200, 260, 100), 1024, 128) == (1 + 2 + 3 + 2 + 2 + 3 + 2 + 1, 128)
+    assert kernel_block_pairs((1024,), 1024, 128) == (36, 128)
+    assert kernel_block_pairs((), 1024, 128) == (8, 128)  # a padding row: its diagonal only
+    assert kernel_block_pairs((100,), 100, 512) == (1, 128)  # the block is capped at the row
+    mcfg = named_config("tiny_qwen3").replace(attention_block_q=128)
+    from lopd_jax.method.composer import ComposerConfig
+    ccfg = ComposerConfig()
+    whole = model_flops(mcfg, ccfg, 1, 1024, 32, 0, segments=4)
+    skip = model_flops(mcfg, ccfg, 1, 1024, 32, 0, segments=4, row_layouts=[[300, 200, 260, 100]])
+    per_pair = 2 * 2 * 128 * 128 * mcfg.num_heads * mcfg.head_dim * mcfg.num_layers
+    # whole-row attention counts 1024^2 / 2 causally, the kernel 16 whole blocks
+    full = 2 * 2 * 1024 ** 2 * mcfg.num_heads * mcfg.head_dim * mcfg.num_layers / 2
+    assert whole["student"] - skip["student"] == pytest.approx(3 * (full - 16 * per_pair))
+    with pytest.raises(ValueError, match="row_layouts has 2 rows for a batch of 1"):
+        model_flops(mcfg, ccfg, 1, 1024, 32, 0, row_layouts=[[10], [20]])
+
+
 def test_paper_configs_give_concrete_step_shapes():
     """The release-parity configs leave experience inputs uncut (``None``); the compile
     check still gets one concrete shape per input (the documented bucket assumption)."""

@@ -102,7 +102,12 @@ def _pack_pass(batch: dict, p: PackedPass, lengths: np.ndarray, splice: SpliceLa
 
 
 def model_attention_length(cfg) -> float:
-    """:func:`lopd_jax.settings.pack_plan.attention_length` of a model config."""
+    """:func:`lopd_jax.settings.pack_plan.attention_length` of a model config: what a
+    packed row's whole-row attention weighs in the plan. ``inf`` (tokens only) for the
+    splash kernel, which skips the blocks across segments (:mod:`models.splash`): there a
+    trajectory's attention costs the same in whichever row it is packed."""
+    if cfg.attention_impl == "splash":
+        return float("inf")
     return attention_length(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
 
 

@@ -204,7 +204,8 @@ def length_report(cfg, spec, system, gen: str, chips: int, flops_fn, compile_pas
     est = step_estimate(lengths, flops_fn, rows, spec.seq, shards, per_shard_tokens, (peak or 1.0) * chips,
                         attention_length=model_attention_length(system.model_cfg),
                         collectives=None if ici is None else collectives_fn(cfg, spec, system, kind, ici),
-                        padded_passes=max(1, rows // shards // micro) if micro else 1)
+                        padded_passes=max(1, rows // shards // micro) if micro else 1,
+                        kernel_skips=system.model_cfg.attention_impl == "splash")
     if peak is None:
         for side in ("padded", "bucketed", "packed"):
             est[side].pop("seconds")
@@ -249,6 +250,13 @@ def length_report(cfg, spec, system, gen: str, chips: int, flops_fn, compile_pas
     return out
 
 
+def executed_how(est: dict) -> str:
+    """How the estimate counts executed attention: the splash kernel skips the blocks outside
+    each row's trajectories; the other kernels run every causal block of a row."""
+    return ("block by block within trajectories (splash skips the rest)" if est.get("kernel_skips")
+            else "over whole rows")
+
+
 def _shape(p: dict) -> str:
     """A compiled pass's shape: rows x seq, and x segments when packed."""
     return f"{p['rows']}x{p['seq']}" + (f"x{p['segments']}" if "segments" in p else "")
@@ -290,9 +298,11 @@ def length_lines(rep: dict, hbm_gib: float | None) -> list[str]:
     lines.append(f"    real share of row tokens: padded {p['real_fraction']:.0%}, bucketed {b['real_fraction']:.0%}, "
                  f"packed {k['real_fraction']:.0%} (trajectories per packed row: up to {max(k['segments'].values())})")
     lines.append(f"    model FLOPs/step: padded {p['flops']:.3e}, bucketed {b['flops']:.3e}, packed {k['flops']:.3e} "
-                 f"(attention within trajectories; executed over whole rows {k['executed_flops']:.3e})")
+                 f"(attention within trajectories; executed {executed_how(est)}: padded {p['executed_flops']:.3e}, "
+                 f"bucketed {b['executed_flops']:.3e}, packed {k['executed_flops']:.3e})")
     lines.append(f"    model FLOPs per real token: padded {p['flops_per_real_token']:.3e}, bucketed "
                  f"{b['flops_per_real_token']:.3e}, packed {k['flops_per_real_token']:.3e} (executed "
+                 f"{p['executed_flops_per_real_token']:.3e}, {b['executed_flops_per_real_token']:.3e}, "
                  f"{k['executed_flops_per_real_token']:.3e})")
     if "seconds" in p:
         lines.append(f"    est. step time at 100% peak ({est['peak_flops_per_chip'] / 1e12:.0f} TFLOP/s per chip) from "

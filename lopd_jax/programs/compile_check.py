@@ -25,9 +25,11 @@ import pkgutil
 import re
 import sys
 import time
+import functools
 from typing import Sequence
 
 import jax
+import numpy as np
 from flax import nnx
 
 import configs
@@ -41,7 +43,7 @@ from configs import load_config
 from lopd_jax.settings.overrides import apply_overrides
 from models.decoder import Decoder
 from models.partitioning import DEFAULT_RULES
-from models.splash import _block
+from models.splash import _block, segment_block_keep
 from train import mesh as mesh_lib
 from train.run_context import run_tokenizer
 from train.step_spec import abstract_lopd_batch, splice_layout, step_spec
@@ -115,8 +117,22 @@ def topology_devices(topology: str):
     return list(desc.devices), gen, HBM_GIB[gen]
 
 
+@functools.lru_cache(maxsize=None)
+def kernel_block_pairs(layout: tuple[int, ...], row_len: int, block: int) -> tuple[int, int]:
+    """``(pairs, b)``: the causal (query block, key block) pairs the splash kernel runs on a
+    row of ``row_len`` tokens holding segments of ``layout`` lengths back to back (padding
+    after), in blocks of ``b`` (``block`` capped at the row), cross-segment blocks skipped
+    as :func:`models.splash.segment_block_keep` decides."""
+    b = _block(row_len, block)
+    n = -(-row_len // b)
+    seg = np.zeros(n * b, np.int32)
+    seg[:sum(layout)] = np.repeat(np.arange(1, len(layout) + 1), layout)
+    return int(np.tril(segment_block_keep(seg, b, xp=np)).sum()), b
+
+
 def model_flops(mcfg, ccfg, batch: int, seq: int, exp_len: int, l_ins: int, segments: int = 0,
-                segment_lengths: Sequence[int] | None = None) -> dict[str, float]:
+                segment_lengths: Sequence[int] | None = None,
+                row_layouts: Sequence[Sequence[int]] | None = None) -> dict[str, float]:
     """Analytic FLOPs of one LOPD step (matmuls; causal attention counted at half).
 
     student fwd+bwd (weights and activations): 6 N T; teacher fwd + activation backward:
@@ -126,8 +142,12 @@ def model_flops(mcfg, ccfg, batch: int, seq: int, exp_len: int, l_ins: int, segm
     Packed rows (``segments`` K > 0): ``batch`` rows of ``seq`` tokens holding up to K
     episodes each; the teacher's rows are ``seq + K * l_ins`` long (a block per segment) and
     the encoder reads ``batch * K`` episodes' experiences. Attention runs over whole rows
-    (every causal block of a row: what the splash kernel executes), or, given
-    ``segment_lengths`` (the episodes' tokens), within the segments only (the model's).
+    (every causal block of a row), or, given ``segment_lengths`` (the episodes' tokens),
+    within the segments only (the model's).
+
+    ``row_layouts`` (each row's episode lengths, in order; one per row when unpacked):
+    attention as the splash kernel executes it, whole ``mcfg.attention_block_q`` blocks
+    within the segments and the padding's diagonal blocks (:func:`kernel_block_pairs`).
     """
     d, L, H, hd = mcfg.hidden_size, mcfg.num_layers, mcfg.num_heads, mcfg.head_dim
     n_layer = L * (d * hd * (2 * H + 2 * mcfg.num_kv_heads) + 3 * d * mcfg.intermediate_size)
@@ -147,6 +167,16 @@ def model_flops(mcfg, ccfg, batch: int, seq: int, exp_len: int, l_ins: int, segm
     else:
         t_s, t_t, n_exp = batch * seq, batch * (seq + l_ins), batch * ccfg.n_ret
         a_s, a_t = attn(seq, batch), attn(seq + l_ins, batch)
+    if row_layouts is not None:
+        if len(row_layouts) != batch:
+            raise ValueError(f"row_layouts has {len(row_layouts)} rows for a batch of {batch}")
+        t_row = seq + (segments or 1) * l_ins
+
+        def kernel_attn(layout, row_len):
+            pairs, b = kernel_block_pairs(tuple(int(n) for n in layout), row_len, mcfg.attention_block_q)
+            return 2 * 2 * pairs * b * b * H * hd * L
+        a_s = sum(kernel_attn(lay, seq) for lay in row_layouts)
+        a_t = sum(kernel_attn([n + l_ins for n in lay], t_row) for lay in row_layouts)
     t_e = n_exp * exp_len
     student = 6 * n_layer * t_s + 3 * a_s + 6 * head * t_s
     teacher = 4 * n_layer * t_t + 2 * a_t + 4 * head * t_s
@@ -157,14 +187,15 @@ def model_flops(mcfg, ccfg, batch: int, seq: int, exp_len: int, l_ins: int, segm
 
 
 def step_flops(kind: str, mcfg, ccfg, batch: int, seq: int, exp_len: int, l_ins: int, ctx_tokens: int = 0,
-               segments: int = 0, segment_lengths: Sequence[int] | None = None) -> float:
+               segments: int = 0, segment_lengths: Sequence[int] | None = None,
+               row_layouts: Sequence[Sequence[int]] | None = None) -> float:
     """Analytic FLOPs of one training step of ``kind`` (:data:`lopd_jax.programs.compile_buckets.STEP_KINDS`)
     from :func:`model_flops`' parts: ``lopd`` all of them; ``warmup`` and ``grpo`` the
     student's fwd + bwd; ``cold_start`` the teacher (latents spliced; fwd + activation
     backward into the composer) and the encoder without the anchor; ``text`` the student
     and the teacher's forward over the sequence plus a ``ctx_tokens`` context block.
-    ``segments`` / ``segment_lengths``: packed rows, as for :func:`model_flops`."""
-    packing = {"segments": segments, "segment_lengths": segment_lengths}
+    ``segments`` / ``segment_lengths`` / ``row_layouts``: as for :func:`model_flops`."""
+    packing = {"segments": segments, "segment_lengths": segment_lengths, "row_layouts": row_layouts}
     f = model_flops(mcfg, ccfg, batch, seq, exp_len, l_ins, **packing)
     if kind == "lopd":
         return f["total"]
@@ -178,12 +209,13 @@ def step_flops(kind: str, mcfg, ccfg, batch: int, seq: int, exp_len: int, l_ins:
 
 
 def step_flops_fn(kind: str, cfg, spec, system):
-    """``flops(rows, seq, segments=0, segment_lengths=None)``: :func:`step_flops` of the
+    """``flops(rows, seq, segments=0, segment_lengths=None, row_layouts=None)``: :func:`step_flops` of the
     ``kind`` step of run config ``cfg`` (its experience length, latent block, context
     block), the argument :func:`lopd_jax.programs.compile_buckets.length_report` takes."""
-    def flops(rows: int, seq: int, segments: int = 0, segment_lengths: Sequence[int] | None = None) -> float:
+    def flops(rows: int, seq: int, segments: int = 0, segment_lengths: Sequence[int] | None = None,
+              row_layouts: Sequence[Sequence[int]] | None = None) -> float:
         return step_flops(kind, spec.model, spec.composer, rows, seq, spec.exp_len, system.layout.length,
-                          cfg.arms.context_tokens, segments, segment_lengths)
+                          cfg.arms.context_tokens, segments, segment_lengths, row_layouts)
     return flops
 
 
@@ -218,7 +250,8 @@ def splash_kernel_flops(hlo_text: str, block: int, q_per_kv: int) -> float:
     Each call's first bf16/f32 rank >= 3 output is q-shaped ``[..., H, S, hd]`` (fwd, dq) or
     kv-shaped ``[..., KV, S, hd]`` (dkv; H = KV * ``q_per_kv``). Causal masks: with
     b the kernel block for S (``block`` capped at S) and n = S / b, n (n + 1) / 2 blocks are
-    computed, each costing 2 * b^2 * hd per matmul and head.
+    computed, each costing 2 * b^2 * hd per matmul and head. The blocks a row's segments
+    skip at run time (:mod:`models.splash`) are not known here: this is their upper bound.
     """
 
     total = 0.0

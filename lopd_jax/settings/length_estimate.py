@@ -6,8 +6,9 @@ would -- every row at the cap; length-bucketed passes
 (:func:`lopd_jax.settings.length_model.plan_passes`); packed rows
 (:func:`lopd_jax.settings.pack_plan.plan_packed_passes`) -- and averages the real share of
 row tokens, the model FLOPs and the time at 100% of a peak FLOP rate. A packed row's
-attention is reported twice: within its segments (the model's FLOPs) and over the whole
-row (what a causal kernel that sees only row blocks executes).
+attention is reported twice: within its segments (the model's FLOPs) and as executed --
+over the whole row by a kernel that sees only causal row blocks, or block by block within
+the segments by one that skips the others (the splash kernel, ``kernel_skips``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Callable, Sequence
 from lopd_jax.settings.length_model import LengthConfig, plan_passes, sample_lengths
 from lopd_jax.settings.pack_plan import plan_packed_passes
 
-# flops(rows, seq, segments=0, segment_lengths=None): FLOPs of a pass (see step_estimate)
+# flops(rows, seq, segments=0, segment_lengths=None, row_layouts=None): FLOPs of a pass (see step_estimate)
 FlopsFn = Callable[..., float]
 
 
@@ -38,7 +39,7 @@ def _side(flops: float, executed: float, real: float, row_tokens: float, peak_fl
 def step_estimate(cfg: LengthConfig, flops: FlopsFn, batch: int, cap: int, shards: int, shard_tokens: int,
                   peak_flops: float, draws: int = 200, seed: int = 0,
                   attention_length: float = float("inf"), collectives: CollectivesFn | None = None,
-                  padded_passes: int = 1) -> dict:
+                  padded_passes: int = 1, kernel_skips: bool = False) -> dict:
     """Expected FLOPs and time at 100% of ``peak_flops`` (the slice's, per second) of one step
     on batches of ``batch`` episodes drawn from ``cfg``'s distribution: ``padded`` (every
     row at ``cap``), ``bucketed`` (passes of ``cfg.bucket_lengths(cap)``) and ``packed``
@@ -50,8 +51,13 @@ def step_estimate(cfg: LengthConfig, flops: FlopsFn, batch: int, cap: int, shard
     segment_lengths)``: of packed rows holding up to ``segments`` episodes each, attention
     within the episodes of ``segment_lengths`` tokens, or over whole rows when None.
 
+    ``kernel_skips``: the attention kernel skips the blocks outside each row's segments (and
+    the padding's, but the diagonal); executed FLOPs then come from ``flops(rows, seq,
+    segments, row_layouts=...)`` with each row's episode lengths in order, on every side.
+
     Per side: ``flops`` (the model's: packed attention within segments), ``executed_flops``
-    (packed: attention over whole rows; else the same), ``seconds`` (from the executed),
+    (packed: attention over whole rows, or as the skipping kernel runs it; padded and
+    bucketed: the same as ``flops``, or as that kernel runs them), ``seconds`` (from the executed),
     both per real (prompt or generated) token, and ``real_fraction`` of the row tokens.
     ``packed`` also has ``segments``: per row length the most episodes a row held (the
     pass shape's K) in any draw.
@@ -76,28 +82,37 @@ def step_estimate(cfg: LengthConfig, flops: FlopsFn, batch: int, cap: int, shard
             cache[key] = flops(*key)
         return cache[key]
 
-    bucketed = bucket_rows = 0.0
+    bucketed = bucket_rows = bucket_exec = padded_exec = 0.0
     packed = executed = packed_rows = 0.0
     segments: dict[int, int] = {}
     for row in lengths:
+        if kernel_skips:
+            padded_exec += flops(batch, cap, 0, None, [[int(n)] for n in row])
         for p in plan_passes(row, buckets, shard_tokens, shards, cfg.fill):
             bucketed += cached(len(p.rows), p.seq)
+            if kernel_skips:
+                bucket_exec += flops(len(p.rows), p.seq, 0, None, [[int(row[i])] if i >= 0 else [] for i in p.rows])
             bucket_rows += len(p.rows) * p.seq
             if collectives is not None:
                 comm["bucketed"] += collectives(len(p.rows), p.seq, 0)
         for q in plan_packed_passes(row, buckets, shard_tokens, shards, attention_length):
             members: Sequence[int] = [int(row[i]) for r in q.rows for i in r]
             packed += flops(len(q.rows), q.seq, q.segments, members)
-            executed += cached(len(q.rows), q.seq, q.segments, None)
+            if kernel_skips:
+                executed += flops(len(q.rows), q.seq, q.segments, None, [[int(row[i]) for i in r] for r in q.rows])
+            else:
+                executed += cached(len(q.rows), q.seq, q.segments, None)
             packed_rows += q.tokens
             segments[q.seq] = max(segments.get(q.seq, 0), q.segments)
             if collectives is not None:
                 comm["packed"] += collectives(len(q.rows), q.seq, q.segments)
     n = float(draws)
     per_step = {k: (v if k == "padded" else v / n) if collectives is not None else None for k, v in comm.items()}
-    return {"real_tokens": real, "mean_length": real / batch, "buckets": buckets,
-            "padded": _side(padded, padded, real, batch * cap, peak_flops, per_step["padded"]),
-            "bucketed": _side(bucketed / n, bucketed / n, real, bucket_rows / n, peak_flops, per_step["bucketed"]),
+    return {"real_tokens": real, "mean_length": real / batch, "buckets": buckets, "kernel_skips": kernel_skips,
+            "padded": _side(padded, padded_exec / n if kernel_skips else padded, real, batch * cap, peak_flops,
+                            per_step["padded"]),
+            "bucketed": _side(bucketed / n, (bucket_exec if kernel_skips else bucketed) / n, real, bucket_rows / n,
+                              peak_flops, per_step["bucketed"]),
             "packed": _side(packed / n, executed / n, real, packed_rows / n, peak_flops, per_step["packed"])
             | {"segments": dict(sorted(segments.items()))}}
 
