@@ -106,6 +106,10 @@ def blockwise_attention(q, k, v, q_pos, k_pos, k_valid, window, scale, block_q=5
     Sequences are padded to block multiples internally. The backward pass is a custom VJP
     that recomputes scores block by block from the saved log-sum-exp. Segment ids (both or
     neither) are blocked like the positions; without them no segment test is traced.
+    A (query block, key block) pair in which no query of any row may see any key -- above
+    the causal diagonal, across segments, past a window, all padding -- is skipped
+    (``lax.cond`` on its mask, forward and backward), so causal and packed rows cost about
+    their allowed blocks.
     """
     S, T = q.shape[1], k.shape[1]
     bq, bk = min(block_q, S), min(block_kv, T)
@@ -137,22 +141,27 @@ def _flash_fwd(q, k, v, q_pos, k_pos, k_valid, window, q_seg, k_seg, scale, bq, 
         a0 = jnp.zeros((B, KV, G, bq, hd), jnp.float32)
 
         def kv_step(carry, xs):
-            m, l, acc = carry
             kj, vj, kposj, kvalj, ksegj = xs
-            s = jnp.einsum("bskgd,btkd->bkgst", qi, kj, preferred_element_type=jnp.float32) * scale
             mask = _allowed(qposi, kposj, kvalj, window, qsegi, ksegj)[:, None, None]
-            s = jnp.where(mask, s, _MASK)
-            m_new = jnp.maximum(m, s.max(-1))
-            corr = jnp.exp(m - m_new)
-            p = jnp.exp(s - m_new[..., None])
-            l = l * corr + p.sum(-1)
-            acc = acc * corr[..., None] + jnp.einsum(
-                "bkgst,btkd->bkgsd", p.astype(vj.dtype), vj, preferred_element_type=jnp.float32)
-            return (m_new, l, acc), None
+
+            def run(carry):
+                m, l, acc = carry
+                s = jnp.einsum("bskgd,btkd->bkgst", qi, kj, preferred_element_type=jnp.float32) * scale
+                s = jnp.where(mask, s, _MASK)
+                m_new = jnp.maximum(m, s.max(-1))
+                corr = jnp.exp(m - m_new)
+                p = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
+                l = l * corr + p.sum(-1)
+                acc = acc * corr[..., None] + jnp.einsum(
+                    "bkgst,btkd->bkgsd", p.astype(vj.dtype), vj, preferred_element_type=jnp.float32)
+                return m_new, l, acc
+
+            return jax.lax.cond(jnp.any(mask), run, lambda c: c, carry), None
 
         (m, l, acc), _ = jax.lax.scan(kv_step, (m0, l0, a0), (kb, vb, kposb, kvalb, ksegb))
-        out = acc / l[..., None]
-        lse = m + jnp.log(l)
+        seen = l > 0  # a query with no allowed key: output 0, log-sum-exp 0 (both unused)
+        out = acc / jnp.where(seen, l, 1.0)[..., None]
+        lse = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), 0.0)
         return jnp.moveaxis(out, 3, 1).astype(qi.dtype), lse  # [B, bq, KV, G, hd], [B, KV, G, bq]
 
     outs, lses = jax.lax.map(q_block, (_blocks(q, bq), _blocks(q_pos, bq), _blocks(q_seg, bq)))
@@ -173,17 +182,23 @@ def _flash_bwd(scale, bq, bk, res, d_out):
         kj, vj, kposj, kvalj, ksegj = xs
 
         def q_step(carry, ys):
-            dk, dv = carry
             qi, doi, qposi, qsegi, lsei, di = ys
-            s = jnp.einsum("bskgd,btkd->bkgst", qi, kj, preferred_element_type=jnp.float32) * scale
             mask = _allowed(qposi, kposj, kvalj, window, qsegi, ksegj)[:, None, None]
-            p = jnp.where(mask, jnp.exp(s - lsei[..., None]), 0.0)
-            dv = dv + jnp.einsum("bkgst,bskgd->btkd", p, doi.astype(jnp.float32))
-            dp = jnp.einsum("bskgd,btkd->bkgst", doi.astype(jnp.float32), vj.astype(jnp.float32))
-            ds = p * (dp - di[..., None]) * scale
-            dk = dk + jnp.einsum("bkgst,bskgd->btkd", ds, qi.astype(jnp.float32))
-            dqi = jnp.einsum("bkgst,btkd->bskgd", ds, kj.astype(jnp.float32))
-            return (dk, dv), dqi
+
+            def run(carry):
+                dk, dv = carry
+                s = jnp.einsum("bskgd,btkd->bkgst", qi, kj, preferred_element_type=jnp.float32) * scale
+                p = jnp.where(mask, jnp.exp(s - lsei[..., None]), 0.0)
+                dv = dv + jnp.einsum("bkgst,bskgd->btkd", p, doi.astype(jnp.float32))
+                dp = jnp.einsum("bskgd,btkd->bkgst", doi.astype(jnp.float32), vj.astype(jnp.float32))
+                ds = p * (dp - di[..., None]) * scale
+                dk = dk + jnp.einsum("bkgst,bskgd->btkd", ds, qi.astype(jnp.float32))
+                return (dk, dv), jnp.einsum("bkgst,btkd->bskgd", ds, kj.astype(jnp.float32))
+
+            def skip(carry):
+                return carry, jnp.zeros(qi.shape, jnp.float32)
+
+            return jax.lax.cond(jnp.any(mask), run, skip, carry)
 
         zeros = jnp.zeros(kj.shape, jnp.float32)
         (dk, dv), dq_blocks = jax.lax.scan(q_step, (zeros, zeros), (qb, dob, qposb, qsegb, lses, dsum))

@@ -54,6 +54,35 @@ def test_blockwise_attention_matches_plain_values_and_grads(window, impl):
         np.testing.assert_allclose(gb, gp, rtol=1e-4, atol=1e-5)
 
 
+def test_blockwise_skips_blocks_without_an_allowed_pair():
+    """Segments aligned to 8-token blocks: NaN values in segment 1 reach segment 2 only
+    through the blocks across the segments, which the kernel skips (forward and backward);
+    every block of a computed pair would spread the NaN (0 * NaN). A row of padding only
+    gets a zero output, finite gradients."""
+    rng = np.random.RandomState(5)
+    B, S, KV, G, hd = 2, 32, 1, 2, 8
+    q = jnp.asarray(rng.randn(B, S, KV, G, hd), jnp.float32)
+    k = jnp.asarray(rng.randn(B, S, KV, hd), jnp.float32)
+    v = jnp.asarray(rng.randn(B, S, KV, hd), jnp.float32).at[0, :16].set(jnp.nan)
+    seg = jnp.asarray(np.stack([np.repeat([1, 2], 16), np.zeros(S, int)]), jnp.int32)
+    valid = seg > 0
+    pos = jnp.asarray(np.stack([np.tile(np.arange(16), 2), np.arange(S)]))
+    w = jnp.zeros((B, S, KV, G, hd), bool).at[0, 16:].set(True)
+
+    def loss(q, k, v):
+        o = A.blockwise_attention(q, k, v, pos, pos, valid, 0, 0.3, 8, 8, q_seg=seg, k_seg=seg)
+        return jnp.sum(jnp.where(w, o, 0.0)), o
+
+    (val, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+    assert np.isfinite(float(val))
+    assert np.isfinite(np.asarray(out[0, 16:])).all() and np.isnan(np.asarray(out[0, :16])).any()
+    np.testing.assert_array_equal(np.asarray(out[1]), 0.0)
+    for g in grads:
+        assert np.isfinite(np.asarray(g[0, 16:])).all() and np.isfinite(np.asarray(g[1])).all()
+    want = A.plain_attention(q[:1, 16:], k[:1, 16:], v[:1, 16:], pos[:1, 16:], pos[:1, 16:], valid[:1, 16:], 0, 0.3)
+    np.testing.assert_allclose(np.asarray(out[:1, 16:]), np.asarray(want), rtol=1e-5, atol=1e-6)
+
+
 def test_causal_plain_decoder_matches_plain_and_falls_back_off_default_positions(models):
     """``causal_plain`` skips the key tiles after each query tile: exact for the default
     positions (values and gradients), and the decoder uses plain attention whenever positions
