@@ -39,12 +39,19 @@ def test_splash_matches_plain_values_and_grads(window):
                             windows=(0, 37))
         return jnp.sum(o * w)
 
+    _assert_splash_matches_plain(loss, q, k, v)
+
+
+def _assert_splash_matches_plain(loss, q, k, v):
+    """``loss(impl, q, k, v)``: splash (Pallas interpreter, jitted) == plain, in value and in
+    the q, k, v gradients; returns the plain value."""
     with splash.interpret_on_cpu():
         got = jax.jit(jax.value_and_grad(lambda *a: loss("splash", *a), argnums=(0, 1, 2)))(q, k, v)
     want = jax.value_and_grad(lambda *a: loss("plain", *a), argnums=(0, 1, 2))(q, k, v)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-4)
     for g, r in zip(got[1], want[1]):
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
+    return want[0]
 
 
 def test_splash_refuses_cpu_without_interpreter():
@@ -126,7 +133,7 @@ def test_restricted_mask_infos_skip_exactly_the_cross_segment_blocks():
 
 
 @pytest.mark.parametrize("window", [0, 96])
-def test_splash_skipping_packed_row_equals_plain(window):
+def test_splash_skipping_packed_row_equals_plain(window, monkeypatch):
     """A packed row of four segments over eight 128-blocks (and a second, unpacked row):
     splash with its cross-segment blocks skipped == the plain reference, values and grads;
     a restriction that drops a needed block changes the output (the interpreter honours it)."""
@@ -135,7 +142,6 @@ def test_splash_skipping_packed_row_equals_plain(window):
     seg = np.stack([_packed_row_segments(S, [300, 200, 260, 170]), _packed_row_segments(S, [900])])
     valid = jnp.asarray(seg > 0)
     seg = jnp.asarray(seg)
-    starts = np.zeros_like(np.asarray(seg))
     pos = jnp.asarray(np.concatenate([np.arange(n) for n in (300, 200, 260, 170, 70)])[None].repeat(2, 0))
     pos = pos.at[1].set(jnp.arange(S))
     w = jnp.asarray(np.random.RandomState(4).randn(B, S, KV, G, hd), jnp.float32) * valid[:, :, None, None, None]
@@ -148,19 +154,10 @@ def test_splash_skipping_packed_row_equals_plain(window):
                             segment_ids=seg)
         return jnp.sum(o * w)
 
-    with splash.interpret_on_cpu():
-        got = jax.jit(jax.value_and_grad(lambda *a: loss("splash", *a), argnums=(0, 1, 2)))(q, k, v)
-    want = jax.value_and_grad(lambda *a: loss("plain", *a), argnums=(0, 1, 2))(q, k, v)
-    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-4)
-    for g, r in zip(got[1], want[1]):
-        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
-    del starts
+    want = _assert_splash_matches_plain(loss, q, k, v)
 
-    real = splash.segment_block_keep
-    try:  # drop the (2, 1) pair: block 2's queries of segment 2 need keys in block 1
-        splash.segment_block_keep = lambda s, b, xp=jnp: real(s, b, xp).at[2, 1].set(False)
-        with splash.interpret_on_cpu():
-            broken = jax.jit(lambda *a: loss("splash", *a))(q, k, v)
-    finally:
-        splash.segment_block_keep = real
-    assert abs(float(broken) - float(want[0])) > 1e-3
+    real = splash.segment_block_keep  # drop the (2, 1) pair: block 2's queries of segment 2 need keys in block 1
+    monkeypatch.setattr(splash, "segment_block_keep", lambda s, b, xp=jnp: real(s, b, xp).at[2, 1].set(False))
+    with splash.interpret_on_cpu():
+        broken = jax.jit(lambda *a: loss("splash", *a))(q, k, v)
+    assert abs(float(broken) - float(want)) > 1e-3

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import pkgutil
 import re
 import sys
 import time
-import functools
 from typing import Sequence
 
 import jax
