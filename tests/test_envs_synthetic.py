@@ -378,6 +378,47 @@ def test_fleet_is_the_dispatch_rule_over_64_customers():
     assert all(t.payload["params"]["hub"] == rule[t.payload["params"]["customer"]] for t in heldout)
 
 
+def test_balanced_heldout_spreads_customers_evenly_and_keeps_the_training_tasks():
+    """``balance_heldout``: every customer gets the same number of held-out tasks (the
+    unbalanced draw of 16 falls on customers unevenly), the rule still holds, and the
+    training tasks are the same as without it, so a prefix's bank and cold start stay valid."""
+    from collections import Counter
+
+    kw = dict(n_train_per_family=32, seed=0, families=["dispatch"], tool_descriptions=False)
+    plain = SyntheticTaskSource(n_heldout_per_family=16, **kw)
+    balanced = SyntheticTaskSource(n_heldout_per_family=64, balance_heldout=True, **kw)
+    counts = Counter(balanced.cluster_key(t) for t in balanced.tasks("heldout"))
+    assert len(counts) == 8 and set(counts.values()) == {8}
+    assert len(set(Counter(plain.cluster_key(t) for t in plain.tasks("heldout")).values())) > 1
+    assert [t.payload for t in balanced.tasks("train")] == [t.payload for t in plain.tasks("train")]
+    rule = balanced.hidden_rule("dispatch.ship")
+    assert all(t.payload["params"]["hub"] == rule[t.payload["params"]["customer"]] for t in balanced.tasks("heldout"))
+    uneven = Counter(t.payload["params"]["customer"]
+                     for t in SyntheticTaskSource(n_heldout_per_family=12, balance_heldout=True, **kw).tasks("heldout"))
+    assert sorted(uneven.values()) == [1] * 4 + [2] * 4  # at most ceil(12 / 8) per customer
+    with pytest.raises(ValueError, match="balance_heldout"):
+        SyntheticTaskSource(families=["bank"], balance_heldout=True)
+
+
+def test_smollm2_table_config_differs_from_the_miniature_only_in_its_heldout_set_and_budget(tmp_path):
+    """configs/smollm2_table.py shares smollm2_miniature's prefix (training and warm-up tasks,
+    map), holds out 8 tasks per customer and trains 128 rollouts per arm."""
+    from collections import Counter
+
+    from lopd_jax.envs.registry import get_task_source
+    from lopd_jax.programs.train import resolve_config
+
+    table, mini = (resolve_config([f"--config={name}", f"--workdir={tmp_path}"])
+                   for name in ("smollm2_table", "smollm2_miniature"))
+    src, base = (get_task_source(c.env.source, **c.env.kwargs) for c in (table, mini))
+    assert [t.payload for t in src.tasks("train")] == [t.payload for t in base.tasks("train")]
+    assert [t.payload for t in src.warmup_tasks()] == [t.payload for t in base.warmup_tasks()]
+    assert set(Counter(src.cluster_key(t) for t in src.tasks("heldout")).values()) == {8}
+    assert table.stages.eval_tasks == len(src.tasks("heldout")) == 64
+    assert table.stages.lopd_steps * table.env.tasks_per_step * table.env.group_size >= 128
+    assert (table.model, table.composer, table.steps, table.bank) == (mini.model, mini.composer, mini.steps, mini.bank)
+
+
 def test_dispatch_warmup_tasks_are_separate_and_their_hub_is_random(dispatch):
     warm = dispatch.warmup_tasks()
     assert len(warm) == 40 and all(t.task_id.startswith("dispatch.ship/warmup/") for t in warm)

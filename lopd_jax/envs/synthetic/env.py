@@ -72,6 +72,10 @@ class SyntheticTaskSource(TaskSource):
             at LOPD steps ``drift_every, 2*drift_every, ...`` or at ``drift_steps``, each
             time for ``drift_fraction`` of its keys; :meth:`at_step` gives the tasks at a
             step. Default: no drift.
+        balance_heldout: spread a hidden-rule family's held-out tasks evenly over the rule's
+            keys (at most ``ceil(n_heldout_per_family / len(keys))`` per customer), so no
+            customer carries more of the held-out score than another; the training tasks do
+            not change. Default: the held-out tasks fall on keys as the sampler draws them.
 
     Families with a hidden rule (``dispatch.ship``: customer -> hub) take the rule's target
     from one seeded map per source, shared by ``train`` and ``heldout`` (:meth:`hidden_rule`).
@@ -83,7 +87,8 @@ class SyntheticTaskSource(TaskSource):
                  seed: int = 0, families: Sequence[str] | None = None,
                  heldout_fraction: float = 0.25, tool_descriptions: bool = True,
                  n_warmup_per_family: int = 0, hint: str = "turns", drift_every: int = 0,
-                 drift_steps: Sequence[int] | None = None, drift_fraction: float = 0.5):
+                 drift_steps: Sequence[int] | None = None, drift_fraction: float = 0.5,
+                 balance_heldout: bool = False):
         """See the class docstring."""
         if hint not in HINT_STYLES:
             raise ValueError(f"hint={hint!r}: choose one of {HINT_STYLES} (the oracle hint's text: "
@@ -100,6 +105,10 @@ class SyntheticTaskSource(TaskSource):
         self.n_warmup = n_warmup_per_family
         self.hint = hint
         self.drift = drift_schedule(drift_every, drift_steps, drift_fraction)
+        self.balance_heldout = bool(balance_heldout)
+        if self.balance_heldout and not any(f in HIDDEN_RULES for f in self.families):
+            raise ValueError(f"balance_heldout balances held-out tasks over a hidden rule's keys; no family "
+                             f"here has one ({self.families}; with a rule: {list(HIDDEN_RULES)})")
         if self.drift.enabled and not any(f in HIDDEN_RULES for f in self.families):
             raise ValueError(f"drift_every / drift_steps need a family with a hidden rule "
                              f"({list(HIDDEN_RULES)}); families here: {self.families}")
@@ -149,8 +158,12 @@ class SyntheticTaskSource(TaskSource):
     def _generate(self, family: Family) -> dict[str, list[Task]]:
         rng = random.Random(f"lopd-synthetic:{self.seed}:{family.family_id}")
         rule = self.hidden_rule(family.family_id)
+        spec = HIDDEN_RULES.get(family.family_id)
         out: dict[str, list[Task]] = {"train": [], "heldout": []}
         seen: set[str] = set()
+        per_key_cap = (-(-self.n["heldout"] // len(spec.keys)) if self.balance_heldout and spec is not None
+                       else None)
+        per_key: dict[str, int] = {}
         budget = 200 * (self.n["train"] + self.n["heldout"]) + 100
         for _ in range(budget):
             if all(len(out[s]) >= self.n[s] for s in out):
@@ -163,6 +176,10 @@ class SyntheticTaskSource(TaskSource):
             signature = json.dumps(params, sort_keys=True)
             if len(out[split]) >= self.n[split] or signature in seen:
                 continue
+            if split == "heldout" and per_key_cap is not None:
+                if per_key.get(params[spec.key], 0) >= per_key_cap:
+                    continue
+                per_key[params[spec.key]] = per_key.get(params[spec.key], 0) + 1
             seen.add(signature)
             out[split].append(Task(
                 task_id=f"{family.family_id}/{split}/{len(out[split]):04d}",
