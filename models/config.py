@@ -157,12 +157,17 @@ class ModelConfig:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
+    def layer_matmul_params(self) -> int:
+        """Weights of one decoder layer's matmuls (q, k, v, o and the gated MLP): what the
+        FLOP and collective estimates multiply by tokens (norms and biases left out)."""
+        d, hd = self.hidden_size, self.head_dim
+        return d * hd * (self.num_heads * 2 + self.num_kv_heads * 2) + 3 * d * self.intermediate_size
+
     def num_params(self, include_embeddings: bool = True) -> int:
         """Number of backbone parameters (no LoRA)."""
-        d, f, hd = self.hidden_size, self.intermediate_size, self.head_dim
-        attn = d * hd * (self.num_heads * 2 + self.num_kv_heads * 2)
+        d, hd = self.hidden_size, self.head_dim
         qk = hd * 2 if self.qk_norm == "per_head" else (self.num_heads + self.num_kv_heads) * hd
-        per_layer = attn + 3 * d * f + 2 * d + (qk if self.qk_norm != "none" else 0)
+        per_layer = self.layer_matmul_params() + 2 * d + (qk if self.qk_norm != "none" else 0)
         emb = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * per_layer + d + (emb if include_embeddings else 0)
 

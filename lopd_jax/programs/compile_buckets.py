@@ -157,8 +157,7 @@ def collectives_fn(cfg, spec, system, kind: str, ici: float):
     collectives on ``system``'s mesh at ``ici`` bytes/s per chip, not overlapped
     (:mod:`lopd_jax.settings.collective_estimate`)."""
     m = spec.model
-    layer_params = m.num_layers * (m.hidden_size * m.head_dim * (2 * m.num_heads + 2 * m.num_kv_heads)
-                                   + 3 * m.hidden_size * m.intermediate_size)
+    layer_params = m.num_layers * m.layer_matmul_params()
     mesh = dict(system.rules.mesh.shape) if system.rules is not None else {}
     width = {"bfloat16": 2, "float16": 2}
     fixed = dict(hidden=m.hidden_size, layers=m.num_layers, layer_params=layer_params,

@@ -150,7 +150,7 @@ def model_flops(mcfg, ccfg, batch: int, seq: int, exp_len: int, l_ins: int, segm
     within the segments and the padding's diagonal blocks (:func:`kernel_block_pairs`).
     """
     d, L, H, hd = mcfg.hidden_size, mcfg.num_layers, mcfg.num_heads, mcfg.head_dim
-    n_layer = L * (d * hd * (2 * H + 2 * mcfg.num_kv_heads) + 3 * d * mcfg.intermediate_size)
+    n_layer = L * mcfg.layer_matmul_params()
     head = d * mcfg.vocab_size
 
     def attn(tokens_per_seq, n_seq):
