@@ -1,6 +1,7 @@
 """Rank arms from the finished runs under one prefix, with intervals.
 
     python -m benchmarks.rank_arms --workdir=W [--stage=eval_after] [--resamples=10000] [--json=OUT]
+        [--figure=OUT.png]
 
 ``W`` is a directory :mod:`benchmarks.miniature_core` wrote (``W/runs/ARM_sSEED``) or a
 :mod:`lopd_jax.sweep` directory (``W/runs/NAME/seedK``; ``lopd__steps.margin=0`` is the arm
@@ -12,7 +13,9 @@ family; the ranking states only what a corrected interval separates. ``ARM_async
 ``ARM`` adds the family ``ARM_asyncK - ARM`` (what staleness K costs). The primary metric is
 the student's teacher-forced probability of the oracle call's hidden-rule argument
 (``oracle_arg_prob``, kept per task on hidden-rule families), the secondary the greedy
-held-out reward (docs/statistics.md).
+held-out reward (docs/statistics.md). ``--figure`` draws every contrast's estimate and
+95% interval, the primary's and the secondary's side by side (filled: the Holm-corrected
+interval excludes 0).
 """
 
 from __future__ import annotations
@@ -150,6 +153,35 @@ def format_report(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def figure(r: dict[str, Any], path: str) -> str:
+    """Draw the report's contrasts as intervals (one panel per metric; filled markers: the
+    Holm-corrected interval excludes 0) into ``path``; returns ``path``."""
+    from lopd_jax.programs.sweep_report import _plt
+
+    panels = [(r["metric"], r["contrasts"] + r.get("staleness", []))]
+    if "secondary" in r:
+        panels.append((SECONDARY, r["secondary"]["contrasts"] + r["secondary"]["staleness"]))
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 0.55 * len(panels[0][1]) + 1.6),
+                             squeeze=False)
+    for ax, (metric, rows) in zip(axes[0], panels):
+        done = [c for c in rows if not c["missing"]]
+        for y, c in enumerate(done):
+            ax.errorbar([c["estimate"]], [y], xerr=[[c["estimate"] - c["lo"]], [c["hi"] - c["estimate"]]], fmt="o",
+                        color="C0", capsize=4, markerfacecolor="C0" if c["significant"] else "white")
+        ax.axvline(0.0, color="grey", lw=0.8, ls="--")
+        ax.set_yticks(range(len(done)), [f"{c['a']} − {c['b']}" for c in done])
+        ax.invert_yaxis()
+        ax.set_xlabel(f"Δ {metric} [95% CI]")
+        ax.set_title("ranked" if metric == r["metric"] else "secondary (not ranked)", fontsize=9)
+    fig.suptitle(f"{os.path.basename(os.path.normpath(r['workdir']))}: paired bootstrap over seeds and tasks, "
+                 f"clustered by {r['clusters']}; filled = Holm-corrected interval excludes 0", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _mean_sd(xs) -> str:
     sd = sample_sd(xs)
     return f"{sum(xs) / len(xs):.4f} | {'-' if sd != sd else f'{sd:.4f}'}"
@@ -162,6 +194,7 @@ def main(argv=None) -> int:
     p.add_argument("--stage", default="eval_after", help="the held-out evaluation compared (default eval_after)")
     p.add_argument("--resamples", type=int, default=RESAMPLES, help=f"bootstrap resamples (default {RESAMPLES})")
     p.add_argument("--json", default=None, help="also write the report here")
+    p.add_argument("--figure", default=None, help="also draw the contrasts' intervals into this PNG")
     args = p.parse_args(argv)
     try:
         r = report(args.workdir, args.stage, args.resamples)
@@ -172,6 +205,8 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(r, f, indent=1)
+    if args.figure:
+        print(f"figure: {figure(r, args.figure)}")
     return 0
 
 

@@ -110,6 +110,8 @@ def test_primary_metric_ranks_when_every_run_records_it(tmp_path, capsys):
     assert (row["a"], row["b"]) == ("lopd", "lopd_frozen_composer") and row["significant"]
     assert row["estimate"] == pytest.approx(0.1, abs=0.05)
     assert r["secondary"]["contrasts"][0]["estimate"] == 0.0
-    assert rank_arms.main(["--workdir", str(W), "--resamples", "500"]) == 0
+    fig = tmp_path / "contrasts.png"
+    assert rank_arms.main(["--workdir", str(W), "--resamples", "500", f"--figure={fig}"]) == 0
     out = capsys.readouterr().out
     assert "lopd > lopd_frozen_composer" in out and "on the secondary, reward" in out
+    assert fig.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"figure: {fig}" in out
