@@ -1,7 +1,7 @@
 """Rank arms from the finished runs under one prefix, with intervals.
 
-    python -m benchmarks.rank_arms --workdir=W [--stage=eval_after] [--resamples=10000] [--json=OUT]
-        [--figure=OUT.png]
+    python -m benchmarks.rank_arms --workdir=W [--stage=eval_after] [--since=eval@K] [--resamples=10000]
+        [--json=OUT] [--figure=OUT.png]
 
 ``W`` is a directory :mod:`benchmarks.miniature_core` wrote (``W/runs/ARM_sSEED``) or a
 :mod:`lopd_jax.sweep` directory (``W/runs/NAME/seedK``; ``lopd__steps.margin=0`` is the arm
@@ -13,7 +13,10 @@ family; the ranking states only what a corrected interval separates. ``ARM_async
 ``ARM`` adds the family ``ARM_asyncK - ARM`` (what staleness K costs). The primary metric is
 the student's teacher-forced probability of the oracle call's hidden-rule argument
 (``oracle_arg_prob``, kept per task on hidden-rule families), the secondary the greedy
-held-out reward (docs/statistics.md). ``--figure`` draws every contrast's estimate and
+held-out reward (docs/statistics.md). ``--stage=eval@K`` compares the held-out evaluation
+after training step K instead of the last; ``--since=S`` compares what each run gained from
+its evaluation ``S`` to ``--stage`` (per task, on the same tasks: e.g. the recovery after a
+drift at step K, ``--since=eval@K``). ``--figure`` draws every contrast's estimate and
 95% interval, the primary's and the secondary's side by side (filled: the Holm-corrected
 interval excludes 0).
 """
@@ -28,8 +31,8 @@ import sys
 from typing import Any
 
 from lopd_jax.method.statistics import RESAMPLES, sample_sd
-from lopd_jax.programs.arm_stats import (cluster_name, contrast_family, format_contrasts, ranking,
-                                          run_outcomes)
+from lopd_jax.programs.arm_stats import (change_outcomes, cluster_name, contrast_family, format_contrasts,
+                                          ranking, run_outcomes)
 
 CONTRASTS = (("lopd", "lopd_frozen_composer"), ("lopd", "m0"), ("lopd", "grpo"), ("lopd", "opsd"))
 PRIMARY = "oracle_arg_prob"  # train.oracle_scores.KEY: the per-task key of the primary metric
@@ -86,24 +89,29 @@ def find_runs(workdir: str) -> dict[str, dict[int, str]]:
     return out
 
 
-def collect(workdir: str, stage: str = "eval_after") -> tuple[dict[str, list], list[str]]:
-    """Finished runs' per-task outcomes per arm (seed order) and the unfinished runs' names."""
+def collect(workdir: str, stage: str = "eval_after", since: str | None = None) -> tuple[dict[str, list], list[str]]:
+    """Finished runs' per-task outcomes per arm (seed order) and the unfinished runs' names;
+    with ``since``, each run's per-task change from that evaluation to ``stage``."""
     arms: dict[str, list] = {}
     missing = []
     for arm, seeds in find_runs(workdir).items():
         for seed in sorted(seeds):
             outcomes = run_outcomes(seeds[seed], stage)
-            if outcomes is None:
-                missing.append(f"{arm} seed {seed} ({os.path.relpath(seeds[seed], workdir)}: no finished {stage} "
-                               f"with per-task outcomes)")
-            else:
-                arms.setdefault(arm, []).append(outcomes)
+            before = run_outcomes(seeds[seed], since) if since else None
+            for name, got in ((stage, outcomes), *([(since, before)] if since else [])):
+                if got is None:
+                    missing.append(f"{arm} seed {seed} ({os.path.relpath(seeds[seed], workdir)}: no finished {name} "
+                                   f"with per-task outcomes)")
+            if outcomes is not None and (not since or before is not None):
+                arms.setdefault(arm, []).append(change_outcomes(outcomes, before) if since else outcomes)
     return arms, missing
 
 
-def report(workdir: str, stage: str = "eval_after", resamples: int = RESAMPLES) -> dict[str, Any]:
-    """The arms' means, the contrasts and the ranking (see the module docstring)."""
-    arms, missing = collect(workdir, stage)
+def report(workdir: str, stage: str = "eval_after", resamples: int = RESAMPLES,
+           since: str | None = None) -> dict[str, Any]:
+    """The arms' means, the contrasts and the ranking (see the module docstring); with
+    ``since``, of each run's change from evaluation ``since`` to ``stage``."""
+    arms, missing = collect(workdir, stage, since)
     for a, b in CONTRASTS:
         for arm in (a, b):
             if arm not in arms:
@@ -113,7 +121,7 @@ def report(workdir: str, stage: str = "eval_after", resamples: int = RESAMPLES) 
     key = PRIMARY if has_primary else SECONDARY
     rows = contrast_family(arms, CONTRASTS, key=key, resamples=resamples)
     stale = contrast_family(arms, staleness_pairs(arms), key=key, resamples=resamples)
-    out = {"workdir": workdir, "stage": stage, "metric": key,
+    out = {"workdir": workdir, "stage": stage, "since": since, "metric": key,
            "primary_recorded": has_primary, "means": means, "missing": sorted(set(missing)),
            "contrasts": rows, "ranking": ranking(rows), "staleness": stale, "staleness_ranking": ranking(stale),
            "clusters": cluster_name(next(iter(arms.values()))) if arms else None}
@@ -128,7 +136,8 @@ def report(workdir: str, stage: str = "eval_after", resamples: int = RESAMPLES) 
 def format_report(r: dict[str, Any]) -> str:
     """The printed report."""
     pm = r.get("primary_means", {})
-    lines = [f"arms under {r['workdir']} ({r['stage']}; per seed, mean over held-out tasks):",
+    what = f"change from {r['since']} to {r['stage']}" if r.get("since") else r["stage"]
+    lines = [f"arms under {r['workdir']} ({what}; per seed, mean over held-out tasks):",
              f"| arm | seeds | greedy reward | sample SD | {PRIMARY} | sample SD |", "|---|---|---|---|---|---|"]
     for arm, xs in r["means"].items():
         lines.append(f"| {arm} | {len(xs)} | {_mean_sd(xs)} | {_mean_sd(pm[arm]) if arm in pm else '- | -'} |")
@@ -174,7 +183,8 @@ def figure(r: dict[str, Any], path: str) -> str:
         ax.invert_yaxis()
         ax.set_xlabel(f"Δ {metric} [95% CI]")
         ax.set_title("ranked" if metric == r["metric"] else "secondary (not ranked)", fontsize=9)
-    fig.suptitle(f"{os.path.basename(os.path.normpath(r['workdir']))}: paired bootstrap over seeds and tasks, "
+    what = f"change from {r['since']} to {r['stage']}" if r.get("since") else r["stage"]
+    fig.suptitle(f"{os.path.basename(os.path.normpath(r['workdir']))} ({what}): paired bootstrap over seeds and tasks, "
                  f"clustered by {r['clusters']}; filled = Holm-corrected interval excludes 0", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -191,13 +201,16 @@ def main(argv=None) -> int:
     """Entry point: print the report (and write it as JSON with --json)."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.rank_arms", description=__doc__.split("\n\n")[0])
     p.add_argument("--workdir", required=True, help="benchmarks.miniature_core or lopd_jax.sweep directory")
-    p.add_argument("--stage", default="eval_after", help="the held-out evaluation compared (default eval_after)")
+    p.add_argument("--stage", default="eval_after",
+                   help="the held-out evaluation compared: eval_after (default), eval_before or eval@STEP")
+    p.add_argument("--since", default=None,
+                   help="compare each run's per-task change from this evaluation (e.g. eval@24) to --stage")
     p.add_argument("--resamples", type=int, default=RESAMPLES, help=f"bootstrap resamples (default {RESAMPLES})")
     p.add_argument("--json", default=None, help="also write the report here")
     p.add_argument("--figure", default=None, help="also draw the contrasts' intervals into this PNG")
     args = p.parse_args(argv)
     try:
-        r = report(args.workdir, args.stage, args.resamples)
+        r = report(args.workdir, args.stage, args.resamples, since=args.since)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

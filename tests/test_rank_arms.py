@@ -115,3 +115,35 @@ def test_primary_metric_ranks_when_every_run_records_it(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "lopd > lopd_frozen_composer" in out and "on the secondary, reward" in out
     assert fig.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"figure: {fig}" in out
+
+
+def test_intermediate_evaluations_and_the_change_since_one(tmp_path, capsys):
+    """``--stage=eval@K`` reads the evaluation after step K from metrics.jsonl; ``--since``
+    compares each run's per-task change: two arms that end level but started apart at step 8
+    are ranked on what they gained, not on where they ended."""
+    rng = np.random.default_rng(5)
+    W = tmp_path / "mini"
+    for arm, start in (("lopd", 0.2), ("lopd_frozen_composer", 0.5)):
+        for seed in range(3):
+            end = rng.uniform(0.3, 0.7, 64)
+            path = W / "runs" / f"{arm}_s{seed}"
+            _write_run(str(path), np.arange(64) % 2, arg_probs=end)
+            with open(path / "metrics.jsonl", "w") as f:
+                for step, probs in ((8, end - 0.5 + start + 0.01), (16, end)):
+                    per_task = {"task_id": [f"dispatch.ship/heldout/{i:04d}" for i in range(64)],
+                                "cluster": [f"dispatch.ship:customer=c{i % 8}" for i in range(64)],
+                                "reward": [0.0] * 64, "oracle_arg_prob": [float(p) for p in probs]}
+                    f.write(json.dumps({"step": step, "stage": "eval", "per_task": per_task}) + "\n")
+    level = rank_arms.report(str(W), resamples=1000)["contrasts"][0]
+    assert not level["significant"]
+    at8 = rank_arms.report(str(W), stage="eval@8", resamples=1000)["contrasts"][0]
+    assert at8["estimate"] == pytest.approx(level["estimate"] - 0.3, abs=1e-9)
+    gain = rank_arms.report(str(W), since="eval@8", resamples=1000)
+    assert gain["contrasts"][0]["significant"] and gain["contrasts"][0]["estimate"] == pytest.approx(0.3, abs=1e-9)
+    assert rank_arms.main(["--workdir", str(W), "--since=eval@8", "--resamples", "500"]) == 0
+    out = capsys.readouterr().out
+    assert "change from eval@8 to eval_after" in out and "lopd > lopd_frozen_composer" in out
+    assert rank_arms.main(["--workdir", str(W), "--stage=eval@x"]) == 2
+    assert "eval@STEP" in capsys.readouterr().err
+    missing = rank_arms.report(str(W), since="eval@12", resamples=200)
+    assert not missing["means"] and any("no finished eval@12" in m for m in missing["missing"])

@@ -26,12 +26,43 @@ def ledger_outcomes(ledger: Mapping[str, Any], stage: str = "eval_after") -> dic
 
 
 def run_outcomes(run_dir: str, stage: str = "eval_after") -> dict[str, list] | None:
-    """:func:`ledger_outcomes` of the run in ``run_dir`` (None without a ledger)."""
+    """:func:`ledger_outcomes` of the run in ``run_dir`` (None without a ledger), or with
+    ``stage="eval@K"`` the held-out evaluation after training step K (``metrics.jsonl``;
+    None if the run has not recorded it)."""
+    if "@" in stage:
+        name, _, step = stage.partition("@")
+        if name != "eval" or not step.isdigit():
+            raise ValueError(f"stage {stage!r}: an intermediate evaluation is eval@STEP (e.g. eval@24)")
+        path = os.path.join(run_dir, "metrics.jsonl")
+        if not os.path.exists(path):
+            return None
+        found = None
+        with open(path) as f:
+            for line in f:
+                row = json.loads(line)
+                if row.get("stage") == "eval" and row.get("step") == int(step) and row.get("per_task"):
+                    found = row["per_task"]  # the last one: a resumed run may have evaluated the step again
+        return found
     path = os.path.join(run_dir, "stages.json")
     if not os.path.exists(path):
         return None
     with open(path) as f:
         return ledger_outcomes(json.load(f), stage)
+
+
+def change_outcomes(after: Mapping[str, list], before: Mapping[str, list]) -> dict[str, list]:
+    """Per-task change from one evaluation of a run to a later one: each numeric outcome is
+    ``after - before`` over the tasks both evaluated (in ``after``'s order; cluster keys kept)."""
+    pos = {t: i for i, t in enumerate(before["task_id"])}
+    idx = [(i, pos[t]) for i, t in enumerate(after["task_id"]) if t in pos]
+    if not idx:
+        raise ValueError("the two evaluations share no held-out task; compare evaluations of the same tasks")
+    out: dict[str, list] = {"task_id": [after["task_id"][i] for i, _ in idx],
+                            "cluster": [after["cluster"][i] for i, _ in idx]}
+    for key, values in after.items():
+        if key not in ("task_id", "cluster") and key in before:
+            out[key] = [float(values[i]) - float(before[key][j]) for i, j in idx]
+    return out
 
 
 def outcome_matrix(runs: Sequence[Mapping[str, list]], tasks: Sequence[str] | None = None,
