@@ -137,8 +137,9 @@ def format_report(r: dict[str, Any]) -> str:
     """The printed report."""
     pm = r.get("primary_means", {})
     what = f"change from {r['since']} to {r['stage']}" if r.get("since") else r["stage"]
+    unit = " change" if r.get("since") else ""
     lines = [f"arms under {r['workdir']} ({what}; per seed, mean over held-out tasks):",
-             f"| arm | seeds | greedy reward | sample SD | {PRIMARY} | sample SD |", "|---|---|---|---|---|---|"]
+             f"| arm | seeds | greedy reward{unit} | sample SD | {PRIMARY}{unit} | sample SD |", "|---|---|---|---|---|---|"]
     for arm, xs in r["means"].items():
         lines.append(f"| {arm} | {len(xs)} | {_mean_sd(xs)} | {_mean_sd(pm[arm]) if arm in pm else '- | -'} |")
     if not r["primary_recorded"]:

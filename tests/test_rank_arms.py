@@ -143,6 +143,7 @@ def test_intermediate_evaluations_and_the_change_since_one(tmp_path, capsys):
     assert rank_arms.main(["--workdir", str(W), "--since=eval@8", "--resamples", "500"]) == 0
     out = capsys.readouterr().out
     assert "change from eval@8 to eval_after" in out and "lopd > lopd_frozen_composer" in out
+    assert "| greedy reward change | sample SD | oracle_arg_prob change |" in out
     assert rank_arms.main(["--workdir", str(W), "--stage=eval@x"]) == 2
     assert "eval@STEP" in capsys.readouterr().err
     missing = rank_arms.report(str(W), since="eval@12", resamples=200)
