@@ -98,11 +98,10 @@ def collect(workdir: str, stage: str = "eval_after", since: str | None = None) -
         for seed in sorted(seeds):
             outcomes = run_outcomes(seeds[seed], stage)
             before = run_outcomes(seeds[seed], since) if since else None
-            for name, got in ((stage, outcomes), *([(since, before)] if since else [])):
-                if got is None:
-                    missing.append(f"{arm} seed {seed} ({os.path.relpath(seeds[seed], workdir)}: no finished {name} "
-                                   f"with per-task outcomes)")
-            if outcomes is not None and (not since or before is not None):
+            gaps = [name for name, got in ((stage, outcomes), (since, before)) if name and got is None]
+            missing += [f"{arm} seed {seed} ({os.path.relpath(seeds[seed], workdir)}: no finished {name} "
+                        f"with per-task outcomes)" for name in gaps]
+            if not gaps:
                 arms.setdefault(arm, []).append(change_outcomes(outcomes, before) if since else outcomes)
     return arms, missing
 
@@ -136,8 +135,7 @@ def report(workdir: str, stage: str = "eval_after", resamples: int = RESAMPLES,
 def format_report(r: dict[str, Any]) -> str:
     """The printed report."""
     pm = r.get("primary_means", {})
-    what = f"change from {r['since']} to {r['stage']}" if r.get("since") else r["stage"]
-    unit = " change" if r.get("since") else ""
+    what, unit = _compared(r), " change" if r.get("since") else ""
     lines = [f"arms under {r['workdir']} ({what}; per seed, mean over held-out tasks):",
              f"| arm | seeds | greedy reward{unit} | sample SD | {PRIMARY}{unit} | sample SD |", "|---|---|---|---|---|---|"]
     for arm, xs in r["means"].items():
@@ -163,6 +161,11 @@ def format_report(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _compared(r: dict[str, Any]) -> str:
+    """What the report compares: an evaluation, or each run's change between two."""
+    return f"change from {r['since']} to {r['stage']}" if r.get("since") else r["stage"]
+
+
 def figure(r: dict[str, Any], path: str) -> str:
     """Draw the report's contrasts as intervals (one panel per metric; filled markers: the
     Holm-corrected interval excludes 0) into ``path``; returns ``path``."""
@@ -184,7 +187,7 @@ def figure(r: dict[str, Any], path: str) -> str:
         ax.invert_yaxis()
         ax.set_xlabel(f"Δ {metric} [95% CI]")
         ax.set_title("ranked" if metric == r["metric"] else "secondary (not ranked)", fontsize=9)
-    what = f"change from {r['since']} to {r['stage']}" if r.get("since") else r["stage"]
+    what = _compared(r)
     fig.suptitle(f"{os.path.basename(os.path.normpath(r['workdir']))} ({what}): paired bootstrap over seeds and tasks, "
                  f"clustered by {r['clusters']}; filled = Holm-corrected interval excludes 0", fontsize=9)
     fig.tight_layout()
