@@ -106,11 +106,10 @@ class SyntheticTaskSource(TaskSource):
         self.hint = hint
         self.drift = drift_schedule(drift_every, drift_steps, drift_fraction)
         self.balance_heldout = bool(balance_heldout)
-        if self.balance_heldout and not any(f in HIDDEN_RULES for f in self.families):
-            raise ValueError(f"balance_heldout balances held-out tasks over a hidden rule's keys; no family "
-                             f"here has one ({self.families}; with a rule: {list(HIDDEN_RULES)})")
-        if self.drift.enabled and not any(f in HIDDEN_RULES for f in self.families):
-            raise ValueError(f"drift_every / drift_steps need a family with a hidden rule "
+        needs_rule = [name for name, on in (("balance_heldout", self.balance_heldout),
+                                            ("drift_every / drift_steps", self.drift.enabled)) if on]
+        if needs_rule and not any(f in HIDDEN_RULES for f in self.families):
+            raise ValueError(f"{' and '.join(needs_rule)} need a family with a hidden rule "
                              f"({list(HIDDEN_RULES)}); families here: {self.families}")
         self._cache: dict[str, list[Task]] | None = None
         self._warmup: list[Task] | None = None
@@ -157,7 +156,7 @@ class SyntheticTaskSource(TaskSource):
 
     def _generate(self, family: Family) -> dict[str, list[Task]]:
         rng = random.Random(f"lopd-synthetic:{self.seed}:{family.family_id}")
-        rule = self.hidden_rule(family.family_id)
+        rule = self.hidden_rule(family.family_id)  # the drawn map; ``spec`` says which params it links
         spec = HIDDEN_RULES.get(family.family_id)
         out: dict[str, list[Task]] = {"train": [], "heldout": []}
         seen: set[str] = set()
@@ -170,7 +169,7 @@ class SyntheticTaskSource(TaskSource):
                 break
             params = family.sample(rng)
             if rule is not None:
-                params[HIDDEN_RULES[family.family_id].target] = rule[params[HIDDEN_RULES[family.family_id].key]]
+                params[spec.target] = rule[params[spec.key]]
             instruction = family.instruction(params)
             split = self._split_of(instruction)
             signature = json.dumps(params, sort_keys=True)
