@@ -39,6 +39,22 @@ def test_contrast_lines_up_tasks_and_matches_the_bootstrap():
         arm_stats.outcome_matrix([a[0], {k: v[:5] for k, v in a[1].items()}])
 
 
+def test_contrast_pairs_runs_by_seed_and_only_when_both_arms_ran_the_same_seeds():
+    rng = np.random.default_rng(1)
+    a = [{**_outcomes(rng.integers(0, 2, 16)), "seed": s} for s in (0, 1, 2)]
+    b = [{**_outcomes(rng.integers(0, 2, 16)), "seed": s} for s in (0, 1, 2)]
+    A, B = (np.array([r["reward"] for r in runs]) for runs in (a, b))
+    got = arm_stats.contrast(a, b[::-1], resamples=300)  # listed in another order: lined up by seed
+    ref = statistics.paired_bootstrap(A, B, a[0]["cluster"], paired_seeds=True, resamples=300)
+    assert got["paired_seeds"] and (got["lo"], got["hi"]) == pytest.approx((ref["lo"], ref["hi"]))
+    b[2]["seed"] = 5  # as many runs, but not the same seeds: not paired by position
+    got = arm_stats.contrast(a, b, resamples=300)
+    ref = statistics.paired_bootstrap(A, B, a[0]["cluster"], paired_seeds=False, resamples=300)
+    assert not got["paired_seeds"] and (got["lo"], got["hi"]) == pytest.approx((ref["lo"], ref["hi"]))
+    assert "3 vs 3 (unpaired)" in arm_stats.format_contrasts(
+        [{**got, "a": "x", "b": "y", "missing": [], "p_holm": got["p_value"], "significant": False}])
+
+
 def _demo_runs(seeds):
     before = _outcomes([0, 1, 0, 0] * 4)
     runs = {}

@@ -90,7 +90,8 @@ def paired_bootstrap(a: Any, b: Any, clusters: Sequence[Any] | None = None, *, p
     the difference of the seed-then-task means. Returns ``estimate``, ``lo``, ``hi``,
     ``p_value`` (two-sided bootstrap: twice the smaller tail share at 0, at most 1) and
     the design: ``seeds`` (a, b), ``tasks``, ``clusters``, ``level``, ``resamples``,
-    ``seed_resampling`` (False with one seed per arm: the interval is then over tasks alone).
+    ``seed_resampling`` (False with one seed per arm: the interval is then over tasks alone),
+    ``paired_seeds``.
     """
     a, b = _as_seeds_by_tasks(a, "a"), _as_seeds_by_tasks(b, "b")
     if a.shape[1] != b.shape[1]:
@@ -124,7 +125,7 @@ def paired_bootstrap(a: Any, b: Any, clusters: Sequence[Any] | None = None, *, p
     p = min(1.0, 2.0 * min(np.mean(reps <= 0.0), np.mean(reps >= 0.0)))
     return {"estimate": float(a.mean() - b.mean()), "lo": lo, "hi": hi, "p_value": float(p),
             "seeds": (a.shape[0], b.shape[0]), "tasks": T, "clusters": K, "level": level, "resamples": resamples,
-            "seed_resampling": bool(a.shape[0] > 1 or b.shape[0] > 1)}
+            "seed_resampling": bool(a.shape[0] > 1 or b.shape[0] > 1), "paired_seeds": bool(paired_seeds)}
 
 
 def intraclass_correlation(values: Sequence[float], clusters: Sequence[Any]) -> float:

@@ -89,8 +89,13 @@ def outcome_matrix(runs: Sequence[Mapping[str, list]], tasks: Sequence[str] | No
 def contrast(a_runs: Sequence[Mapping[str, list]], b_runs: Sequence[Mapping[str, list]],
              key: str = "reward", **kwargs: Any) -> dict[str, Any]:
     """Paired hierarchical bootstrap of mean(a) - mean(b) over the tasks both arms' runs share
-    (seeds paired by position when both arms have as many; ``kwargs`` go to
-    :func:`lopd_jax.method.statistics.paired_bootstrap`)."""
+    (``kwargs`` go to :func:`lopd_jax.method.statistics.paired_bootstrap`). Runs that carry
+    their ``seed`` are paired by seed, and only when both arms ran the same seeds (an arm
+    with a run missing is compared unpaired); runs without one are paired by position when
+    both arms have as many."""
+    if "paired_seeds" not in kwargs and all("seed" in r for r in [*a_runs, *b_runs]):
+        a_runs, b_runs = (sorted(runs, key=lambda r: r["seed"]) for runs in (a_runs, b_runs))
+        kwargs["paired_seeds"] = [r["seed"] for r in a_runs] == [r["seed"] for r in b_runs]
     shared = [t for t in a_runs[0]["task_id"] if all(t in set(r["task_id"]) for r in [*a_runs, *b_runs])]
     a, tasks, clusters = outcome_matrix(a_runs, shared, key)
     b, _, _ = outcome_matrix(b_runs, shared, key)
@@ -153,7 +158,7 @@ def format_contrasts(rows: Sequence[Mapping[str, Any]], unit: str = "reward") ->
              "includes 0 after Holm" if r["lo"] <= 0 <= r["hi"] else "excludes 0 alone, not after Holm")
         lines.append(f"| {name} | {statistics.format_interval(r)} | {format_p(r['p_value'], r)} | "
                      f"{format_p(r['p_holm'], r)} | "
-                     f"{r['seeds'][0]} vs {r['seeds'][1]} | {r['tasks']} ({r['clusters']}, {ess['n_eff']:.1f}) | "
+                     f"{r['seeds'][0]} vs {r['seeds'][1]}{'' if r.get('paired_seeds', True) else ' (unpaired)'} | {r['tasks']} ({r['clusters']}, {ess['n_eff']:.1f}) | "
                      f"{v} |")
     return "\n".join(lines)
 
