@@ -6,7 +6,8 @@
 Runs the shared stages (warm-up, evaluation before, bank, cold start) once in ``W/prefix``, as
 the paper's seeds all start from one checkpoint; then each arm x seed resumes a copy of it in
 ``W/runs/ARM_sSEED`` (training stage, evaluation after, export; finished runs are skipped).
-``W/results.json`` holds one record per run; the table (mean +- sample SD over seeds) is printed
+The runs share JAX's persistent compilation cache (``W/jax_cache``; ``--compile_cache``), so
+only the first run of each program compiles it. ``W/results.json`` holds one record per run; the table (mean +- sample SD over seeds) is printed
 with :mod:`benchmarks.rank_arms`'s contrasts and ranking. Arms: ``lopd``, ``grpo``,
 ``lopd_frozen_composer``, ``m0`` (``steps.margin=0``), any other ``TrainConfig.arm``, and
 ``ARM_asyncK`` (ARM with ``rollout.mode=async rollout.max_staleness=K``) and ``ARM_partialK``
@@ -55,11 +56,22 @@ def arm_overrides(arm: str) -> list[str]:
     return ARM_OVERRIDES.get(arm, [f"arm={arm}"])
 
 
-def _train(workdir: str, config: str, overrides: list[str], log: str) -> float:
+def run_env(W: str, compile_cache: str = "") -> dict[str, str]:
+    """The training processes' environment: JAX's persistent compilation cache in
+    ``compile_cache`` (default ``W/jax_cache``, shared by the prefix and every run, so only the
+    first run of a program compiles it; ``none``: no cache). A ``JAX_COMPILATION_CACHE_DIR``
+    already set wins."""
+    env = dict(os.environ)
+    if "JAX_COMPILATION_CACHE_DIR" not in env and compile_cache != "none":
+        env["JAX_COMPILATION_CACHE_DIR"] = compile_cache or os.path.join(W, "jax_cache")
+    return env
+
+
+def _train(workdir: str, config: str, overrides: list[str], log: str, env: dict[str, str] | None = None) -> float:
     t0 = time.perf_counter()
     with open(log, "a") as f:
         proc = subprocess.run([sys.executable, "-m", "lopd_jax.train", f"--config={config}", f"--workdir={workdir}",
-                               *overrides], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+                               *overrides], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"training run in {workdir} failed (exit {proc.returncode}); see {log}")
     return time.perf_counter() - t0
@@ -178,6 +190,8 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--parallel", type=int, default=1, help="training runs at once")
     p.add_argument("--report_only", action="store_true", help="only collect finished runs and write the reports")
+    p.add_argument("--compile_cache", default="", help="JAX's persistent compilation cache for the runs "
+                   "(default W/jax_cache; 'none' for none; JAX_COMPILATION_CACHE_DIR, when set, wins)")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args(argv)
     from lopd_jax.io.startup import configure_platform
@@ -199,8 +213,9 @@ def main(argv=None) -> int:
         print(rank_arms.format_report(rank_arms.report(W)))
         print("\n".join(sweep_report(W, arms, seeds)))
         return 0
+    env = run_env(W, args.compile_cache)
     if not _ledger(prefix).get("cold_start", {}).get("done"):
-        _train(prefix, args.config, [*args.overrides, "stages.lopd_steps=0"], os.path.join(W, "prefix.log"))
+        _train(prefix, args.config, [*args.overrides, "stages.lopd_steps=0"], os.path.join(W, "prefix.log"), env)
 
     def one(arm_seed):
         arm, seed = arm_seed
@@ -210,7 +225,7 @@ def main(argv=None) -> int:
         if not _ledger(run_dir).get("eval_after", {}).get("done"):
             if not os.path.isdir(run_dir):
                 fork(prefix, run_dir, args.config, overrides)
-            wall = _train(run_dir, args.config, overrides, run_dir + ".log")
+            wall = _train(run_dir, args.config, overrides, run_dir + ".log", env)
             with open(os.path.join(run_dir, WALL_FILE), "w") as f:
                 json.dump({"wall_seconds": wall}, f)
             print(f"finished {arm} seed {seed} in {wall:.0f}s", flush=True)

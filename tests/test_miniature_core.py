@@ -40,3 +40,12 @@ def test_report_of_finished_runs_only(tmp_path):
     os.makedirs(tmp_path / "runs" / "lopd_s0")
     assert core.sweep_report(str(tmp_path), ["lopd", "m0"], [0, 1]) == []
     assert "| arm |" in core.table([])
+
+
+def test_runs_share_a_compilation_cache_under_the_workdir(monkeypatch):
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    assert miniature_core.run_env("/w")["JAX_COMPILATION_CACHE_DIR"] == os.path.join("/w", "jax_cache")
+    assert miniature_core.run_env("/w", "/c")["JAX_COMPILATION_CACHE_DIR"] == "/c"
+    assert "JAX_COMPILATION_CACHE_DIR" not in miniature_core.run_env("/w", "none")
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/mine")  # the user's own cache wins
+    assert miniature_core.run_env("/w")["JAX_COMPILATION_CACHE_DIR"] == "/mine"
