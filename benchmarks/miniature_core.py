@@ -7,8 +7,9 @@ Runs the shared stages (warm-up, evaluation before, bank, cold start) once in ``
 the paper's seeds all start from one checkpoint; then each arm x seed resumes a copy of it in
 ``W/runs/ARM_sSEED`` (training stage, evaluation after, export; finished runs are skipped).
 The runs share JAX's persistent compilation cache (``W/jax_cache``; ``--compile_cache``), so
-only the first run of each program compiles it. ``W/results.json`` holds one record per run; the table (mean +- sample SD over seeds) is printed
-with :mod:`benchmarks.rank_arms`'s contrasts and ranking. Arms: ``lopd``, ``grpo``,
+only the first run of each program compiles it. ``W/results.json`` holds one record per run;
+the table (mean +- sample SD over seeds) is printed with :mod:`benchmarks.rank_arms`'s
+contrasts and ranking. Arms: ``lopd``, ``grpo``,
 ``lopd_frozen_composer``, ``m0`` (``steps.margin=0``), any other ``TrainConfig.arm``, and
 ``ARM_asyncK`` (ARM with ``rollout.mode=async rollout.max_staleness=K``) and ``ARM_partialK``
 (the same with partial rollouts in finished order: ``rollout.partial=true
