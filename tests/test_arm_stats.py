@@ -91,8 +91,8 @@ def test_premise_gaps_carry_a_task_interval():
 def test_sweep_report_contrasts_every_pair_with_holm():
     from lopd_jax.programs import sweep_report
     rng = np.random.default_rng(3)
-    records = [{"name": name, "per_task": _outcomes(rng.random(32) < p)}
-               for name, p in (("lopd", 0.9), ("grpo", 0.2), ("opsd", 0.25)) for _ in range(2)]
+    records = [{"name": name, "seed": seed, "per_task": _outcomes(rng.random(32) < p)}
+               for name, p in (("lopd", 0.9), ("grpo", 0.2), ("opsd", 0.25)) for seed in range(2)]
     text = sweep_report.contrasts(records, resamples=500)
     assert "Holm-corrected over the 3 pairs" in text and "lopd − grpo" in text and "grpo − opsd" in text
     assert "lopd > grpo" in text and "grpo vs opsd: not ranked" in text
