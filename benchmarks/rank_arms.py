@@ -102,7 +102,7 @@ def collect(workdir: str, stage: str = "eval_after", since: str | None = None) -
             missing += [f"{arm} seed {seed} ({os.path.relpath(seeds[seed], workdir)}: no finished {name} "
                         f"with per-task outcomes)" for name in gaps]
             if not gaps:
-                run = change_outcomes(outcomes, before) if since else dict(outcomes)
+                run = change_outcomes(outcomes, before) if since else outcomes
                 arms.setdefault(arm, []).append({**run, "seed": seed})
     return arms, missing
 

@@ -139,8 +139,8 @@ def contrasts(records: list[dict], resamples: int = statistics.RESAMPLES) -> str
     final held-out reward with its 95% paired bootstrap interval over seeds and held-out
     tasks (clustered by the tasks' cluster keys), Holm-corrected over the pairs, and the
     ranking those intervals allow; "" with fewer than two such groups."""
-    groups = {n: [{**r["per_task"], **({"seed": r["seed"]} if "seed" in r else {})} for r in g]
-              for n, g in _groups(records).items() if all(r.get("per_task") for r in g)}  # seeded runs pair by seed
+    groups = {n: [{**r["per_task"], "seed": r["seed"]} for r in g]  # with its seed: runs pair by seed
+              for n, g in _groups(records).items() if all(r.get("per_task") for r in g)}
     if len(groups) < 2:
         return ""
     names = list(groups)
