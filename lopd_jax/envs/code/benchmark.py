@@ -30,7 +30,7 @@ from tqdm import tqdm
 from lopd_jax.envs.base import EpisodeStats
 from lopd_jax.envs.code.env import NO_CODE_FEEDBACK, CodeEnvironment, extract_code
 from lopd_jax.envs.code.sandbox import SandboxConfig
-from lopd_jax.core.types import AssistantTurn, Message, StepResult, Task, ToolSchema
+from lopd_jax.core.types import AssistantTurn, StepResult
 
 # (payload, code, sandbox config) -> (reward, feedback, status, extra integer counters)
 Grader = Callable[[dict, str, SandboxConfig], tuple[float, str, str, dict[str, int]]]
@@ -84,21 +84,13 @@ class BenchStats(EpisodeStats):
 class GradedCodeEnvironment(CodeEnvironment):
     """A one-answer code episode graded by ``grader`` (see the module docstring)."""
 
+    stats_type = BenchStats
+
     def __init__(self, env_id: str, kind: str, grader: Grader,
                  sandbox: SandboxConfig | None = None, max_attempts: int = 1):
         """``kind``: the payload kind this environment accepts."""
         super().__init__(env_id, sandbox, max_attempts)
-        self.kind, self.grader = kind, grader
-
-    def reset(self, task: Task) -> tuple[list[Message], list[ToolSchema]]:
-        """Start an episode: one user message with the problem, no tools."""
-        if task.payload.get("kind") != self.kind:
-            raise ValueError(f"task {task.task_id!r} is not a {self.kind} task (payload kind "
-                             f"{task.payload.get('kind')!r})")
-        self.stats = BenchStats()
-        self.task, self.done = task, False
-        self.attempts, self.last_reward = 0, 0.0
-        return [{"role": "user", "content": task.instruction}], []
+        self.kinds, self.grader = (kind,), grader
 
     def step(self, turn: AssistantTurn) -> StepResult:
         """Grade the answer's code; never raises for it."""

@@ -68,6 +68,9 @@ NO_CODE_FEEDBACK = "No ```python code block found. Put the complete solution in 
 class CodeEnvironment(Environment):
     """One code-generation episode (HumanEval or TACO task); see the module docstring."""
 
+    kinds: tuple[str, ...] = ("humaneval", "taco")  # the payload kinds reset accepts
+    stats_type: type[EpisodeStats] = EpisodeStats  # an episode's counters
+
     def __init__(self, env_id: str, sandbox: SandboxConfig | None = None,
                  max_attempts: int = 1, per_test_s: int = 4):
         """``max_attempts`` answers are graded; a failure before the last one is fed back."""
@@ -82,11 +85,12 @@ class CodeEnvironment(Environment):
         self.last_reward = 0.0
 
     def reset(self, task: Task) -> tuple[list[Message], list[ToolSchema]]:
-        """Start an episode: one user message with the problem, no tools."""
-        if task.payload.get("kind") not in ("humaneval", "taco"):
-            raise ValueError(f"task {task.task_id!r} is not a code task (payload kind "
+        """Start an episode: one user message with the problem, no tools (ValueError for a
+        payload kind not in :attr:`kinds`)."""
+        if task.payload.get("kind") not in self.kinds:
+            raise ValueError(f"task {task.task_id!r} is not a {' or '.join(self.kinds)} task (payload kind "
                              f"{task.payload.get('kind')!r})")
-        self.stats = EpisodeStats()
+        self.stats = self.stats_type()
         self.task, self.done = task, False
         self.attempts, self.last_reward = 0, 0.0
         return [{"role": "user", "content": task.instruction}], []
