@@ -7,9 +7,11 @@
 :mod:`lopd_jax.sweep` directory (``W/runs/NAME/seedK``; ``lopd__steps.margin=0`` is the arm
 ``m0``). Only finished runs are read (those whose ``stage`` kept per-task outcomes); the
 missing ones are listed. The pre-registered contrasts (LOPD against the frozen composer,
-m = 0, GRPO and OPSD) are paired hierarchical bootstraps over seeds and held-out tasks
-clustered by their cluster keys (customer for the hub family), Holm-corrected over the
-family; the ranking states only what a corrected interval separates. ``ARM_asyncK`` beside
+m = 0, GRPO and OPSD, the last an upper bound: OPSD's hint is the oracle call) take the
+paired cluster-level t over the held-out tasks' cluster keys (customer for the hub family;
+:func:`lopd_jax.method.statistics.cluster_t`), with the old cluster bootstrap beside it as a
+secondary column, Holm-corrected over the 4 contrasts of the table; the ranking states only
+what a corrected interval separates. ``ARM_asyncK`` beside
 ``ARM`` adds the family ``ARM_asyncK - ARM`` (what staleness K costs). The primary metric is
 the student's teacher-forced probability of the oracle call's hidden-rule argument
 (``oracle_arg_prob``, kept per task on hidden-rule families), the secondary the greedy
@@ -31,8 +33,8 @@ import sys
 from typing import Any
 
 from lopd_jax.method.statistics import RESAMPLES, sample_sd
-from lopd_jax.programs.arm_stats import (change_outcomes, cluster_name, contrast_family, format_contrasts,
-                                          ranking, run_outcomes)
+from lopd_jax.programs.arm_stats import (arm_label, change_outcomes, cluster_name, contrast_family, family_note,
+                                          format_contrasts, ranking, run_outcomes)
 
 CONTRASTS = (("lopd", "lopd_frozen_composer"), ("lopd", "m0"), ("lopd", "grpo"), ("lopd", "opsd"))
 PRIMARY = "oracle_arg_prob"  # train.oracle_scores.KEY: the per-task key of the primary metric
@@ -140,23 +142,25 @@ def format_report(r: dict[str, Any]) -> str:
     lines = [f"arms under {r['workdir']} ({what}; per seed, mean over held-out tasks):",
              f"| arm | seeds | greedy reward{unit} | sample SD | {PRIMARY}{unit} | sample SD |", "|---|---|---|---|---|---|"]
     for arm, xs in r["means"].items():
-        lines.append(f"| {arm} | {len(xs)} | {_mean_sd(xs)} | {_mean_sd(pm[arm]) if arm in pm else '- | -'} |")
+        lines.append(f"| {arm_label(arm)} | {len(xs)} | {_mean_sd(xs)} | {_mean_sd(pm[arm]) if arm in pm else '- | -'} |")
     if not r["primary_recorded"]:
         lines.append(f"primary metric ({PRIMARY}: the student's teacher-forced probability of the oracle tool-call "
                      f"argument) not recorded by these runs; contrasts use the secondary (greedy held-out reward)")
-    design = (f"95% paired bootstrap over seeds and held-out tasks, clustered by {r['clusters']}; p two-sided, "
-              f"Holm-corrected over the family")
-    lines += ["", f"pre-registered contrasts on {r['metric']} ({design}, {len(CONTRASTS)} contrasts):",
+    design = (f"95% paired cluster-level t over the {r['clusters']} clusters of the held-out tasks (seeds averaged "
+              f"within each cluster, their common shift added; docs/statistics.md); p two-sided")
+    lines += ["", f"pre-registered contrasts on {r['metric']} ({design}; {family_note(r['contrasts'])}):",
               format_contrasts(r["contrasts"], r["metric"]), "", "ranking (only where a corrected interval excludes 0):"]
     lines += [f"  {x}" for x in r["ranking"]] or ["  nothing to rank"]
     if r.get("staleness"):
-        lines += ["", f"what staleness costs on {r['metric']} (ARM_asyncK - ARM, the same seeds and prefix; {design}, "
-                      f"{len(r['staleness'])} contrasts):",
+        lines += ["", f"what staleness costs on {r['metric']} (ARM_asyncK - ARM, the same seeds and prefix; {design}; "
+                      f"{family_note(r['staleness'])}):",
                   format_contrasts(r["staleness"], r["metric"]), ""]
         lines += [f"  {x}" for x in r["staleness_ranking"]]
     if "secondary" in r:
-        lines += ["", f"the same contrasts on the secondary, {SECONDARY} (greedy held-out reward; not ranked):",
-                  format_contrasts(r["secondary"]["contrasts"] + r["secondary"]["staleness"], SECONDARY)]
+        rows = r["secondary"]["contrasts"] + r["secondary"]["staleness"]
+        lines += ["", f"the same contrasts on the secondary, {SECONDARY} (greedy held-out reward; not ranked; Holm "
+                      f"within each family above):",
+                  format_contrasts(rows, SECONDARY)]
     if r["missing"]:
         lines += ["", "missing:"] + [f"  {m}" for m in r["missing"]]
     return "\n".join(lines)
@@ -184,13 +188,13 @@ def figure(r: dict[str, Any], path: str) -> str:
             ax.errorbar([c["estimate"]], [y], xerr=[[c["estimate"] - c["lo"]], [c["hi"] - c["estimate"]]], fmt="o",
                         color="C0", capsize=4, markerfacecolor="C0" if c["significant"] else "white")
         ax.axvline(0.0, color="grey", lw=0.8, ls="--")
-        ax.set_yticks(range(len(done)), [f"{c['a']} − {c['b']}" for c in done])
+        ax.set_yticks(range(len(done)), [f"{arm_label(c['a'])} − {arm_label(c['b'])}" for c in done])
         ax.invert_yaxis()
         ax.set_xlabel(f"Δ {metric} [95% CI]")
         ax.set_title("ranked" if metric == r["metric"] else "secondary (not ranked)", fontsize=9)
     what = _compared(r)
-    fig.suptitle(f"{os.path.basename(os.path.normpath(r['workdir']))} ({what}): paired bootstrap over seeds and tasks, "
-                 f"clustered by {r['clusters']}; filled = Holm-corrected interval excludes 0", fontsize=9)
+    fig.suptitle(f"{os.path.basename(os.path.normpath(r['workdir']))} ({what}): paired cluster-level t over "
+                 f"{r['clusters']} clusters; filled = Holm-corrected interval excludes 0 (Holm per family)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -210,7 +214,7 @@ def main(argv=None) -> int:
                    help="the held-out evaluation compared: eval_after (default), eval_before or eval@STEP")
     p.add_argument("--since", default=None,
                    help="compare each run's per-task change from this evaluation (e.g. eval@24) to --stage")
-    p.add_argument("--resamples", type=int, default=RESAMPLES, help=f"bootstrap resamples (default {RESAMPLES})")
+    p.add_argument("--resamples", type=int, default=RESAMPLES, help=f"resamples of the secondary cluster bootstrap column (default {RESAMPLES})")
     p.add_argument("--json", default=None, help="also write the report here")
     p.add_argument("--figure", default=None, help="also draw the contrasts' intervals into this PNG")
     args = p.parse_args(argv)

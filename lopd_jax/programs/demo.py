@@ -6,8 +6,8 @@ The miniature's first stages (warm-up theta0, experience bank, composer cold sta
 a CPU and seed-dependent, so the repository ships their output (:data:`START_DIR`, made with
 ``--pack=W``). The demo copies it into ``<workdir>/start``, measures the premise rows there
 (``python -m lopd_jax.premise``) and runs LOPD from it once per seed, then prints the held-out
-reward before and after per seed and the mean gain with its 95% paired bootstrap interval
-(:mod:`lopd_jax.programs.arm_stats`), and writes ``demo.json`` and ``demo.png``. Dotted overrides
+reward before and after per seed and the mean gain with its 95% cluster-level t interval
+(:mod:`lopd_jax.programs.arm_stats`) and what that shows, and writes ``demo.json`` and ``demo.png``. Dotted overrides
 go to every LOPD run. Details: ``docs/miniature.md``, ``docs/results.md``.
 
 Exit status: 0 done, 1 a run failed (its log is named), 2 a bad argument or no starting point.
@@ -173,8 +173,9 @@ def before_outcomes(run_dir: str, premise: dict) -> dict[str, list] | None:
 
 
 def gain_interval(runs: dict[int, dict]) -> dict[str, Any] | None:
-    """Paired bootstrap of after - before over seeds and held-out tasks, clustered by the
-    tasks' cluster keys (customer); None when a run lacks per-task outcomes."""
+    """After - before with its cluster-level t interval over the tasks' cluster keys
+    (customer), the seeds averaged within each cluster (:func:`arm_stats.contrast`); None when
+    a run lacks per-task outcomes."""
     rs = list(runs.values())
     if any(r.get("after_tasks") is None for r in rs) or rs[0].get("before_tasks") is None:
         return None
@@ -204,9 +205,17 @@ def gain_line(s: dict[str, Any]) -> str:
                 f"version)")
     line = (f"gain {statistics.format_interval(c)} ({statistics.describe_design(c, c['cluster_name'])}); "
             f"{verdict(c)}")
-    if not c["seed_resampling"]:
+    if not c["seed_spread"]:
         line += "; a seed-to-seed interval needs >= 2 seeds"
     return line
+
+
+def shows_line(s: dict[str, Any]) -> str:
+    """What the demo shows, and what it does not."""
+    n = len(s["runs"])
+    return (f"what this shows: the held-out reward of LOPD runs from one shipped start (theta0, bank, composer) "
+            f"against that start, over {n} seed{'s' if n > 1 else ''}; it compares no other arm (LOPD against the "
+            f"frozen composer, m = 0 or GRPO: python -m benchmarks.rank_arms) and no other start")
 
 
 def report(s: dict[str, Any]) -> str:
@@ -227,7 +236,7 @@ def report(s: dict[str, Any]) -> str:
     spread = (f" ± {s['after_sd']:.4f} (mean ± sample SD over {n} seeds, range {s['after_range']:.4f})" if n > 1
               else " (one seed)")
     lines += ["", f"held-out reward before LOPD: {s['before']:.4f}; after: {s['after_mean']:.4f}{spread}",
-              gain_line(s)]
+              gain_line(s), shows_line(s)]
     return "\n".join(lines)
 
 

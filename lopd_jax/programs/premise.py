@@ -4,7 +4,7 @@ Self-distillation can only help where the teacher (theta0 with a privileged cont
 better than theta0 alone. On a run's held-out tasks this measures ``base``, ``base + oracle
 text`` (:mod:`lopd_jax.envs.privileged`) and ``base + composer``
 (:mod:`lopd_jax.programs.composer_eval`): reward, success, calls and errors, the gap to ``base``
-with its 95% clustered bootstrap interval (:func:`add_gaps`) and the oracle demonstration's
+with its 95% cluster-level t interval (:func:`add_gaps`) and the oracle demonstration's
 log-prob per token (:func:`oracle_logprob`), beside the no-tool baseline.
 
     python -m lopd_jax.premise --config=miniature --workdir=W [key=value ...]
@@ -87,8 +87,8 @@ def measure(run, tasks: Sequence) -> dict[str, dict[str, Any]]:
 
 
 def add_gaps(rows: dict[str, dict[str, Any]]) -> None:
-    """Each row's reward and success gap to ``base`` and the reward gap's 95% bootstrap
-    interval over the tasks, clustered by the tasks' cluster keys (``reward_gap_ci``)."""
+    """Each row's reward and success gap to ``base`` and the reward gap's 95% cluster-level t
+    interval over the tasks' cluster keys (``reward_gap_ci``; :func:`arm_stats.contrast`)."""
     base = rows["base"]
     for row in rows.values():
         row["reward_gap"] = row["reward"] - base["reward"]
@@ -142,8 +142,9 @@ def format_table(rows: dict[str, dict[str, Any]], no_tool: float) -> str:
     base = rows["base"]
     lines = [f"no-tool baseline (answer at once, no tool call): reward {no_tool:.4f}",
              "oracle-token log-prob: teacher-forced mean log-prob per token of the oracle demonstrations",
-             f"reward gap interval: 95% bootstrap over the {len(base['per_task']['task_id'])} tasks, clustered by "
-             f"{cluster_name([base['per_task']])} ({base.get('clusters', '?')} clusters); one run, so no seed spread",
+             f"reward gap interval: 95% cluster-level t over the {len(base['per_task']['task_id'])} tasks' "
+             f"{cluster_name([base['per_task']])} clusters ({base.get('clusters', '?')} clusters, df = clusters - 1); "
+             f"one run, so no seed spread",
              "| row | reward | success | gap to base (reward [95% CI] / success) | tool calls | errors | "
              "oracle-token log-prob |", "|---|---|---|---|---|---|---|"]
     for name, r in rows.items():

@@ -3,8 +3,9 @@
 :func:`collect` reads one finished run (``stages.json``, ``metrics.jsonl``, and the
 ``base_composer.json`` that :func:`base_composer_eval` writes) into a record;
 :func:`write_report` writes ``results.json`` (one record per arm x grid point x seed),
-``results.md`` (mean +- sample SD over seeds, then every pair of run groups as a paired
-bootstrap interval, Holm-corrected: :func:`contrasts`) and the figures (see :mod:`lopd_jax.sweep`).
+``results.md`` (mean +- sample SD over seeds, OPSD's rows marked as an oracle-hint upper
+bound, then every pair of run groups with its paired cluster-level t interval,
+Holm-corrected over the pairs: :func:`contrasts`) and the figures (see :mod:`lopd_jax.sweep`).
 
 ``python -m lopd_jax.sweep_report base-composer RUN_DIR`` evaluates the paper's
 "Base + Composer" row of a composer run: theta0 conditioned on the run's final composer
@@ -27,7 +28,7 @@ import numpy as np
 from lopd_jax.io import files
 from lopd_jax.method import statistics
 from lopd_jax.method.eval_stats import behaviour_stats
-from lopd_jax.programs.arm_stats import cluster_name, contrast_family, format_contrasts, ranking
+from lopd_jax.programs.arm_stats import arm_label, cluster_name, contrast_family, family_note, format_contrasts, ranking
 from lopd_jax.programs.composer_eval import latent_context, load_composer_run
 from lopd_jax.programs.eval_suite import sweep_suite_table
 from lopd_jax.rollout.episodes import rollout
@@ -136,8 +137,9 @@ def default_threshold(records: list[dict]) -> float | None:
 
 def contrasts(records: list[dict], resamples: int = statistics.RESAMPLES) -> str:
     """Every pair of run groups whose runs all kept per-task outcomes: the difference of
-    final held-out reward with its 95% paired bootstrap interval over seeds and held-out
-    tasks (clustered by the tasks' cluster keys), Holm-corrected over the pairs, and the
+    final held-out reward with its 95% paired cluster-level t interval over the tasks' cluster
+    keys (:func:`lopd_jax.method.statistics.cluster_t`; the old cluster bootstrap beside it,
+    ``resamples`` its resamples), Holm-corrected over the pairs of this table, and the
     ranking those intervals allow; "" with fewer than two such groups."""
     groups = {n: [{**r["per_task"], "seed": r["seed"]} for r in g]  # with its seed: runs pair by seed
               for n, g in _groups(records).items() if all(r.get("per_task") for r in g)}
@@ -147,8 +149,9 @@ def contrasts(records: list[dict], resamples: int = statistics.RESAMPLES) -> str
     rows = contrast_family(groups, [(a, b) for i, a in enumerate(names) for b in names[i + 1:]],
                            resamples=resamples)
     first = next(iter(groups.values()))
-    return (f"95% paired bootstrap over seeds and held-out tasks, clustered by {cluster_name(first)}; "
-            f"p two-sided, Holm-corrected over the {len(rows)} pairs.\n\n{format_contrasts(rows)}\n\n"
+    return (f"95% paired cluster-level t over the {cluster_name(first)} clusters of the held-out tasks (seeds "
+            f"averaged within each cluster, their common shift added; docs/statistics.md); p two-sided, "
+            f"{family_note(rows, 'pairs')}.\n\n{format_contrasts(rows)}\n\n"
             "Ranking (only where a corrected interval excludes 0):\n\n" + "\n".join(f"* {x}" for x in ranking(rows)))
 
 
@@ -172,7 +175,7 @@ def table(records: list[dict], threshold: float | None) -> str:
         reach_s = (f"{np.mean(hit):.0f} ({len(hit)}/{len(done)})" if hit else f"- (0/{len(done)})") \
             if threshold is not None else "-"
         lines.append("| " + " | ".join([
-            name, str(len(done)), _ms([r["before"].get("reward_mean") for r in done]),
+            arm_label(name), str(len(done)), _ms([r["before"].get("reward_mean") for r in done]),
             _ms([r["after"].get("reward_mean") for r in done]), _ms([r["before"].get("success_rate") for r in done]),
             _ms([r["after"].get("success_rate") for r in done]), _ms([r["rollouts"] for r in done], "{:.0f}"),
             reach_s, *[_ms([r["after"].get(k) for r in done], "{:.2f}") for k, _ in TABLE3],
