@@ -10,7 +10,7 @@ environments not closed exactly once, episodes whose outcome is not the one thei
 calls for, RSS growth after warm-up, and the longest time ready work sat idle while the
 engine waited on environment steps (``max_idle_wait_s``: with no head-of-line stall it
 stays below the timeout however slow another episode's step is). :func:`soak` is shared
-with ``tests/test_soak.py``.
+with ``tests/benchmarks/test_soak.py``.
 """
 
 from __future__ import annotations

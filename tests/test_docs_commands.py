@@ -26,8 +26,7 @@ import subprocess
 import sys
 
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.paths import ROOT
 SHELL = ("bash", "sh", "shell", "console")
 MARKER = re.compile(r"<!--\s*(run|skip)\s*(?::\s*(.*?))?\s*-->")
 EXTRAS = ("test", "tpu", "smollm2", "bfcl")

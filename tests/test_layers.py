@@ -1,15 +1,17 @@
 """Floors of the code, read from the import statements (module- and function-level), top first.
 
-    8 programs   the command lines (``lopd_jax/*.py``) and their bodies            lopd_jax/*.py,
+    9 programs   the command lines (``lopd_jax/*.py``) and their bodies            lopd_jax/*.py,
                  (``lopd_jax/programs/``: train, evaluate, export, sweep, premise,   lopd_jax/programs/
                  demo, the compile checks, the evaluation suite)
-    7 train      training only: mesh, system, jitted steps, length-aware batches,  train/
+    8 train      training only: mesh, system, jitted steps, length-aware batches,  train/
                  checkpoints, metrics, the stages and the loop (``train/loop.py``)
-    6 rollout    inference: the engine, its device calls, paged steps, sampling,   lopd_jax/rollout/
-                 the inference layout, chat episodes, the schedule model
-    5 configs    the named run configs and their lookup                            configs/
+    7 rollout    inference: the engine, its device calls, paged steps, sampling,   lopd_jax/rollout/
+                 the inference layout, chat episodes
+    6 configs    the named run configs and their lookup                            configs/
+    5 planning   plans and estimates: bucket and pack plans, length model, step    lopd_jax/planning/
+                 and collective estimates, engine and RL-step schedule models
     4 settings   the run config schema: sections, overrides, the saved config,     lopd_jax/settings/
-                 arms, length model
+                 arms, the lengths section
     3 envs       environments and task sources, grouped by benchmark               lopd_jax/envs/
     2 chat       chat formats, templates, tokenizers, tool-call limits             lopd_jax/chat/
     1 method     what LOPD is: losses, composer, compressor, splice, bank,         lopd_jax/method/
@@ -28,9 +30,10 @@ import re
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.paths import ROOT
+
 PACKAGES = ("models", "lopd_jax", "train", "configs")
-NAMES = ("base", "method", "chat", "envs", "settings", "configs", "rollout", "train", "programs")
+NAMES = ("base", "method", "chat", "envs", "settings", "planning", "configs", "rollout", "train", "programs")
 # the floor of each package (longest prefix wins); lopd_jax's own modules are the programs
 FLOORS = {
     "models": 0, "lopd_jax.io": 0, "lopd_jax.core": 0, "lopd_jax": 0,
@@ -38,10 +41,11 @@ FLOORS = {
     "lopd_jax.chat": 2,
     "lopd_jax.envs": 3,
     "lopd_jax.settings": 4,
-    "configs": 5,
-    "lopd_jax.rollout": 6,
-    "train": 7,
-    "lopd_jax.programs": 8,
+    "lopd_jax.planning": 5,
+    "configs": 6,
+    "lopd_jax.rollout": 7,
+    "train": 8,
+    "lopd_jax.programs": 9,
 }
 
 
@@ -50,7 +54,8 @@ def floor(module: str) -> int | None:
     if module.split(".")[0] not in PACKAGES:
         return None
     if module.startswith("lopd_jax.") and module.count(".") == 1 and module not in {
-            f"lopd_jax.{p}" for p in ("io", "core", "method", "chat", "envs", "settings", "rollout", "programs")}:
+            f"lopd_jax.{p}" for p in ("io", "core", "method", "chat", "envs", "settings", "planning", "rollout",
+                                      "programs")}:
         return FLOORS["lopd_jax.programs"]  # lopd_jax/NAME.py: a command line
     best = max((p for p in FLOORS if module == p or module.startswith(p + ".")), key=len)
     return FLOORS[best]
@@ -192,9 +197,10 @@ def test_nothing_in_train_imports_the_loop():
 @pytest.mark.parametrize("module,expected", [
     ("models.decoder", 0), ("lopd_jax.io.files", 0), ("lopd_jax.core.types", 0),
     ("lopd_jax.method.losses", 1), ("lopd_jax.chat.base", 2), ("lopd_jax.envs.base", 3),
-    ("lopd_jax.envs.code.grading", 3), ("lopd_jax.settings.config", 4), ("configs.tiny", 5),
-    ("configs", 5), ("lopd_jax.rollout.engine", 6), ("train.loop", 7), ("lopd_jax.train", 8),
-    ("lopd_jax.programs.train", 8), ("lopd_jax.programs", 8), ("numpy", None),
+    ("lopd_jax.envs.code.grading", 3), ("lopd_jax.settings.config", 4), ("lopd_jax.planning.pack_plan", 5),
+    ("lopd_jax.planning", 5), ("configs.tiny", 6), ("configs", 6), ("lopd_jax.rollout.engine", 7),
+    ("train.loop", 8), ("lopd_jax.train", 9), ("lopd_jax.programs.train", 9), ("lopd_jax.programs", 9),
+    ("numpy", None),
 ])
 def test_floor_of(module, expected):
     assert floor(module) == expected
@@ -239,13 +245,13 @@ def test_checker_finds_circles(tmp_path, sources, expected):
 
 
 def test_checker_finds_a_circle_through_a_project_module(tmp_path):
-    """The finder on the project itself: ``train/arms.py`` with one function-level import of
-    ``train/loop.py`` (which imports arms) closes a circle, and it is reported."""
-    looped = tmp_path / "arms.py"
-    with open(os.path.join(ROOT, "train", "arms.py")) as f:
+    """The finder on the project itself: ``train/training_stage.py`` with one function-level
+    import of ``train/loop.py`` (which imports it) closes a circle, and it is reported."""
+    looped = tmp_path / "training_stage.py"
+    with open(os.path.join(ROOT, "train", "training_stage.py")) as f:
         looped.write_text(f.read() + "\n\ndef _back():\n    from train.loop import run\n")
-    found = cycles({**project_modules(), "train.arms": str(looped)})
-    assert any({"train.arms", "train.loop"} <= set(c) for c in found), found
+    found = cycles({**project_modules(), "train.training_stage": str(looped)})
+    assert any({"train.training_stage", "train.loop"} <= set(c) for c in found), found
 
 
 def test_every_command_is_a_console_script():
@@ -267,22 +273,23 @@ def test_no_checkout_on_sys_path_in_tests_or_benchmarks():
     names (``--upstream``), which is not ours to install."""
     found = []
     for folder in ("tests", "benchmarks"):
-        for name in sorted(os.listdir(os.path.join(ROOT, folder))):
-            if name.endswith(".py"):
-                with open(os.path.join(ROOT, folder, name)) as f:
+        for dirpath, _, files in os.walk(os.path.join(ROOT, folder)):
+            for name in sorted(n for n in files if n.endswith(".py")):
+                path = os.path.join(dirpath, name)
+                with open(path) as f:
                     for i, line in enumerate(f, 1):
-                        if re.search(r"sys\.path\.(insert|append)\(", line):
-                            if "args.upstream" not in line:
-                                found.append(f"{folder}/{name}:{i}: {line.strip()}")
+                        if re.search(r"sys\.path\.(insert|append)\(", line) and "args.upstream" not in line:
+                            found.append(f"{os.path.relpath(path, ROOT)}:{i}: {line.strip()}")
     assert not found, "\n".join(found)
 
 
 def test_inference_floor_needs_nothing_from_training():
     """``lopd_jax/rollout/`` (the engine and episodes) imports nothing from ``train/`` and the
-    static sampler is not part of the library."""
+    static sampler (and its decode step) is not part of the library."""
     mods = project_modules()
     assert not [e for e in edges(mods) if e[0].startswith("lopd_jax.rollout") and e[2].startswith("train")]
-    assert not [m for m in mods if m.rpartition(".")[2] == "sampler"], "the static sampler belongs to benchmarks/"
+    assert not [m for m in mods if m.rpartition(".")[2] in ("sampler", "decode_step")], \
+        "the static sampler and its unrolled decode step belong to benchmarks/"
 
 
 def test_envs_grouped_by_benchmark():
@@ -290,3 +297,17 @@ def test_envs_grouped_by_benchmark():
     family (plus the worker processes they share), not one flat list."""
     flat = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "lopd_jax", "envs")) if f.endswith(".py"))
     assert flat == ["__init__", "base", "envscaler", "privileged", "registry"], flat
+
+
+def test_tests_mirror_the_package():
+    """Every folder under ``tests/`` names a package folder (``models``, ``train``, ``configs``
+    or a sub-package of ``lopd_jax``, or ``benchmarks``), so a module's tests are found where
+    the module lives; only repository-wide checks sit at the top of ``tests/``."""
+    homes = {"models", "train", "configs", "benchmarks"} | {
+        d for d in os.listdir(os.path.join(ROOT, "lopd_jax")) if os.path.isdir(os.path.join(ROOT, "lopd_jax", d))}
+    folders = {d for d in os.listdir(os.path.join(ROOT, "tests"))
+               if os.path.isdir(os.path.join(ROOT, "tests", d)) and d not in ("fixtures", "__pycache__")}
+    assert folders, "no test folders"
+    assert not folders - homes, f"tests/ folders with no package folder to mirror: {sorted(folders - homes)}"
+    for d in folders:
+        assert os.path.exists(os.path.join(ROOT, "tests", d, "__init__.py")), f"tests/{d}/__init__.py is missing"

@@ -28,8 +28,7 @@ import sys
 import pytest
 
 from lopd_jax.settings.run_config import CONFIG_FILE
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.paths import ROOT
 # The file holding the quickstart block (the README once the draft is merged into it).
 README = os.path.join(ROOT, "README.md")
 SHORT = ["stages.warmup_steps=3", "stages.warmup_batch=4", "stages.cold_start_steps=2", "stages.cold_start_batch=2",

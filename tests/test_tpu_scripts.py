@@ -11,8 +11,7 @@ import subprocess
 import sys
 
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.paths import ROOT
 SCRIPTS = os.path.join(ROOT, "tpu_scripts")
 # a standalone script (stdlib only, run where gcloud runs), loaded from its file
 _spec = importlib.util.spec_from_file_location("worker_status", os.path.join(SCRIPTS, "worker_status.py"))

@@ -6,7 +6,7 @@ tool convention, so this format adds one inside the text: tool schemas go into t
 as a ``<tools>`` list with the instruction to answer with ``<tool_call>{...}</tool_call>``,
 an assistant's calls are appended to its text as such blocks, tool results are ``tool`` turns.
 :meth:`ChatMLChatFormat.plain_messages` performs that rewrite; rendering is then the template's
-own (``tests/test_chat_template_parity.py``). ``<tool_call>`` is ordinary text in SmolLM2's
+own (``tests/chat/test_chat_template_parity.py``). ``<tool_call>`` is ordinary text in SmolLM2's
 vocabulary; the latent slot falls back to ``<empty_output>``. Details: ``docs/smollm2.md``.
 """
 

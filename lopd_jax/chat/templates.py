@@ -7,7 +7,7 @@ Installed on the tokenizers this project builds offline (``lopd_jax.chat.tokeniz
 Olmo-3-7B-Instruct's, both reconstructed from published copies of the checkpoints'
 ``tokenizer_config.json``. Runs with a real checkpoint (``model.hf_path``,
 ``model.chat_template=auto``) use the checkpoint's own template; these serve tokenizer-less tiny
-runs, and tests/test_chat_template_parity.py checks the Qwen3 one against the official text.
+runs, and tests/chat/test_chat_template_parity.py checks the Qwen3 one against the official text.
 """
 
 QWEN3_CHAT_TEMPLATE = r"""{%- if tools %}
