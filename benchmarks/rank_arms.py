@@ -9,7 +9,7 @@
 missing ones are listed. The pre-registered contrasts (LOPD against the frozen composer,
 m = 0, GRPO and OPSD, the last an upper bound: OPSD's hint is the oracle call) take the
 paired cluster-level t over the held-out tasks' cluster keys (customer for the hub family;
-:func:`lopd_jax.method.statistics.cluster_t`), with the old cluster bootstrap beside it as a
+:func:`lopd_jax.method.statistics.cluster_t`), with the cluster bootstrap beside it as a
 secondary column, Holm-corrected over the 4 contrasts of the table; the ranking states only
 what a corrected interval separates. ``ARM_asyncK`` beside
 ``ARM`` adds the family ``ARM_asyncK - ARM`` (what staleness K costs). The primary metric is

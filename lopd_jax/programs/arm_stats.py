@@ -5,7 +5,7 @@ A finished run's ledger (``stages.json``) keeps each held-out evaluation's per-t
 outcomes (``per_task``: task ids, cluster keys, rewards; :func:`train.stage_loop.per_task_outcomes`).
 :func:`outcome_matrix` lines the seeds of an arm up over the tasks they share and
 :func:`contrast` gives the difference of two arms its interval: the paired cluster-level t
-(:func:`lopd_jax.method.statistics.cluster_t`, the primary) with the old cluster bootstrap
+(:func:`lopd_jax.method.statistics.cluster_t`, the primary) with the cluster bootstrap
 (:func:`lopd_jax.method.statistics.paired_bootstrap`) beside it as a secondary column.
 """
 
@@ -166,7 +166,7 @@ def family_note(rows: Sequence[Mapping[str, Any]], what: str = "contrasts") -> s
 
 def format_contrasts(rows: Sequence[Mapping[str, Any]], unit: str = "reward") -> str:
     """The contrasts as a Markdown table: estimate [95% cluster t CI], raw and Holm p, df, the
-    design, and the old cluster bootstrap's interval (secondary; under-covers at ~8 clusters)."""
+    design, and the cluster bootstrap's interval (secondary; under-covers at ~8 clusters)."""
     lines = [f"| contrast | Δ {unit} [95% CI, cluster t] | p | p (Holm) | df | seeds | tasks (clusters, Kish n_eff) "
              f"| cluster bootstrap 95% CI (secondary) | verdict |",
              "|---|---|---|---|---|---|---|---|---|"]

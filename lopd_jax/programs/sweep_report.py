@@ -138,7 +138,7 @@ def default_threshold(records: list[dict]) -> float | None:
 def contrasts(records: list[dict], resamples: int = statistics.RESAMPLES) -> str:
     """Every pair of run groups whose runs all kept per-task outcomes: the difference of
     final held-out reward with its 95% paired cluster-level t interval over the tasks' cluster
-    keys (:func:`lopd_jax.method.statistics.cluster_t`; the old cluster bootstrap beside it,
+    keys (:func:`lopd_jax.method.statistics.cluster_t`; the cluster bootstrap beside it,
     ``resamples`` its resamples), Holm-corrected over the pairs of this table, and the
     ranking those intervals allow; "" with fewer than two such groups."""
     groups = {n: [{**r["per_task"], "seed": r["seed"]} for r in g]  # with its seed: runs pair by seed
