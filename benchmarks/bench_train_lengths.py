@@ -1,7 +1,7 @@
 """LOPD train step on real lengths: packed rows and length buckets vs every row padded to the cap (CPU).
 
 The same tiny LOPD system and the same trajectories (``--rows`` lengths from
-:func:`lopd_jax.settings.length_model.sample_lengths`, scaled to ``--cap``): *padded*
+:func:`lopd_jax.planning.length_model.sample_lengths`, scaled to ``--cap``): *padded*
 (:func:`train.steps.make_lopd_step` at the cap), *bucketed*
 (:class:`train.bucketed_steps.BucketedLOPDStep` in passes of ``--buckets``) and *packed*
 (the same step on :func:`train.packed_batches.packed_batch`: whole trajectories back to back
@@ -63,8 +63,9 @@ def main(argv=None):
     from flax import nnx
 
     from lopd_jax.method.composer import ComposerConfig
-    from lopd_jax.settings.length_model import LengthConfig, sample_lengths
     from lopd_jax.method.splice import SpliceLayout
+    from lopd_jax.planning.length_model import sample_lengths
+    from lopd_jax.settings.length_config import LengthConfig
     from models.config import LoraConfig, named_config
     from models.decoder import Decoder
     from train.bucketed_steps import BucketedLOPDStep, bucketed_batch

@@ -1,7 +1,7 @@
 """Slot utilisation at production scale: the static schedule vs the engine's, simulated.
 
 Episodes come from the run config's length distribution (``lengths``) with the production caps;
-:mod:`lopd_jax.rollout.schedule` runs both schedules on the same episodes, in decode steps: static
+:mod:`lopd_jax.planning.engine_schedule` runs both schedules on the same episodes, in decode steps: static
 (``slots`` rows in lockstep) and engine (``slots`` rows refilled FIFO, ``in_flight`` episodes,
 ``--chunk`` decode chunks, ``--env_steps`` environment latency per turn). Utilisation = useful
 decode slot-steps / decode slot-steps (as ``Engine.metrics`` counts); ``steady`` is the engine's
@@ -19,8 +19,8 @@ import argparse
 import os
 import sys
 
-from lopd_jax.settings.length_model import LengthConfig  # noqa: E402
-from lopd_jax.rollout.schedule import draw_episodes, pool_pages, simulate_engine, simulate_static  # noqa: E402
+from lopd_jax.planning.engine_schedule import draw_episodes, pool_pages, simulate_engine, simulate_static  # noqa: E402
+from lopd_jax.settings.length_config import LengthConfig  # noqa: E402
 
 
 def main(argv=None) -> None:

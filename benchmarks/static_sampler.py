@@ -30,9 +30,10 @@ from lopd_jax.core.shapes import bucket
 from lopd_jax.settings.sections import SamplingParams
 from models.decoder import Decoder, KVCache
 from models.partitioning import Rules
-from lopd_jax.rollout.decode_step import decode_step, from_layers, to_layers
+from benchmarks.decode_step import decode_step, from_layers, to_layers
 from models.layer import layer_weights
-from lopd_jax.rollout.sampling import processed_logprobs, sample_logits, stop_string_cut
+from lopd_jax.rollout.sampling import processed_logprobs, sample_logits
+from lopd_jax.rollout.scheduler import stop_string_cut
 
 __all__ = ["BucketConfig", "DecodeCache", "Generation", "Sampler", "SamplingParams", "bucket",
            "processed_logprobs", "sample_logits"]
@@ -141,7 +142,7 @@ def _decode_turn(graphdef, n_new: int, top_k: int, greedy: bool, unrolled: bool,
     """Prefill one chunk per row, then decode up to ``n_new`` tokens (see module docstring).
 
     ``greedy`` (static): every row takes its first maximal id (no sampling work);
-    ``unrolled`` (static): the loop runs :func:`lopd_jax.rollout.decode_step.decode_step` (per-layer
+    ``unrolled`` (static): the loop runs :func:`benchmarks.decode_step.decode_step` (per-layer
     weights and caches, see that module) instead of the decoder's scanned cached call."""
     model = nnx.merge(graphdef, params)
     B = chunk.shape[0]
@@ -220,7 +221,7 @@ class Sampler:
       prefill_block: chunks longer than this are prefilled in blocks of this many tokens
         (bounds the attention scores of a long prompt; a power of two).
       decode_layers: how the decode loop runs the layers: ``"unrolled"``
-        (:mod:`lopd_jax.rollout.decode_step`: per-layer weights sliced once per turn and per-layer
+        (:mod:`benchmarks.decode_step`: per-layer weights sliced once per turn and per-layer
         caches in attention layout -- several times faster on CPU, but holds a second copy
         of the weights during a turn), ``"scan"`` (the decoder's scanned cached call: one
         weight copy, compile time independent of depth -- for accelerators), or

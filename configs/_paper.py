@@ -13,7 +13,7 @@ from lopd_jax.method.loss_config import LossConfig
 from lopd_jax.core.defaults import MARGIN, TOP_M
 from lopd_jax.settings.config import (BankSection, CheckpointSection, EnvSection, ModelSection, RolloutSection,
                              StagesSection, TrainConfig)
-from lopd_jax.settings.length_model import LengthConfig
+from lopd_jax.settings.length_config import LengthConfig
 from lopd_jax.settings.sections import EngineConfig, MeshConfig, RolloutConfig, SamplingParams, StepConfig
 from models.config import LoraConfig
 

@@ -1,7 +1,7 @@
 """Length-bucketed training steps: work that follows the trajectories' real lengths.
 
 A padded step runs every row at the total-token cap. Here a step's rows are split into
-*passes* (:func:`lopd_jax.settings.length_model.plan_passes`) of one bucket length each; one
+*passes* (:func:`lopd_jax.planning.length_model.plan_passes`) of one bucket length each; one
 jitted pass function per step kind (LOPD, GRPO, text distillation, composer cold start; the
 warm-up in :class:`train.warmup.BucketedSFTStep`) accumulates a pass's gradients and metrics on
 the devices, and one jitted update applies the optimizers to the sum: the global batch stays
@@ -23,10 +23,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from lopd_jax.method import losses
-from lopd_jax.settings.length_model import Pass, plan_passes
+from lopd_jax.planning.length_model import Pass, plan_passes
 from train.distributed import global_array, row_range
-from train.steps import (cold_start_loss, cold_start_update, finish_summed_metrics, grad_shares, grpo_loss,
-                         grpo_update, lopd_grads, lopd_loss, lopd_update)
+from train.steps import (cold_start_loss, cold_start_update, grad_shares, grpo_loss, grpo_update, lopd_grads,
+                         lopd_loss, lopd_update)
 from train.system import LOPDSystem
 from train.text_steps import text_distill_loss, text_state_shardings, text_update
 
@@ -49,7 +49,7 @@ class BucketedBatch:
 
     ``passes``: per pass a dict of the batch's entries for its rows (``SEQ_KEYS`` cut to the
     pass's length) plus ``row_valid`` (0 on padding rows) and ``row_index`` (the row in the
-    batch, -1 on padding rows). ``plan``: the :class:`lopd_jax.settings.length_model.Pass` es.
+    batch, -1 on padding rows). ``plan``: the :class:`lopd_jax.planning.length_model.Pass` es.
     ``rows``: the batch's rows; ``stats``: whole-batch numbers the update needs
     (``mean_reward``, ``tokens`` attended, ``supervised`` N, ``rollouts`` R, ``rows``, the
     supervision ``weight``: sum of the positive ``loss_mask`` values, the warm-up's normalizer).
@@ -83,7 +83,7 @@ class BucketedBatch:
 def bucketed_batch(batch: dict, buckets: Sequence[int], shard_tokens: int, shards: int,
                    fill: str = "longest_first") -> BucketedBatch:
     """Split a whole step batch (numpy, every row) into the passes of
-    :func:`lopd_jax.settings.length_model.plan_passes`: rows grouped by bucket, ``shard_tokens``
+    :func:`lopd_jax.planning.length_model.plan_passes`: rows grouped by bucket, ``shard_tokens``
     tokens per batch shard and pass, ``shards`` batch shards."""
     lengths = row_lengths(batch)
     B = len(lengths)
@@ -254,7 +254,7 @@ class BucketedLOPDStep(_BucketedStep):
             params = (state["student"], state["composer"])
             grads = tuple(jax.tree.map(lambda g, p: g.astype(p.dtype), g, params[i])
                           for g, i in zip(acc["grads"], argnums))
-            metrics = finish_summed_metrics(acc["metrics"], cfg.loss.margin)
+            metrics = losses.add_margin_constant(acc["metrics"], cfg.loss.margin)
             if with_composer:  # acc["grads"]: student, composer, then the margin and anchor terms' composer grads
                 metrics.update(grad_shares(acc["grads"][1], acc["grads"][2:]))
             return lopd_update(system, state, grads, metrics, rng, extras["mean_reward"], extras["tokens"])

@@ -1,7 +1,7 @@
 """Packed step batches: a whole step batch cut into passes of packed rows (host, numpy).
 
 :func:`packed_batch` lays the trajectories of each
-:class:`lopd_jax.settings.pack_plan.PackedPass` back to back in its rows and builds what the
+:class:`lopd_jax.planning.pack_plan.PackedPass` back to back in its rows and builds what the
 packed steps read (:mod:`lopd_jax.method.packing`): packed token arrays, ``segment_ids``,
 ``unpack_index``, per-trajectory arrays ``[P, K, ...]`` with ``row_valid`` / ``row_index``,
 and for the teachers with an inserted block (the latent splice, a text context) the
@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from lopd_jax.method.splice import SpliceLayout
-from lopd_jax.settings.pack_plan import PackedPass, attention_length, plan_packed_passes
+from lopd_jax.planning.pack_plan import PackedPass, attention_length, plan_packed_passes
 from train.bucketed_steps import SEQ_KEYS, BucketedBatch, batch_stats, row_lengths
 
 
@@ -102,7 +102,7 @@ def _pack_pass(batch: dict, p: PackedPass, lengths: np.ndarray, splice: SpliceLa
 
 
 def model_attention_length(cfg) -> float:
-    """:func:`lopd_jax.settings.pack_plan.attention_length` of a model config: what a
+    """:func:`lopd_jax.planning.pack_plan.attention_length` of a model config: what a
     packed row's whole-row attention weighs in the plan. ``inf`` (tokens only) for the
     splash kernel, which skips the blocks across segments (:mod:`models.splash`): there a
     trajectory's attention costs the same in whichever row it is packed."""
@@ -114,7 +114,7 @@ def model_attention_length(cfg) -> float:
 def packed_batch(batch: dict, buckets: Sequence[int], shard_tokens: int, shards: int,
                  splice: SpliceLayout | None = None, attention_length: float = float("inf")) -> BucketedBatch:
     """A whole step batch (numpy, every row, right-padded) as packed passes
-    (:func:`lopd_jax.settings.pack_plan.plan_packed_passes`): rows of ``buckets`` lengths,
+    (:func:`lopd_jax.planning.pack_plan.plan_packed_passes`): rows of ``buckets`` lengths,
     ``shard_tokens`` tokens per batch shard and pass, ``shards`` batch shards,
     ``attention_length`` the model's (:func:`model_attention_length`; the plan weighs
     whole-row attention by it). ``splice``:

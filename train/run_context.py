@@ -217,7 +217,7 @@ class RunContext:
 
     def length_buckets(self) -> tuple[int, ...]:
         """The training passes' sequence lengths: ``lengths.buckets`` below the cap, then
-        the cap (:meth:`lopd_jax.settings.length_model.LengthConfig.bucket_lengths`)."""
+        the cap (:meth:`lopd_jax.settings.length_config.LengthConfig.bucket_lengths`)."""
         return self.cfg.lengths.bucket_lengths(self.spec.seq)
 
     def bucketed(self, batch: dict, group_size: int | None = None):

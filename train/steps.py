@@ -217,16 +217,7 @@ def _accumulated_grads(system: LOPDSystem, state, frozen, batch, rng, argnums, g
     metrics.update(shares)
     metrics["beta"] = per_micro["beta"][0]
     metrics["delta_per_rollout"] = _micro_merge(per_micro["delta_per_rollout"], shards)
-    return grads, finish_summed_metrics(metrics, cfg.loss.margin)
-
-
-def finish_summed_metrics(metrics: dict, margin: float) -> dict:
-    """The whole batch's LOPD metrics from micro-batch shares summed (``totals`` given):
-    add back the constant ``beta * m`` to ``loss`` and ``m`` to ``margin_gap``."""
-    metrics = dict(metrics)
-    metrics["loss"] = metrics["loss"] + metrics["beta"] * margin
-    metrics["margin_gap"] = metrics["margin_gap"] + margin
-    return metrics
+    return grads, losses.add_margin_constant(metrics, cfg.loss.margin)
 
 
 def lopd_update(system: LOPDSystem, state, grads, metrics, rng, mean_reward, tokens):

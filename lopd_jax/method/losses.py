@@ -51,6 +51,7 @@ __all__ = [
     "composer_kl_grad_scale",
     "lopd_totals",
     "lopd_loss_from_stats",
+    "add_margin_constant",
     "lopd_objective",
     "group_advantages",
     "ppo_clip_loss",
@@ -199,9 +200,8 @@ def lopd_loss_from_stats(
     With ``totals`` (:func:`lopd_totals` of the whole batch) this is one micro-batch's
     share: every mean uses the whole batch's denominator, the loss omits the constant
     ``beta * m`` and the metrics are partial sums (``margin_gap`` = -Delta share), so
-    summing over micro-batches (and adding ``beta * m`` to ``loss`` and ``m`` to
-    ``margin_gap``) gives the whole batch's values; ``beta`` and ``delta_per_rollout``
-    are not summed.
+    summing over micro-batches and passing the sums to :func:`add_margin_constant` gives
+    the whole batch's values; ``beta`` and ``delta_per_rollout`` are not summed.
 
     ``loss_terms`` (differentiable, [3]) holds the loss's three terms -- distillation,
     ``-beta Delta_w`` and ``lambda anchor`` -- summing to the loss less the constant
@@ -226,7 +226,7 @@ def lopd_loss_from_stats(
     )
     anchor = jnp.float32(0.0) if latents is None else anchor_loss(latents, latents0, n_elem)
     beta = jax.lax.stop_gradient(jnp.asarray(beta, jnp.float32))
-    m_const = loss.margin if totals is None else 0.0
+    m_const = loss.margin if totals is None else 0.0  # a share: add_margin_constant adds it once to the sum
     if loss.composer_margin_weighting == "rollout_mean":
         has = (n > 0).astype(jnp.float32)
         n_delta_rollouts = jnp.sum(has) if n_roll is None else n_roll
@@ -263,6 +263,20 @@ def lopd_loss_from_stats(
     # without the constant beta * m: shares of micro-batches and passes then sum to the whole batch's
     metrics["loss_terms"] = jnp.stack([distill, -beta * margin_delta, loss.anchor_weight * anchor])
     return value, metrics
+
+
+def add_margin_constant(summed: dict[str, jax.Array], margin: float) -> dict[str, jax.Array]:
+    """The whole batch's LOPD metrics from the sum of its shares' metrics.
+
+    Each share (:func:`lopd_loss_from_stats` with ``totals``: a micro-batch or a pass) leaves
+    the constant of the margin term out, so that it enters the sum once: this adds
+    ``beta * m`` to ``loss`` and ``m`` to ``margin_gap``. ``summed["beta"]`` is the step's
+    beta (not summed). The constant has no gradient, so the summed gradients need nothing.
+    """
+    metrics = dict(summed)
+    metrics["loss"] = metrics["loss"] + metrics["beta"] * margin
+    metrics["margin_gap"] = metrics["margin_gap"] + margin
+    return metrics
 
 
 def lopd_objective(

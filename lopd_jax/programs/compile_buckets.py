@@ -9,7 +9,7 @@ step's :mod:`train.bucketed_steps` class; with ``lengths.packing`` a packed pass
 :func:`abstract_packed_pass`) and the update, reports per-chip memory of the largest, and
 estimates padded, bucketed and packed: the real share of row tokens, FLOPs per real token
 and the step time at 100% of the slice's peak for the ``lengths`` distribution
-(:func:`lopd_jax.settings.length_estimate.step_estimate`). :func:`length_lines` prints it."""
+(:func:`lopd_jax.planning.length_estimate.step_estimate`). :func:`length_lines` prints it."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ import jax
 import jax.numpy as jnp
 
 from lopd_jax.settings.arm_config import GROUP_ARMS
-from lopd_jax.settings.collective_estimate import pass_collective_bytes, step_pass_shape
-from lopd_jax.settings.length_estimate import step_estimate
+from lopd_jax.planning.collective_estimate import pass_collective_bytes, step_pass_shape
+from lopd_jax.planning.length_estimate import step_estimate
 from train.packed_batches import model_attention_length
-from lopd_jax.settings.length_model import rows_per_pass
+from lopd_jax.planning.length_model import rows_per_pass
 from train.bucketed_steps import (SEQ_KEYS, BucketedBatch, BucketedColdStartStep, BucketedGRPOStep, BucketedLOPDStep,
                                   BucketedTextStep)
 from train.step_spec import abstract_lopd_batch
@@ -155,7 +155,7 @@ def _bucketed_step(cfg, system, kind: str):
 def collectives_fn(cfg, spec, system, kind: str, ici: float):
     """``collectives(rows, seq, segments)``: seconds one pass of the ``kind`` step spends in ICI
     collectives on ``system``'s mesh at ``ici`` bytes/s per chip, not overlapped
-    (:mod:`lopd_jax.settings.collective_estimate`)."""
+    (:mod:`lopd_jax.planning.collective_estimate`)."""
     m = spec.model
     layer_params = m.num_layers * m.layer_matmul_params()
     mesh = dict(system.rules.mesh.shape) if system.rules is not None else {}

@@ -3,7 +3,7 @@
 Prices the parts of one RL step on the slice from the same sources as the compile checks
 (the decode step's HBM bytes and the reshard's cost as ``compile_sampler`` counts them, the
 LOPD step's length-bucketed estimate as ``compile_check`` makes it, at a stated MFU) and
-runs the schedule model (:mod:`lopd_jax.rollout.rl_schedule`) for the synchronous schedule
+runs the schedule model (:mod:`lopd_jax.planning.rl_schedule`) for the synchronous schedule
 and the asynchronous one at several staleness bounds and placements. Nothing is compiled;
 docs/rl_step.md explains the model and its numbers.
 """
@@ -19,8 +19,8 @@ import numpy as np
 from lopd_jax.programs import compile_check as cc
 from lopd_jax.programs.compile_buckets import HBM_BANDWIDTH, ICI_BANDWIDTH, PEAK_FLOPS, length_report
 from lopd_jax.rollout.layout import default_tensor, reshard_cost
-from lopd_jax.rollout.rl_schedule import RLSchedule, RLStepTimes, simulate_rl, steps_per_hour
-from lopd_jax.rollout.schedule import Episode, draw_episodes
+from lopd_jax.planning.rl_schedule import RLSchedule, RLStepTimes, simulate_rl, steps_per_hour
+from lopd_jax.planning.engine_schedule import Episode, draw_episodes
 
 #: (placement, sampler share) pairs compared; ``split`` puts that share of the hosts on sampling
 #: (not built). The colocated rows are what ``rollout.partial=true`` builds: ``colocated`` with

@@ -4,7 +4,7 @@
 
 From the run config the trainer uses, it sizes the engine for the slice (slots, episodes
 in flight and a page pool from a schedule simulation of the config's length distribution,
-:mod:`lopd_jax.rollout.schedule`), compiles one process's decode call and the once-per-step
+:mod:`lopd_jax.planning.engine_schedule`), compiles one process's decode call and the once-per-step
 reshard from the trainer's FSDP parameters exactly as :class:`lopd_jax.rollout.engine.Engine`
 builds them, and prints per-chip memory, HBM bytes per decode step and roofline time per
 useful token against the static sampler and the read-weights-once bound. Exits 1 when
@@ -35,7 +35,7 @@ from train import mesh as mesh_lib
 from models.partitioning import split_state, tree_shardings
 from lopd_jax.rollout import engine_calls
 from lopd_jax.rollout.engine import Engine
-from lopd_jax.rollout.schedule import draw_episodes, pool_pages, simulate_engine, simulate_static
+from lopd_jax.planning.engine_schedule import draw_episodes, pool_pages, simulate_engine, simulate_static
 from lopd_jax.rollout.layout import (attention_mesh, global_merge, inference_shardings, pool_sharding,
                                     reshard_cost)
 from lopd_jax.rollout.paged_step import paged_forward_scan
@@ -50,7 +50,7 @@ def _gib(x) -> float:
 
 def sizing(cfg, processes: int, episodes_per_slot: int, env_steps: int, pool: str = "auto") -> dict:
     """Slots, episodes in flight and the page pool for the slice, from the config and a
-    schedule simulation of the engine and of the static sampler (:mod:`lopd_jax.rollout.schedule`).
+    schedule simulation of the engine and of the static sampler (:mod:`lopd_jax.planning.engine_schedule`).
     ``pool``: ``rule``, ``config`` (``engine.num_pages`` x processes) or ``auto`` (the larger)."""
     e, r = cfg.engine, cfg.rollout.caps
     slots = e.slots * processes

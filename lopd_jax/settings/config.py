@@ -24,7 +24,7 @@ from typing import Any, Literal
 from lopd_jax.method.bank import BankConfig, BankSettings
 from lopd_jax.method.composer import ComposerConfig
 from lopd_jax.settings.arm_config import ARMS, GROUP_ARMS, ArmSection
-from lopd_jax.settings.length_model import LengthConfig
+from lopd_jax.settings.length_config import LengthConfig
 from lopd_jax.settings.sections import EngineConfig, MeshConfig, RolloutConfig, SamplingParams, StepConfig
 from lopd_jax.settings.schedule_scale import schedule_factor
 from models.config import ATTENTION_IMPLS, REMAT_POLICIES, named_config
@@ -326,7 +326,7 @@ class TrainConfig:
     checkpoint: CheckpointSection = CheckpointSection()
     arm: Literal[ARMS] = "lopd"  # the training stage's algorithm (lopd_jax.settings.arm_config)
     arms: ArmSection = ArmSection()
-    lengths: LengthConfig = LengthConfig()  # length buckets of the training steps (lopd_jax.settings.length_model)
+    lengths: LengthConfig = LengthConfig()  # length buckets of the training steps (lopd_jax.planning.length_model)
     seed: int = 0
     workdir: str = "workdirs/run"
 

@@ -1,10 +1,10 @@
 """The compile check's step estimate for the ``lengths`` distribution: padded, bucketed, packed.
 
 :func:`step_estimate` draws batches of episode lengths
-(:func:`lopd_jax.settings.length_model.sample_lengths`), lays each out as the trainer
+(:func:`lopd_jax.planning.length_model.sample_lengths`), lays each out as the trainer
 would -- every row at the cap; length-bucketed passes
-(:func:`lopd_jax.settings.length_model.plan_passes`); packed rows
-(:func:`lopd_jax.settings.pack_plan.plan_packed_passes`) -- and averages the real share of
+(:func:`lopd_jax.planning.length_model.plan_passes`); packed rows
+(:func:`lopd_jax.planning.pack_plan.plan_packed_passes`) -- and averages the real share of
 row tokens, the model FLOPs and the time at 100% of a peak FLOP rate. A packed row's
 attention is reported twice: within its segments (the model's FLOPs) and as executed --
 over the whole row by a kernel that sees only causal row blocks, or block by block within
@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from lopd_jax.settings.length_model import LengthConfig, plan_passes, sample_lengths
-from lopd_jax.settings.pack_plan import plan_packed_passes
+from lopd_jax.planning.length_model import plan_passes, sample_lengths
+from lopd_jax.planning.pack_plan import plan_packed_passes
+from lopd_jax.settings.length_config import LengthConfig
 
 # flops(rows, seq, segments=0, segment_lengths=None, row_layouts=None): FLOPs of a pass (see step_estimate)
 FlopsFn = Callable[..., float]
@@ -64,7 +65,7 @@ def step_estimate(cfg: LengthConfig, flops: FlopsFn, batch: int, cap: int, shard
 
     ``collectives(rows, seq, segments)``: seconds one pass of ``rows`` rows (over the whole
     mesh) spends in ICI collectives, not overlapped
-    (:mod:`lopd_jax.settings.collective_estimate`); given, each side also has
+    (:mod:`lopd_jax.planning.collective_estimate`); given, each side also has
     ``collective_seconds`` and ``seconds_with_collectives``. The padded step runs in
     ``padded_passes`` equal passes (its micro-batches).
     """

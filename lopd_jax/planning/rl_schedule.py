@@ -1,7 +1,7 @@
 """A schedule model of the whole RL step in seconds: sampling, training and the weight sync,
 synchronous (the paper's schedule) or asynchronous with bounded staleness.
 
-It extends :mod:`lopd_jax.rollout.schedule` (one host's engine, time in decode steps) to
+It extends :mod:`lopd_jax.planning.engine_schedule` (one host's engine, time in decode steps) to
 wall-clock seconds over many RL steps, so that the placement and the staleness bound of
 an asynchronous run can be chosen before renting a slice. ``python -m
 lopd_jax.compile_sampler --rl_step`` feeds it the decode-step and reshard times of the
@@ -18,7 +18,7 @@ from typing import Iterator, Literal
 
 import numpy as np
 
-from lopd_jax.rollout.schedule import Episode
+from lopd_jax.planning.engine_schedule import Episode
 
 __all__ = ["RLStepTimes", "RLSchedule", "simulate_rl", "steps_per_hour"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from lopd_jax.settings.length_model import bucket_of
+from lopd_jax.planning.length_model import bucket_of
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """A schedule model of the rollout engine and of the static sampler it replaces.
 
 Time is counted in decode steps. Episodes are drawn from the run's length distribution
-(:class:`lopd_jax.settings.length_model.LengthConfig`) with the rollout's caps applied as the
+(:class:`lopd_jax.settings.length_config.LengthConfig`) with the rollout's caps applied as the
 rollout applies them. :func:`simulate_engine` models the engine's policy (slots refilled FIFO,
 ``in_flight`` episodes, decode chunks, environment latency holding pages but no slot);
 :func:`simulate_static` models lockstep batches whose turns last until the longest live one.
@@ -20,7 +20,7 @@ import heapq
 
 import numpy as np
 
-from lopd_jax.settings.length_model import LengthConfig
+from lopd_jax.settings.length_config import LengthConfig
 
 __all__ = ["Episode", "draw_episodes", "pool_pages", "simulate_engine", "simulate_static"]
 
