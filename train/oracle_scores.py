@@ -50,7 +50,7 @@ def argument_span(fmt, task: Task, demo) -> tuple[int, int] | None:
         raise ValueError(f"task {task.task_id!r}: the oracle call's {name}={value!r} is not in its rendered turn "
                          f"{raw!r}")
     end = start + len(value)
-    ids = fmt.encode_text(raw)
+    ids = fmt.encode(raw)  # as train.warmup encodes the demonstration turn
     ends = [len(fmt.tokenizer.decode(ids[:k + 1])) for k in range(len(ids))]  # characters after token k
     lo = next(k for k in range(len(ids)) if ends[k] > start)
     hi = next(k for k in range(len(ids)) if ends[k] >= end) + 1

@@ -51,7 +51,7 @@ def demonstration(ctx, task: Task, source=None) -> Trajectory:
         msgs = list(messages)
         reward, turns = 0.0, []
         for turn in oracle_turns(task):
-            ids = fmt.encode_text(turn.raw) + [fmt.end_of_turn_id]
+            ids = fmt.encode(turn.raw) + [fmt.end_of_turn_id]  # stands for generated ids: its tags are real
             traj.add_generated(ids)
             turns.append(len(ids))
             parsed = fmt.parse_generated(ids)  # what the env would see from these exact ids

@@ -29,7 +29,7 @@ from lopd_jax.core.types import AssistantTurn, Message, ToolCall, ToolSchema
 
 _ESC = "\ue000"  # private-use marks of an escaped control string inside content (ChatFormat.escape_content)
 _ESC_SELF = "\ue001"
-_ESC_BASE = 0xE100
+_ESC_BASE = 0xF0000  # one supplementary private-use code point per control token (65,534 of them)
 
 @dataclasses.dataclass(frozen=True)
 class LatentBlock:
@@ -274,8 +274,10 @@ class ChatFormat(abc.ABC):
         self.end_of_turn_id: int = vocab[self.end_of_turn_token]
         self.stop_ids: tuple[int, ...] = tuple(vocab[t] for t in self.stop_tokens)
         self.latent_id: int = vocab[self.latent_token]
-        self._control = control_tokens(tokenizer)
+        self._control = control_tokens(tokenizer)  # every added token that is not plain text
         self._control_ids = {t: int(tokenizer.convert_tokens_to_ids(t)) for t in self._control}
+        self._control_marks = {t: _ESC + chr(_ESC_BASE + k) for k, t in enumerate(self._control)}
+        content_ids(tokenizer, "")  # builds the content encoder now: a tokenizer that spells one fails here
         self._control_re = re.compile("|".join(re.escape(t) for t in self._control)) if self._control else None
         self._escaped_re = re.compile(re.escape(_ESC) + "(.)", re.DOTALL)
         self._user_header_ids = self.encode(self.user_header)
@@ -317,18 +319,23 @@ class ChatFormat(abc.ABC):
         return self.enable_thinking if enable_thinking is None else bool(enable_thinking)
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of the format's own *framing* text (no BOS/EOS added): its control
-        strings become control ids. Content goes through :meth:`encode_text`."""
+        """Token ids of the format's own *framing* text, or of text standing for the model's
+        own generation (an oracle demonstration's turn), no BOS/EOS added: its control strings
+        become control ids, so a written ``<tool_call>`` is a real call. Outside text goes
+        through :meth:`encode_text`."""
         return list(self.tokenizer.encode(clean_text(text), add_special_tokens=False))
 
     def encode_text(self, text: str) -> list[int]:
-        """Token ids of *content* (tool results, tasks, files, experiences): control strings
-        in it stay ordinary text, lone surrogates are escaped (:func:`lopd_jax.core.text.content_ids`)."""
+        """Token ids of *content* (tool results, tasks, files, experiences): every added token
+        that is not plain text stays ordinary text in it, special or not (``<|im_end|>``,
+        ``<tool_call>``, ``<think>``), lone surrogates are escaped
+        (:func:`lopd_jax.core.text.content_ids`)."""
         return content_ids(self.tokenizer, text)
 
     def escape_content(self, value: Any) -> Any:
         """``value`` (messages, tool schemas: nested dicts / lists / strings) with every
-        control string inside a string replaced by a private-use mark and lone surrogates
+        control string (:func:`lopd_jax.core.text.control_tokens`: each added token that is
+        not plain text) inside a string replaced by a private-use mark and lone surrogates
         escaped, so that a rendering of it holds control strings only where the format
         itself wrote them; :meth:`encode_rendered` turns the marks back into text."""
         if isinstance(value, str):
@@ -336,8 +343,7 @@ class ChatFormat(abc.ABC):
             if _ESC in value:
                 value = value.replace(_ESC, _ESC + _ESC_SELF)
             if self._control_re is not None:
-                value = self._control_re.sub(
-                    lambda m: _ESC + chr(_ESC_BASE + self._control.index(m.group())), value)
+                value = self._control_re.sub(lambda m: self._control_marks[m.group()], value)
             return value
         if isinstance(value, dict):
             return {self.escape_content(k): self.escape_content(v) for k, v in value.items()}
