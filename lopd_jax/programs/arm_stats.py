@@ -92,7 +92,7 @@ def contrast(a_runs: Sequence[Mapping[str, list]], b_runs: Sequence[Mapping[str,
              key: str = "reward", **kwargs: Any) -> dict[str, Any]:
     """Mean(a) - mean(b) over the tasks both arms' runs share with its primary interval, the
     paired cluster-level t (:func:`lopd_jax.method.statistics.cluster_t`: ``estimate``, ``lo``,
-    ``hi``, ``p_value``, ``df``, the design), and under ``bootstrap`` the old paired cluster
+    ``hi``, ``p_value``, ``df``, the design), and under ``bootstrap`` the paired cluster
     bootstrap's ``lo``, ``hi`` and ``p_value`` (``kwargs``: ``paired_seeds``, ``level``, and the
     bootstrap's ``resamples`` and ``seed``). Runs that carry
     their ``seed`` are paired by seed, and only when both arms ran the same seeds (an arm
