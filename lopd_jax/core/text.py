@@ -12,7 +12,6 @@ escapes what UTF-8 cannot hold.
 
 from __future__ import annotations
 
-import json
 import threading
 import weakref
 from typing import Any, Callable
@@ -82,18 +81,34 @@ def _build_content_encoder(tokenizer: Any, control: tuple[str, ...]) -> Callable
     if backend is None:
         encode = lambda s: list(tokenizer.encode(s, add_special_tokens=False, split_special_tokens=True))  # noqa: E731
     else:
-        spec = json.loads(backend.to_str())
-        wanted = set(control)
-        for token in spec.get("added_tokens") or ():
-            if token["content"] in wanted:
-                token["special"] = True
-        copy = type(backend).from_str(json.dumps(spec))
+        copy = _pipeline_copy(backend, set(control))
         copy.encode_special_tokens = True
-        copy.no_truncation()
-        copy.no_padding()
         encode = lambda s: list(copy.encode(s, add_special_tokens=False).ids)  # noqa: E731
     _check_neutral(tokenizer, control, encode)
     return encode
+
+
+def _pipeline_copy(backend: Any, control: set[str]) -> Any:
+    """A ``tokenizers.Tokenizer`` with ``backend``'s model, normalizer and pre-tokenizer and its
+    added tokens re-added in id order (as loading a ``tokenizer.json`` does), those in
+    ``control`` flagged special; the model is shared, so the copy costs no time or memory."""
+    from tokenizers import AddedToken  # the fast tokenizer's own library
+
+    added = sorted(backend.get_added_tokens_decoder().items())
+    copy = type(backend)(backend.model)
+    for part in ("normalizer", "pre_tokenizer"):
+        if getattr(backend, part) is not None:
+            setattr(copy, part, getattr(backend, part))
+    for _, t in added:
+        special = t.special or t.content in control
+        token = AddedToken(t.content, special=special, lstrip=t.lstrip, rstrip=t.rstrip,
+                           normalized=t.normalized, single_word=t.single_word)
+        (copy.add_special_tokens if special else copy.add_tokens)([token])
+    moved = [(t.content, i, copy.token_to_id(t.content)) for i, t in added if copy.token_to_id(t.content) != i]
+    if moved:  # loading a tokenizer.json re-adds its tokens the same way, so this is not expected
+        raise RuntimeError(f"copying {type(backend).__name__}'s pipeline moved added tokens (content, id, new id): "
+                           f"{moved[:5]}; report this tokenizer")
+    return copy
 
 
 def _check_neutral(tokenizer: Any, control: tuple[str, ...], encode: Callable[[str], list[int]]) -> None:

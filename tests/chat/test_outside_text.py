@@ -221,3 +221,24 @@ def test_generated_calls_keep_their_ids(fmt):
     ids = fmt.encode(raw)
     assert tag_id in ids and fmt.parse_generated(ids).tool_calls[0].name == "get_weather"
     assert tag_id not in fmt.encode_text(raw)  # the same text from outside is data
+
+
+def test_whitespace_added_tokens_are_plain_text():
+    """A non-special whitespace token (Gemma-style) is text, not structure: content keeps
+    its id exactly as the tokenizer's own encoding does."""
+    tok = tiny_tokenizer("qwen3")
+    tok.add_tokens(["\n\n\n"])
+    assert "\n\n\n" not in control_tokens(tok)
+    text = "a\n\n\nb <tool_call> c"
+    assert tok.convert_tokens_to_ids("\n\n\n") in content_ids(tok, text)
+    assert tok.decode(content_ids(tok, text)) == text
+
+
+def test_a_tokenizer_that_spells_a_control_token_is_refused():
+    """An added token whose text the BPE itself merges to the same id cannot be kept out of
+    outside text: building a chat format on such a tokenizer names the token."""
+    tok = tiny_tokenizer("qwen3")
+    word = next(w for w in ("the", "name", "city") if len(tok.encode(w, add_special_tokens=False)) == 1)
+    tok.add_special_tokens({"additional_special_tokens": [word]})
+    with pytest.raises(ValueError, match=f"'{word}'"):
+        make_chat_format("qwen3", tok)
