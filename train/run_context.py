@@ -27,7 +27,7 @@ from train import distributed, mesh as mesh_lib
 from train.bucketed_steps import bucketed_batch, grpo_bucketed_batch, with_group_advantages
 from train.packed_batches import model_attention_length, packed_batch
 from lopd_jax.rollout.engine import Engine
-from lopd_jax.rollout.pages import key_data
+from lopd_jax.rollout.engine_calls import key_data
 from lopd_jax.rollout.episodes import EpisodeBatch, prepare_episodes, rollout
 from train.step_spec import splice_layout, step_spec
 from train.system import LOPDSystem

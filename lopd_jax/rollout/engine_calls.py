@@ -21,15 +21,17 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from models.layer import layer_weights
+from lopd_jax.rollout.engine_rows import DecodeRows, PrefillRows
 from lopd_jax.rollout.layout import attention_mesh, pool_sharding
 from lopd_jax.rollout.paged_step import paged_forward
 from lopd_jax.rollout.sampling import sample_logits
 from lopd_jax.settings.sections import SamplingParams
 
-__all__ = ["DecodeRows", "PrefillRows", "Program", "decode", "prefill"]
+__all__ = ["DecodeRows", "PrefillRows", "Program", "decode", "key_data", "prefill"]
 
 
 class Program(NamedTuple):
@@ -49,35 +51,12 @@ class Program(NamedTuple):
         return self._replace(stop_ids=(), decode_steps=0)
 
 
-class PrefillRows(NamedTuple):
-    """One prefill call's rows: ``ids`` [B, C] fed at positions ``start[b]..`` (``n[b]`` of
-    them), the ``page_table`` [B, W] (attention reads its W leading pages), episode ids
-    ``eids`` [B]; optional ``vectors`` [B, C, D] replace the input embeddings where
-    ``use_vec`` [B, C] is set; optional ``keys`` [B, ...] uint32: each row's base key data
-    (``jax.random.key_data``) in place of the call's key."""
-
-    ids: Any
-    start: Any
-    n: Any
-    page_table: Any
-    eids: Any
-    vectors: Any = None
-    use_vec: Any = None
-    keys: Any = None
-
-
-class DecodeRows(NamedTuple):
-    """One decode call's rows [B]: the last token ``prev``, cached ``lengths``, ``live``
-    rows, tokens each may still generate (``remaining``), the ``page_table`` [B, W] and
-    episode ids ``eids``; optional per-row base ``keys`` as :class:`PrefillRows`'."""
-
-    prev: Any
-    lengths: Any
-    live: Any
-    remaining: Any
-    page_table: Any
-    eids: Any
-    keys: Any = None
+def key_data(rng) -> np.ndarray:
+    """Host copy of a PRNG key's data (a typed key's ``key_data``, a raw key as it is): how a
+    run's or an episode's base key travels in the rows' ``keys``."""
+    if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
+        rng = jax.random.key_data(rng)
+    return np.asarray(rng)
 
 
 def _sample_rows(logits, keys, sp: SamplingParams):

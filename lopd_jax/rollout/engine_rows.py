@@ -1,15 +1,47 @@
-"""Host-side rows of the engine's device calls (:mod:`lopd_jax.rollout.engine`): page
-tables, input-embedding overrides of a prefill piece, and per-row base keys."""
+"""Host-side rows of the engine's device calls (:mod:`lopd_jax.rollout.engine_calls`): the
+rows of a prefill and a decode call (:class:`PrefillRows`, :class:`DecodeRows`), page tables,
+input-embedding overrides of a prefill piece, and per-row base keys. No JAX."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
 from lopd_jax.rollout.episode_spec import EpisodeState
 
-__all__ = ["embedding_overrides", "page_table", "row_keys"]
+__all__ = ["DecodeRows", "PrefillRows", "embedding_overrides", "page_table", "row_keys"]
+
+
+class PrefillRows(NamedTuple):
+    """One prefill call's rows: ``ids`` [B, C] fed at positions ``start[b]..`` (``n[b]`` of
+    them), the ``page_table`` [B, W] (attention reads its W leading pages), episode ids
+    ``eids`` [B]; optional ``vectors`` [B, C, D] replace the input embeddings where
+    ``use_vec`` [B, C] is set; optional ``keys`` [B, ...] uint32: each row's base key data
+    (``jax.random.key_data``) in place of the call's key."""
+
+    ids: Any
+    start: Any
+    n: Any
+    page_table: Any
+    eids: Any
+    vectors: Any = None
+    use_vec: Any = None
+    keys: Any = None
+
+
+class DecodeRows(NamedTuple):
+    """One decode call's rows [B]: the last token ``prev``, cached ``lengths``, ``live``
+    rows, tokens each may still generate (``remaining``), the ``page_table`` [B, W] and
+    episode ids ``eids``; optional per-row base ``keys`` as :class:`PrefillRows`'."""
+
+    prev: Any
+    lengths: Any
+    live: Any
+    remaining: Any
+    page_table: Any
+    eids: Any
+    keys: Any = None
 
 
 def page_table(eps: Sequence[EpisodeState | None], width: int) -> np.ndarray:

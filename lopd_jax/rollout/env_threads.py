@@ -1,10 +1,12 @@
 """Threads that run environment steps for the engine, and can give up on a hung one.
 
-A Python thread cannot be killed, so a step that runs past its deadline is *abandoned*: the
-engine stops waiting for it, :meth:`EnvThreads.abandon` starts a replacement thread so the
-pool keeps its width, and the stuck thread (a daemon: it never blocks interpreter exit)
-exits on its own once its step returns. Closing the environment (e.g. killing its worker
-process, :mod:`lopd_jax.envs.workers`) is what frees a thread stuck in a step for good.
+An engine keeps one pool for all its runs (:meth:`lopd_jax.rollout.engine.Engine.close`
+ends it). A Python thread cannot be killed, so a step that runs past its deadline is
+*abandoned*: the engine stops waiting for it, :meth:`EnvThreads.abandon` starts a replacement
+thread so the pool keeps its width, and the stuck thread (a daemon: it never blocks
+interpreter exit) exits on its own once its step returns. Closing the environment (e.g.
+killing its worker process, :mod:`lopd_jax.envs.workers`) is what frees a thread stuck in a
+step for good.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class EnvThreads:
         self.started = 0
         self.abandoned = 0
         self._closed = False
+        self._given_up: set[concurrent.futures.Future] = set()  # abandoned while running: their thread exits after
         for _ in range(workers):
             self._start()
 
@@ -63,6 +66,10 @@ class EnvThreads:
                 fut.set_result(fn(*args))
             except BaseException as exc:  # noqa: BLE001 -- delivered to the engine, which ends the episode
                 fut.set_exception(exc)
+            with self._lock:
+                if fut in self._given_up:  # a replacement took this thread's place
+                    self._given_up.discard(fut)
+                    return
 
     def submit(self, fn: Callable, *args) -> concurrent.futures.Future:
         """Queue ``fn(*args)``; its future."""
@@ -74,15 +81,20 @@ class EnvThreads:
 
     def abandon(self, fut: concurrent.futures.Future) -> None:
         """Stop counting on ``fut``'s thread: a queued job is cancelled; a running one keeps
-        its thread, and a replacement thread keeps the pool's width."""
+        its thread (which exits once the job returns), and a replacement thread keeps the
+        pool's width."""
         if fut.cancel():
             return
         self.abandoned += 1
+        with self._lock:
+            if fut.done():  # it returned meanwhile: its thread is back in the pool
+                return
+            self._given_up.add(fut)
         self._start()
 
     def close(self) -> None:
-        """Let every thread exit when it is idle (one stop mark per thread ever started:
-        an abandoned thread takes its own once its step returns); never waits."""
+        """Let every thread exit when it is idle (one stop mark per thread ever started;
+        an abandoned thread exits once its step returns); never waits."""
         self._closed = True
         with self._lock:
             n = self.started

@@ -16,6 +16,8 @@ exactly once, as soon as its episode ends. Multi-host: every process calls it (o
 
 from __future__ import annotations
 
+import atexit
+import concurrent.futures
 import dataclasses
 import math
 import threading
@@ -33,6 +35,7 @@ from lopd_jax.core.text import clean_text
 from lopd_jax.core.types import Message, StepResult, Task, ToolSchema
 from lopd_jax.settings.sections import RolloutConfig, SamplingParams
 from lopd_jax.rollout.engine import Engine
+from lopd_jax.rollout.env_threads import EnvThreads
 from lopd_jax.rollout.episode_spec import EpisodeResult, EpisodeSpec
 
 FINISH_DONE = "done"
@@ -302,24 +305,40 @@ def _stepper(ep: _Episode, fmt: ChatFormat, config: RolloutConfig):
     return step
 
 
+_CLOSE_WORKERS = 8  # environments closed at once (a close usually ends a worker process)
+_closers: list[EnvThreads] = []  # the process's one pool of closing threads, made on first use
+_closers_lock = threading.Lock()
+
+
+def _close_pool() -> EnvThreads:
+    """The threads that close environments: one pool for the process, closed at exit."""
+    with _closers_lock:
+        if not _closers:
+            _closers.append(EnvThreads(_CLOSE_WORKERS, name="env-close"))
+            atexit.register(_closers[0].close)
+        return _closers[0]
+
+
 def _close_all(episodes: Sequence[_Episode], timeout: float) -> None:
-    """Close every environment not closed yet, each on its own thread, waiting at most
-    ``timeout`` seconds in all (0 = no limit); a close that raises or runs past it is noted."""
+    """Close every environment not closed yet on the shared closing threads, waiting at
+    most ``timeout`` seconds in all (0 = no limit); a close that raises or is not done by
+    then is noted (one still queued runs later; a running one's thread is replaced)."""
     def close(ep):
         err = ep.close()
         if err is not None:
             with ep.lock:
                 ep.error = ep.error or err
-    pairs = [(ep, threading.Thread(target=close, args=(ep,), daemon=True, name="env-close"))
-             for ep in episodes if not ep.closed and ep.env is not None]
-    for _, t in pairs:
-        t.start()
-    deadline = time.monotonic() + timeout
-    for ep, t in pairs:
-        t.join(None if not timeout else max(0.0, deadline - time.monotonic()))
-        if t.is_alive():
-            with ep.lock:
-                ep.error = ep.error or _fault("close", f"still running after engine.env_timeout_s={timeout:g}s")
+    pool = _close_pool()
+    pending = {pool.submit(close, ep): ep for ep in episodes if not ep.closed and ep.env is not None}
+    if not pending:
+        return
+    _, late = concurrent.futures.wait(pending, timeout=timeout or None)
+    for fut in late:
+        if fut.running():
+            pool.abandon(fut)
+        ep = pending[fut]
+        with ep.lock:
+            ep.error = ep.error or _fault("close", f"still running after engine.env_timeout_s={timeout:g}s")
 
 
 def fault_counts(episodes: Sequence[_Episode]) -> dict[str, int]:

@@ -1,15 +1,10 @@
-"""An engine run's page pool bookkeeping (:class:`Pages`) and :func:`key_data`, the host
-copy of a PRNG key that per-episode keys travel as (:mod:`lopd_jax.rollout.engine`)."""
+"""An engine run's page pool bookkeeping (:class:`Pages`, :mod:`lopd_jax.rollout.scheduler`). No JAX."""
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-
 from lopd_jax.rollout.episode_spec import EpisodeState
 
-__all__ = ["Pages", "key_data"]
+__all__ = ["Pages"]
 
 
 class Pages:
@@ -37,9 +32,3 @@ class Pages:
         ep.pages = []
         ep.cached = 0
 
-
-def key_data(rng) -> np.ndarray:
-    """Host copy of a PRNG key's data (a typed key's ``key_data``, a raw key as it is)."""
-    if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
-        rng = jax.random.key_data(rng)
-    return np.asarray(rng)

@@ -6,8 +6,6 @@ processed distribution actually sampled from, and the model's raw temperature-1 
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
-
 import jax
 import jax.numpy as jnp
 
@@ -147,16 +145,3 @@ def sample_logits(logits: jax.Array, key: jax.Array, temperature, top_p, top_k: 
     raw_lp = jnp.take_along_axis(raw, tokens[:, None], axis=-1)[:, 0]
     return tokens, lp, raw_lp
 
-
-def stop_string_cut(ids: Sequence[int], stop_strings: Sequence[str], decode: Callable[[list[int]], str]) -> int | None:
-    """Smallest ``j`` such that ``decode(ids[:j])`` contains a stop string, or None (host-side)."""
-    if not any(s in decode(list(ids)) for s in stop_strings):
-        return None
-    lo, hi = 1, len(ids)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if any(s in decode(list(ids[:mid])) for s in stop_strings):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo

@@ -337,7 +337,7 @@ def test_a_feed_streams_episodes_with_their_own_keys_and_swaps_weights_in_flight
     """Episodes given by a feed in two groups, each with the run's key as its own, sample
     what one plain run samples; new weights given with the second group reach the first
     group's episodes in flight, and every token records its weights' version."""
-    from lopd_jax.rollout.pages import key_data
+    from lopd_jax.rollout.engine_calls import key_data
     keyed = lambda specs, first: [dataclasses.replace(s, identity=first + i, rng=key_data(jax.random.key(5)))
                                   for i, s in enumerate(specs)]
     specs = _sampled_specs(7)
