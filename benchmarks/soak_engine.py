@@ -7,7 +7,8 @@ returning garbage, huge or forged observations (control strings, lone surrogates
 slower than ``engine.env_timeout_s``, steps that hang until their environment is closed,
 and environments that never end. Prints escaped exceptions, leaked pages, leaked threads,
 environments not closed exactly once, episodes whose outcome is not the one their fault
-calls for, RSS growth after warm-up, and the longest time ready work sat idle while the
+calls for, the resident set size (RSS) at episode 500 and at the end (growth over the run,
+and over its last half), and the longest time ready work sat idle while the
 engine waited on environment steps (``max_idle_wait_s``: with no head-of-line stall it
 stays below the timeout however slow another episode's step is). :func:`soak` is shared
 with ``tests/benchmarks/test_soak.py``.
@@ -144,11 +145,13 @@ SOAK_ENGINE = EngineConfig(slots=4, page_size=16, num_pages=24, decode_chunk=4, 
 SOAK_ROLLOUT = RolloutConfig(max_env_steps=4, max_turn_tokens=12, max_total_tokens=160, max_observation_chars=600)
 
 
-def soak(episodes: int = 2000, batch: int = 64, timeout: float = 1.0, warmup_batches: int = 2, seed: int = 0,
+def soak(episodes: int = 2000, batch: int = 64, timeout: float = 1.0, rss_from: int = 500, seed: int = 0,
          engine_config: EngineConfig = SOAK_ENGINE, config: RolloutConfig = SOAK_ROLLOUT, log=print) -> dict:
     """Run ``episodes`` faulty episodes in rollouts of ``batch`` (``timeout``: the engine's
-    ``env_timeout_s``); returns the counters :func:`main` prints (every ``*_escaped`` /
-    ``leaked_*`` / ``bad_*`` one should be 0)."""
+    ``env_timeout_s``) on one engine; returns the counters :func:`main` prints (every
+    ``*_escaped`` / ``leaked_*`` / ``bad_*`` one should be 0). RSS growth is measured from
+    the batch that reaches ``rss_from`` episodes (after warm-up) to the end."""
+    threads0 = threading.active_count()
     model, tok, family = load_policy("tiny", seed=seed)
     fmt = make_chat_format(family, tok)
     engine = Engine(model, stop_ids=fmt.stop_ids, pad_id=tok.pad_token_id,
@@ -158,7 +161,6 @@ def soak(episodes: int = 2000, batch: int = 64, timeout: float = 1.0, warmup_bat
     t_compile = time.perf_counter()
     engine.precompile(params, config.max_total_tokens)  # the waits measured below are the schedule's, not compiles
     log(f"compiled in {time.perf_counter() - t_compile:.0f} s")
-    threads0 = threading.active_count()
     out = collections.Counter()
     reasons, faults, rss = collections.Counter(), collections.Counter(), []
     t0 = time.perf_counter()
@@ -194,14 +196,18 @@ def soak(episodes: int = 2000, batch: int = 64, timeout: float = 1.0, warmup_bat
                 out["bad_outcomes"] += 1
                 log(f"unexpected: {task.task_id} fault={fault} finish={traj.finish_reason} error={traj.error!r}")
         out["episodes"] += n
-        if start // batch + 1 == warmup_batches or start + n >= episodes:
-            rss.append(_rss_mb())
+        if start + n >= min(rss_from, episodes):
+            rss.append((start + n, _rss_mb()))
+    engine.close()  # its environment threads exit: none may be left behind
     deadline = time.monotonic() + 3 * timeout + 2  # abandoned threads end once their step returns
     while threading.active_count() > threads0 and time.monotonic() < deadline:
         time.sleep(0.05)
     out["leaked_threads"] = max(0, threading.active_count() - threads0)
-    out["rss_warm_mb"], out["rss_end_mb"] = (rss[0], rss[-1]) if rss else (0.0, 0.0)
-    out["rss_growth"] = (rss[-1] / rss[0] - 1) if len(rss) > 1 else 0.0
+    rss = rss or [(out["episodes"], _rss_mb())]  # every batch escaped
+    (out["rss_from_episode"], out["rss_warm_mb"]), (_, out["rss_end_mb"]) = rss[0], rss[-1]
+    out["rss_growth"] = rss[-1][1] / rss[0][1] - 1
+    half = next(mb for n, mb in rss if n >= (rss[0][0] + rss[-1][0]) / 2)  # no upward trend over the last half
+    out["rss_half_mb"], out["rss_growth_last_half"] = half, rss[-1][1] / half - 1
     out["wall_s"] = time.perf_counter() - t0
     out["faults"], out["finish_reasons"] = dict(faults), dict(reasons)
     out["timeout_s"] = timeout
@@ -210,11 +216,12 @@ def soak(episodes: int = 2000, batch: int = 64, timeout: float = 1.0, warmup_bat
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--episodes", type=int, default=2000)
+    p.add_argument("--episodes", type=int, default=2000, help="episodes in all (5000 for the memory soak)")
+    p.add_argument("--rss_from", type=int, default=500, help="the episode RSS growth is measured from")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--timeout", type=float, default=1.0, help="engine.env_timeout_s of the soak")
     args = p.parse_args()
-    r = soak(args.episodes, args.batch, args.timeout)
+    r = soak(args.episodes, args.batch, args.timeout, rss_from=args.rss_from)
     print(f"episodes {r['episodes']}  faults {sum(v for k, v in r['faults'].items() if k != 'none')}  "
           f"wall {r['wall_s']:.0f} s")
     print("faults:", {k: v for k, v in sorted(r["faults"].items())})
@@ -227,8 +234,9 @@ def main() -> None:
     print(f"leaked threads {r.get('leaked_threads', 0)} (target 0)")
     print(f"environments not closed exactly once {r.get('bad_closes', 0)} (target 0)")
     print(f"episodes with an outcome other than their fault's {r.get('bad_outcomes', 0)} (target 0)")
-    print(f"RSS {r['rss_warm_mb']:.0f} MB after warm-up -> {r['rss_end_mb']:.0f} MB at the end: "
-          f"{100 * r['rss_growth']:+.1f}% (target < 10%)")
+    print(f"RSS {r['rss_warm_mb']:.0f} MB at episode {r['rss_from_episode']} -> {r['rss_end_mb']:.0f} MB at the end: "
+          f"{100 * r['rss_growth']:+.1f}% (target <= 10%); over the last half {r['rss_half_mb']:.0f} -> "
+          f"{r['rss_end_mb']:.0f} MB: {100 * r['rss_growth_last_half']:+.1f}%")
     print(f"longest time ready work sat idle behind environment steps {r.get('max_idle_wait_s', 0.0):.3f} s "
           f"(target < engine.env_timeout_s = {r['timeout_s']:g} s; slow steps run {1.5 * r['timeout_s']:g} s, "
           f"hung ones until closed)")

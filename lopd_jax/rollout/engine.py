@@ -227,6 +227,7 @@ class Engine:
         limit is then ``max_in_flight`` or twice the slots. ``version``: the version of
         ``params`` that tokens record until the feed gives new weights.
         """
+        self.last_timing = None
         if not episodes and feed is None:
             return []
         sched, device = self._start(params, episodes, rng, sampling, first_id, on_finish, feed, version)
@@ -248,7 +249,7 @@ class Engine:
         m = sched.finish()
         self.last_timing = EngineTiming(time.perf_counter() - t0, device.seconds, sched.env_wait_s,
                                         m.get("decode_calls", 0), m.get("prefill_calls", 0))
-        self.metrics = {**m, **self.last_timing.record()}
+        self.metrics = {**m, "wall_s": self.last_timing.wall_s, **self.last_timing.record()}
         return [ep.result for ep in sched.eps]
 
     def _start(self, params, episodes: Sequence[EpisodeSpec], rng, sampling: SamplingParams | None, first_id: int,
@@ -297,11 +298,12 @@ class EngineTiming:
         """Host milliseconds per decode chunk (0 for a run without one)."""
         return 1e3 * self.host_s / self.decode_chunks if self.decode_chunks else 0.0
 
-    def record(self) -> dict[str, float]:
-        """The run's metrics for its records: ``wall_s``, ``engine_host_s``,
-        ``engine_device_wait_s``, ``engine_env_wait_s``, ``engine_host_ms_per_chunk``."""
-        return {"wall_s": self.wall_s, "engine_host_s": self.host_s, "engine_device_wait_s": self.device_s,
-                "engine_env_wait_s": self.env_wait_s, "engine_host_ms_per_chunk": self.host_ms_per_chunk}
+    def record(self, prefix: str = "engine_") -> dict[str, float]:
+        """The run's times for its records: ``host_s``, ``device_wait_s``, ``env_wait_s``,
+        ``host_ms_per_chunk`` and ``decode_chunks``, each name after ``prefix``."""
+        return {prefix + "host_s": self.host_s, prefix + "device_wait_s": self.device_s,
+                prefix + "env_wait_s": self.env_wait_s, prefix + "host_ms_per_chunk": self.host_ms_per_chunk,
+                prefix + "decode_chunks": self.decode_chunks}
 
 
 class _DeviceCalls:

@@ -469,7 +469,7 @@ def rollout(engine: Engine, params, fmt: ChatFormat, make_env: Callable[[], Envi
         if batch.specs:
             results = engine.run(params, batch.specs, rng, sampling, first_id=first_episode, on_finish=on_finish)
         else:
-            engine.metrics = {}
+            engine.metrics, engine.last_timing = {}, None
     finally:
         trajs = finish_episodes(batch, results + [None] * (len(batch.live) - len(results)),
                                 engine.config.env_timeout_s)

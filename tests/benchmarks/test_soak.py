@@ -12,7 +12,7 @@ from lopd_jax.settings.sections import EngineConfig, RolloutConfig
 
 def test_short_soak_contains_every_fault():
     timeout, lines = 0.5, []
-    r = soak(episodes=96, batch=48, timeout=timeout, warmup_batches=1, log=lines.append,
+    r = soak(episodes=96, batch=48, timeout=timeout, rss_from=48, log=lines.append,
              engine_config=EngineConfig(slots=2, page_size=32, num_pages=8, decode_chunk=4, prefill_chunk=64,
                                         max_in_flight=6, env_workers=3),
              config=RolloutConfig(max_env_steps=4, max_turn_tokens=8, max_total_tokens=128, max_observation_chars=300))
