@@ -57,6 +57,11 @@ def log_rollouts(out, stage: str, step: int, trajs, first_row: int) -> None:
     write_rollouts(out, distributed.allgather_list(mine))
 
 
+def _engine_times(local: dict) -> dict:
+    """The rollout engine's time records of a step (:meth:`TrainingStage.sample`)."""
+    return {k: v for k, v in local.items() if k.startswith("rollout_engine_")}
+
+
 def training_step_record(ctx: RunContext, writer, label: str, step: int, metrics: dict, rollout_info: dict,
                          policy_params: Callable[[], Any], engine_lock=None) -> dict:
     """What a training stage adds to step ``step``'s record: its rollout information with
@@ -141,7 +146,9 @@ class TrainingStage:
         "rollout_seconds"}``. No host collective: in async it runs on the rollout thread."""
         t0 = time.perf_counter()
         trajs, first_row = self.ctx.rollout_split(params, tasks, jax.random.fold_in(self.key, s))
-        return trajs, {"first_row": first_row, "rollout_seconds": time.perf_counter() - t0}
+        timing = self.ctx.engine.last_timing  # this process's engine: host vs device-wait seconds
+        return trajs, {"first_row": first_row, "rollout_seconds": time.perf_counter() - t0,
+                       **(timing.record(prefix="rollout_engine_") if timing is not None else {})}
 
     def rollout(self, s: int, tasks: list, params) -> tuple[list, dict]:
         """``(trajectories, rollout statistics)`` of step ``s``: :meth:`sample` then :meth:`gather`."""
@@ -308,7 +315,7 @@ class LOPDStage(TrainingStage):
                              f"{jax.process_count()} processes' batch rows; make env.tasks_per_step * "
                              "env.group_size a multiple of mesh.data * mesh.fsdp.")
         stats = distributed.allgather_list([(t.reward, len(t)) for t in trajs])  # every host's rows, in order
-        info = {"rollouts": len(stats), "rollout_seconds": local["rollout_seconds"],
+        info = {"rollouts": len(stats), "rollout_seconds": local["rollout_seconds"], **_engine_times(local),
                 "reward_mean": float(np.mean([r for r, _ in stats])),
                 "success_rate": float(np.mean([r >= 1.0 for r, _ in stats])),
                 "mean_length": float(np.mean([n for _, n in stats]))}
