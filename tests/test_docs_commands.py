@@ -27,6 +27,8 @@ import sys
 
 import pytest
 from tests.paths import ROOT
+
+
 SHELL = ("bash", "sh", "shell", "console")
 MARKER = re.compile(r"<!--\s*(run|skip)\s*(?::\s*(.*?))?\s*-->")
 EXTRAS = ("test", "tpu", "smollm2", "bfcl")
@@ -206,6 +208,7 @@ def checkout(tmp_path_factory):
     return dest
 
 
+@pytest.mark.process
 @pytest.mark.timeout(3600)
 @pytest.mark.parametrize("block", RUN, ids=[b.where for b in RUN])
 def test_documented_command_runs(block, checkout):

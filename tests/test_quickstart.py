@@ -77,6 +77,7 @@ def _env(python=None):
     return env
 
 
+@pytest.mark.process
 @pytest.mark.skipif(__import__("lopd_jax.io.startup").io.startup.tpu_visible(), reason="checks a CPU-only host")
 @pytest.mark.timeout(1800)
 def test_readme_quickstart_runs_verbatim(tmp_path, runtime_python):
@@ -151,6 +152,7 @@ def test_quickstart_block_is_found(tmp_path):
                                            "python -m lopd_jax.export"]
 
 
+@pytest.mark.process
 @pytest.mark.timeout(1200)
 def test_tpu_extra_resolves_the_paper_configs_for_a_slice(tmp_path, runtime_python):
     """``pip install -c constraints.txt -e ".[tpu]"`` on top of the runtime, then the README's

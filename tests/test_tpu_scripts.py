@@ -12,6 +12,8 @@ import sys
 
 import pytest
 from tests.paths import ROOT
+
+
 SCRIPTS = os.path.join(ROOT, "tpu_scripts")
 # a standalone script (stdlib only, run where gcloud runs), loaded from its file
 _spec = importlib.util.spec_from_file_location("worker_status", os.path.join(SCRIPTS, "worker_status.py"))
@@ -75,6 +77,7 @@ def _venv(tmp_path, python_text=None):
     return str(venv)
 
 
+@pytest.mark.process
 def test_every_script_parses():
     for name in sorted(os.listdir(SCRIPTS)):
         if name.endswith((".sh", ".env")):
@@ -82,6 +85,7 @@ def test_every_script_parses():
             assert proc.returncode == 0, (name, proc.stderr)
 
 
+@pytest.mark.process
 def test_settings_come_from_slice_env_and_the_environment(slice_env):
     env, tmp = slice_env
     log = tmp / "gcloud.log"
@@ -140,6 +144,7 @@ def test_worker_status_decisions_on_fake_logs():
     assert decide([], "started")[0] == ws.EXIT_PENDING
 
 
+@pytest.mark.process
 def test_run_sh_reports_the_first_workers_error_when_every_worker_exits_2(slice_env):
     """The real trainer on each fake worker with a misspelt config: run.sh fails with the error."""
     env, tmp = slice_env
@@ -151,6 +156,7 @@ def test_run_sh_reports_the_first_workers_error_when_every_worker_exits_2(slice_
     assert "the end of worker" in proc.stderr and proc.stdout.count("started python -m lopd_jax.train") == 2
 
 
+@pytest.mark.process
 def test_run_sh_returns_once_every_worker_is_under_way(slice_env):
     """Each worker's program prints the lines of a started run and keeps running."""
     env, tmp = slice_env

@@ -64,6 +64,7 @@ def test_tokenizer_from_gguf(tok):
     assert "<|im_start|>" in tok.chat_template and DEFAULT_SYSTEM in tok.chat_template
 
 
+@pytest.mark.process
 def test_tokenizer_is_built_without_torch(tmp_path):
     """The runtime install has no PyTorch, and transformers' own GGUF reader needs it: with
     torch hidden, hf_tokenizer still reads the file (models.gguf_vocab)."""

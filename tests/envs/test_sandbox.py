@@ -122,6 +122,7 @@ def test_python_write_outside_workdir_fails(mode, tmp_path):
     assert not target.exists()
 
 
+@pytest.mark.process
 def test_shell_write_outside_workdir_fails_at_kernel_level(tmp_path):
     """A write that bypasses Python's open (a shell redirection) meets the read-only mounts."""
     target = tmp_path / f"escape_{uuid.uuid4().hex}.txt"

@@ -103,6 +103,7 @@ def test_every_command_line_is_the_launchers():
     assert sorted(scripts.values()) == sorted(f"lopd_jax.{n}:main" for n in names)
 
 
+@pytest.mark.process
 def test_launcher_configures_the_platform_before_jax():
     """The launcher picks the JAX platform before the program's body imports JAX, so no CPU
     run prints libtpu's TPU-detection errors."""
@@ -123,6 +124,7 @@ def test_launcher_configures_the_platform_before_jax():
     assert "usage: python -m lopd_jax.export" in proc.stdout
 
 
+@pytest.mark.process
 def test_command_lines_import_no_jax():
     """Importing a ``lopd_jax/*.py`` command line loads no JAX (its body in
     ``lopd_jax/programs/`` does, once ``main`` has configured the platform)."""

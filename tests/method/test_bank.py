@@ -86,6 +86,7 @@ def test_query_instruction_prefix():
     assert not np.array_equal(inst.embed_queries(q), inst.embed_documents(q))
 
 
+@pytest.mark.process
 def test_hashing_is_stable_across_processes():
     code = ("from lopd_jax.method.embedders import HashingEmbedder as H;"
             "print(H(dim=64).embed_documents(['stable hashing test'])[0].tolist())")

@@ -295,6 +295,7 @@ AOT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.process
 def test_tpu_kernels_aot_compile_for_v5p():
     pytest.importorskip("libtpu")
     root = ROOT

@@ -87,6 +87,7 @@ def test_bad_schedules_are_refused(kw):
         RLSchedule(**kw)
 
 
+@pytest.mark.process
 def test_compile_sampler_rl_step_prints_the_comparison():
     """``--rl_step`` on a TPU topology (AOT, no chips): the table and its verdict line."""
     pytest.importorskip("libtpu")

@@ -23,6 +23,7 @@ TINY_TPU = ["model.attention_impl=splash", "steps.micro_batch=1", "env.tasks_per
             "model.attention_block_kv=128", "steps.logits_chunk=64"]
 
 
+@pytest.mark.process
 @pytest.mark.skipif(not _has_libtpu(), reason="libtpu not installed (pip install -r requirements-tpu.txt)")
 def test_compile_check_tiny_on_v5p_8(tmp_path):
     """The TPU layout of the named configs: splash kernel under shard_map (Mosaic lowering)
@@ -90,6 +91,7 @@ def test_compile_check_refuses_a_topology_by_name(topology, capsys):
     assert f"unknown topology {topology!r}" in capsys.readouterr().err
 
 
+@pytest.mark.process
 def test_compile_check_exit_codes_are_distinct_and_in_help(tmp_path):
     """Without libtpu (a stand-in package that fails to import, put first on the path) a TPU
     topology cannot compile here: exit 3 with the way on, not 1 (\"does not fit\")."""
@@ -122,6 +124,7 @@ def test_cpu_topology_names_the_device_count_it_needs():
     assert main(["--config=tiny", "--topology=cpu:16", "--dry_run"]) == 2
 
 
+@pytest.mark.process
 def test_cpu_topology_sets_its_own_device_count(tmp_path):
     """``--topology=cpu:4`` in a new process without XLA_FLAGS: the check simulates 4 devices itself."""
     out = tmp_path / "r.json"
@@ -229,6 +232,7 @@ def test_paper_configs_give_concrete_step_shapes():
             assert all(isinstance(d, int) and d > 0 for d in x.shape), x
 
 
+@pytest.mark.process
 def test_tpu_worker_version_check(tmp_path):
     """tpu_scripts/check_versions.py (run by setup.sh on every worker) reads the lock's pins
     and fails on a missing package, a version off the lock, or jax and jaxlib apart."""

@@ -67,6 +67,7 @@ def test_the_analytic_estimate_that_refuses_a_pool_before_compiling():
         assert e["total"] <= 0.9 * hbm, (name, e)
 
 
+@pytest.mark.process
 def test_qwen3_8b_layers_on_v5p_8_with_the_kernel(tmp_path, capsys):
     pytest.importorskip("libtpu")
     root = ROOT

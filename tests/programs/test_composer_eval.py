@@ -72,6 +72,7 @@ def test_latent_rollout_equals_known_token_prompt_and_latents_matter():
         rollout(engine, params, fmt, source.make_env, tasks, key, cfg, latents=LatentContext(layout, rnd[:2]))
 
 
+@pytest.mark.process
 def test_evaluate_composer_from_run(tmp_path_factory, tmp_path):
     from lopd_jax.programs.composer_eval import latent_context, load_composer_run
     from lopd_jax.programs.evaluate import main, parse_args

@@ -17,6 +17,7 @@ def full_run(tmp_path_factory):
     return ensure_full_run(tmp_path_factory)
 
 
+@pytest.mark.process
 def test_export_cli_matches_run_export_and_transformers_logits(full_run, tmp_path):
     workdir, _ = full_run
     out = str(tmp_path / "hf")
@@ -45,6 +46,7 @@ def test_export_cli_matches_run_export_and_transformers_logits(full_run, tmp_pat
     np.testing.assert_allclose(ours, ref, atol=2e-4, rtol=1e-4)
 
 
+@pytest.mark.process
 def test_export_cli_errors_on_a_non_run_dir(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "lopd_jax.export", f"--workdir={tmp_path}", f"--out={tmp_path}/o"],
                           cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)

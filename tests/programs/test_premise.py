@@ -12,6 +12,8 @@ import pytest
 from lopd_jax.envs.synthetic.env import SyntheticTaskSource, oracle_turns
 from lopd_jax.envs.privileged import FRAMING_AFTER, FRAMING_BEFORE, HintedTaskSource, hint_block, with_hint
 from tests.paths import ROOT
+
+
 SHORT = ["stages.warmup_steps=3", "stages.warmup_batch=4", "stages.cold_start_steps=2", "stages.cold_start_batch=2",
          "stages.eval_tasks=2", "stages.eval_every=0", "env.tasks_per_step=2", "env.kwargs.n_train_per_family=1",
          "env.kwargs.n_heldout_per_family=1", "bank.min_reward=0.0", "composer.max_experience_tokens=64",
@@ -103,6 +105,7 @@ def test_hint_token_weight_scales_only_the_tokens_the_hint_supplies():
         assert a.mask[up].tolist() == [1, 1]
 
 
+@pytest.mark.process
 def test_premise_cli_prints_three_rows(tmp_path):
     env = dict(os.environ, JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false")
     env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split() if "force_host_platform" not in f)

@@ -110,6 +110,7 @@ SHORT_RUN = ["stages.warmup_steps=1", "stages.warmup_batch=2", "stages.cold_star
              "rollout.max_env_steps=1", "rollout.max_turn_tokens=16"]
 
 
+@pytest.mark.process
 def test_sweep_runs_its_children_end_to_end(tmp_path):
     """``python -m lopd_jax.sweep`` started from another directory: the training child and the
     Base + Composer child run in the checkout and finish, and the report is written."""

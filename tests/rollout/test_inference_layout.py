@@ -89,6 +89,8 @@ from configs import load_config
 from train import mesh as mesh_lib
 from lopd_jax.rollout.layout import _global_layout
 from tests.paths import ROOT
+
+
 devices, _, _ = topology_devices("v5p-32")
 out = {}
 for name, mesh in (("config", load_config("qwen3_8b").mesh), ("fsdp_only", MeshConfig(data=1, fsdp=-1, tensor=1))):
@@ -101,6 +103,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.process
 def test_the_reshard_to_each_host_sends_each_chip_its_tensor_shard_on_v5p_32():
     """Every host holds one chip per tensor column of the merged params' global layout, so it
     receives only tensor shards (not a replicated copy), for both trainer layouts of v5p-32:

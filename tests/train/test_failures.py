@@ -101,6 +101,7 @@ def test_unreadable_newest_checkpoint_names_its_step_and_the_way_back(tmp_path):
     np.testing.assert_array_equal(np.asarray(restored["w"]), np.arange(6))
 
 
+@pytest.mark.process
 def test_export_without_a_student_checkpoint_is_one_line(tmp_path):
     workdir = tmp_path / "run"
     cfg = apply_overrides(train_program.resolve_config(["--config=tiny", f"--workdir={workdir}"]),
@@ -116,6 +117,7 @@ def test_export_without_a_student_checkpoint_is_one_line(tmp_path):
     assert "Traceback" not in proc.stderr and not (workdir / "checkpoints").exists()
 
 
+@pytest.mark.process
 def test_ctrl_c_is_one_message_with_the_command_to_rerun(tmp_path):
     workdir = tmp_path / "run"
     args = ["--config=tiny", f"--workdir={workdir}", "stages.warmup_steps=1000"]

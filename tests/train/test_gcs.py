@@ -27,6 +27,8 @@ import urllib.request
 
 import pytest
 from tests.paths import ROOT
+
+
 BUCKET = "lopd-test"
 SHORT = ["stages.warmup_steps=1", "stages.warmup_batch=2", "stages.cold_start_steps=1", "stages.cold_start_batch=2",
          "stages.lopd_steps=3", "stages.eval_tasks=1", "stages.eval_every=0", "env.tasks_per_step=2",
@@ -138,6 +140,7 @@ def test_append_file_local_is_line_buffered(tmp_path):
     assert open(path).read() == "a\nb\n"
 
 
+@pytest.mark.process
 def test_files_and_metrics_on_gcs(gcs):
     from lopd_jax.io import files
     from train.metrics import MetricsWriter, plot_run, read_metrics
@@ -166,6 +169,7 @@ def test_files_and_metrics_on_gcs(gcs):
     assert any(n.startswith("tb/") for n in _ls(base))
 
 
+@pytest.mark.process
 def test_tiny_run_on_gcs_resumes_after_sigkill_and_exports(gcs, tmp_path):
     t_start = time.monotonic()
     from lopd_jax.io import files

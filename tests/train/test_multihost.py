@@ -188,6 +188,7 @@ def two_hosts(base, cache):
     return w, run(w, 2, cache)
 
 
+@pytest.mark.process
 def test_two_processes_match_one(one_host, two_hosts):
     (w1, t1), (w2, t2) = one_host, two_hosts
     print(f"\ntiny run wall time: 1 x 8 devices {t1:.1f}s, 2 x 4 devices {t2:.1f}s (ratio {t2 / t1:.2f})")
@@ -210,6 +211,7 @@ def test_two_processes_match_one(one_host, two_hosts):
     assert_params_close(export(w1), export(w2))
 
 
+@pytest.mark.process
 def test_exports_give_same_logits_in_transformers(one_host, two_hosts):
     import torch
     import transformers
@@ -223,6 +225,7 @@ def test_exports_give_same_logits_in_transformers(one_host, two_hosts):
     np.testing.assert_allclose(logits[0], logits[1], atol=2e-3, rtol=1e-3)
 
 
+@pytest.mark.process
 def test_export_cli_on_two_processes_writes_the_runs_export(two_hosts, base, cache):
     """``python -m lopd_jax.export`` as 2 processes: both restore the student's shards,
     process 0 alone writes, and the files equal the run's own export exactly."""
@@ -282,6 +285,7 @@ def assert_finishes_like(w: str, ref: str, from_step: int, rtol: float = 1e-3):
     assert_params_close(export(ref), export(w))
 
 
+@pytest.mark.process
 def test_resume_on_another_process_count(one_host, two_hosts, base, cache):
     """Saved by 2 processes, resumed by 1 (1 -> 2 is the preemption test below)."""
     w = str(base / "saved2_resumed1")
@@ -317,6 +321,7 @@ def _cut_before_training(src: str, dst: str) -> None:
     pytest.param("grpo", marks=pytest.mark.skipif(not os.environ.get("LOPD_MULTIHOST_ALL_ARMS"),
                                                   reason="set LOPD_MULTIHOST_ALL_ARMS=1 (suite time)")),
     "skill_sd"])
+@pytest.mark.process
 def test_other_arm_on_two_processes_matches_one(one_host, base, cache, arm):
     """A non-LOPD arm's training stage (2 steps, evaluation after, export) continued from
     the 1-process run's warm-up, bank and cold start, once as 1 x 8 and once as 2 x 4:
@@ -355,6 +360,7 @@ def test_other_arm_on_two_processes_matches_one(one_host, base, cache, arm):
     assert_params_close(export(ws[1]), export(ws[2]))
 
 
+@pytest.mark.process
 def test_async_on_two_processes_matches_one(one_host, base, cache):
     """``rollout.mode=async`` (k = 1) on a pod: the LOPD stage (3 steps, a held-out
     evaluation at step 2 while the rollout thread runs, evaluation after, export) continued
@@ -425,6 +431,7 @@ def _wait_for(cond, procs, w, what):
         time.sleep(0.5)
 
 
+@pytest.mark.process
 def test_sigterm_all_then_kill9_one_then_rerun_resumes(one_host, two_hosts, base, cache):
     """The 1-process run, cut back to LOPD step 1, continued by 2 processes: SIGTERM on all,
     kill -9 of one, rerun; it ends like the uninterrupted 2-process run."""
@@ -462,6 +469,7 @@ def test_sigterm_all_then_kill9_one_then_rerun_resumes(one_host, two_hosts, base
     assert_finishes_like(w, two_hosts[0], from_step=1)
 
 
+@pytest.mark.process
 def test_host_dependent_environment_rows_come_from_their_owner(tmp_path):
     """A reward / observation that depends on the host cannot corrupt a batch: each row of
     the global step batch carries exactly the data of the one process that owns it."""
@@ -510,6 +518,8 @@ initialize(sys.argv[1], 2, int(sys.argv[2]))
 import jax, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 from tests.paths import ROOT
+
+
 mesh = jax.make_mesh((4,), ("x",))
 x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("x")), np.full(2, 1.0 + jax.process_index(), np.float32))
 total = float(jax.jit(lambda a: a.sum() * 3.0, out_shardings=NamedSharding(mesh, P()))(x))
@@ -517,6 +527,7 @@ print("RESULT", total, len(hits))
 """
 
 
+@pytest.mark.process
 def test_every_process_reads_the_persistent_compilation_cache(tmp_path):
     """On CPU, JAX's cache key includes a per-process topology fingerprint and only process
     0 writes entries, so process 1 recompiled every program on every restart (the whole

@@ -74,6 +74,7 @@ def test_evaluation_records_it_per_task(ctx):
     assert probs[:6] == pytest.approx(oracle_argument_probs(ctx, _params(ctx), ctx.eval_tasks[:6]), rel=1e-6)
 
 
+@pytest.mark.process
 def test_two_processes_give_the_one_process_probabilities(ctx, tmp_path):
     """2 processes x 2 CPU devices (``tests/train/multihost_oracle_worker.py``, jax.distributed
     on localhost): the policy's parameters span both processes, and each process gets

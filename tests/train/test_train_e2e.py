@@ -18,6 +18,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 from tests.paths import ROOT
+
+
 SHORT = ["stages.warmup_steps=3", "stages.warmup_batch=4", "stages.cold_start_steps=2", "stages.cold_start_batch=2",
          "stages.lopd_steps=3", "stages.eval_tasks=2", "stages.eval_every=0", "env.tasks_per_step=2",
          "env.kwargs.n_train_per_family=1", "env.kwargs.n_heldout_per_family=1", "bank.min_reward=0.0",
@@ -71,6 +73,7 @@ def full_run(tmp_path_factory):
     return ensure_full_run(tmp_path_factory)
 
 
+@pytest.mark.process
 def test_full_run_writes_everything(full_run):
     workdir, stdout = full_run
     assert "held-out reward before:" in stdout and "held-out reward after:" in stdout
@@ -96,6 +99,7 @@ def test_full_run_writes_everything(full_run):
     assert again.stdout.splitlines()[-1] == stdout.splitlines()[-1]
 
 
+@pytest.mark.process
 def test_sigkill_during_lopd_then_resume_matches_uninterrupted(full_run, tmp_path):
     ref, _ = full_run
     workdir = str(tmp_path / "w")
@@ -126,6 +130,7 @@ def test_sigkill_during_lopd_then_resume_matches_uninterrupted(full_run, tmp_pat
     assert _final(ref) == _final(workdir)
 
 
+@pytest.mark.process
 def test_unknown_key_and_missing_weights_exit_2(tmp_path):
     workdir = str(tmp_path / "w")
     bad = _run(workdir, "stages.lopd_stepz=3")
@@ -138,6 +143,7 @@ def test_unknown_key_and_missing_weights_exit_2(tmp_path):
     assert not os.path.exists(workdir)  # nothing written
 
 
+@pytest.mark.process
 def test_empty_bank_stops_with_explanation(tmp_path):
     workdir = str(tmp_path / "w")
     proc = _run(workdir, "stages.warmup_steps=0", "bank.min_reward=1.5", "stages.eval_tasks=1")
@@ -146,6 +152,7 @@ def test_empty_bank_stops_with_explanation(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.process
 def test_evaluate_of_the_export_replays_the_runs_own_episodes(full_run, tmp_path):
     """``evaluate --model=<run>/export`` with no episode flags uses the run's task source and
     caps (from the export's lopd_run.json) and, greedy, reproduces the episodes the run's
