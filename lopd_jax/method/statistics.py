@@ -211,11 +211,10 @@ def cluster_t(a: Any, b: Any, clusters: Sequence[Any] | None = None, *, paired_s
     a, b, paired_seeds = _paired_inputs(a, b, paired_seeds)
     T = a.shape[1]
     cidx, G = _cluster_index(clusters, T)
-    onehot = np.zeros((T, G))
-    onehot[np.arange(T), cidx] = 1.0
-    n = onehot.sum(0)
+    n = np.bincount(cidx, minlength=G).astype(np.float64)
     w = n / T
-    A, B = (a @ onehot) / n, (b @ onehot) / n  # per-seed cluster means [S, G]
+    A, B = (np.stack([np.bincount(cidx, weights=row, minlength=G) for row in x]) / n
+            for x in (a, b))  # per-seed cluster means [S, G]
     if paired_seeds:
         d = (A - B).mean(0)
         seed_parts = [(_seed_variance(A - B, w), a.shape[0])]
