@@ -246,6 +246,8 @@ class Engine:
         finally:
             if pool is not None:
                 sched.m["abandoned_threads"] = pool.abandoned - abandoned
+                for fut in sched.futures:  # a cancelled or failed run's steps: they must not hold the pool
+                    pool.abandon(fut, count=False)
         m = sched.finish()
         self.last_timing = EngineTiming(time.perf_counter() - t0, device.seconds, sched.env_wait_s,
                                         m.get("decode_calls", 0), m.get("prefill_calls", 0))

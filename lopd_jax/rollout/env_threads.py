@@ -79,13 +79,13 @@ class EnvThreads:
         self._jobs.put((fut, fn, args))
         return fut
 
-    def abandon(self, fut: concurrent.futures.Future) -> None:
+    def abandon(self, fut: concurrent.futures.Future, count: bool = True) -> None:
         """Stop counting on ``fut``'s thread: a queued job is cancelled; a running one keeps
         its thread (which exits once the job returns), and a replacement thread keeps the
-        pool's width."""
+        pool's width. ``count``: add it to :attr:`abandoned` (a step given up on)."""
         if fut.cancel():
             return
-        self.abandoned += 1
+        self.abandoned += count
         with self._lock:
             if fut.done():  # it returned meanwhile: its thread is back in the pool
                 return

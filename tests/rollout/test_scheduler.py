@@ -289,3 +289,31 @@ def test_the_scheduler_imports_no_jax():
     code = "import sys, lopd_jax.rollout.scheduler; print(sorted(m for m in sys.modules if m.split('.')[0] == 'jax'))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_one_thread_pool_serves_every_run_and_abandoned_threads_exit():
+    """Runs that time out steps on one pool leave it as wide as it was: each abandoned
+    thread exits once its step returns, its replacement stays; close() ends them all."""
+    def slow(ids, lps, raws):
+        threading.Event().wait(0.5)
+        return None
+
+    before = threading.active_count()
+    pool = EnvThreads(2)
+    for _ in range(3):
+        eps = specs(3)
+        eps[0] = dataclasses.replace(eps[0], step=slow)
+        sched, m = run(config(env_workers=2, env_timeout_s=0.1), eps, num_pages=64, pool=pool)
+        assert m["env_timeouts"] == 1 and sched.eps[0].result.error.startswith("timeout")
+    deadline = threading.Event()
+    for _ in range(50):  # the slow steps return within 0.5 s; their threads then exit
+        if threading.active_count() == before + 2:
+            break
+        deadline.wait(0.05)
+    assert threading.active_count() == before + 2 and pool.abandoned == 3 and pool.started == 5
+    pool.close()
+    for _ in range(50):
+        if threading.active_count() == before:
+            break
+        deadline.wait(0.05)
+    assert threading.active_count() == before
