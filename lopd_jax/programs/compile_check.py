@@ -37,6 +37,7 @@ from lopd_jax.chat.tokenizers import tiny_tokenizer
 from lopd_jax.envs.registry import get_task_source
 from lopd_jax.method.composer import make_compressor
 from lopd_jax.method.losses_kl import unroll_scans
+from lopd_jax.programs.launcher import exit_on_error
 from lopd_jax.programs.compile_buckets import (STEP_KINDS, distribution_line, length_lines, length_report, memory_line,
                                      stage_steps)
 from configs import load_config
@@ -71,6 +72,10 @@ EXIT_CODES = {EXIT_FITS: "the step fits (or --dry_run resolved everything)",
 
 class CannotCompileHere(RuntimeError):
     """This host cannot compile for the asked topology (libtpu or JAX's topology API missing)."""
+
+
+# the compile checks' errors -> exit status (ConfigError is a ValueError)
+ERROR_EXITS = {ValueError: EXIT_BAD_ARGS, CannotCompileHere: EXIT_CANNOT_COMPILE}
 
 
 def known_topologies() -> list[str]:
@@ -480,14 +485,9 @@ def main(argv=None) -> int:
     """Entry point: print the table; exit 1 when the step does not fit."""
 
     args = parse_args(argv)
-    try:
-        report = run(args)
-    except ValueError as e:  # ConfigError is a ValueError
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_ARGS
-    except CannotCompileHere as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_CANNOT_COMPILE
+    report, code = exit_on_error(ERROR_EXITS, run, args)
+    if code is not None:
+        return code
     if report.get("dry_run"):
         mesh = report["mesh"]
         print(f"dry run  config={report['config']} ({report['model']})  topology={report['topology']} "

@@ -27,8 +27,8 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from lopd_jax.programs.compile_buckets import HBM_BANDWIDTH, ICI_BANDWIDTH, memory_line
-from lopd_jax.programs.compile_check import (EXIT_BAD_ARGS, EXIT_CANNOT_COMPILE, CannotCompileHere, run_config,
-                                             topology_devices, verdict)
+from lopd_jax.programs.compile_check import ERROR_EXITS, EXIT_BAD_ARGS, run_config, topology_devices, verdict
+from lopd_jax.programs.launcher import exit_on_error
 from lopd_jax.programs.compile_rl_step import print_report as print_rl_report, report as rl_report
 from models.decoder import Decoder
 from train import mesh as mesh_lib
@@ -326,15 +326,10 @@ def rl_step_main(args) -> int:
         print(f"error: --mfu in (0, 1], --rl_steps >= 4, --rl_seeds >= 1 (got {args.mfu}, {args.rl_steps}, "
               f"{args.rl_seeds})", file=sys.stderr)
         return EXIT_BAD_ARGS
-    try:
-        cfg = run_config(args)
-        rep = rl_report(cfg, args.topology, args.mfu, args.env_steps, args.rl_steps, args.rl_seeds)
-    except ValueError as e:  # ConfigError is a ValueError
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_ARGS
-    except CannotCompileHere as e:  # the topology needs libtpu
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_CANNOT_COMPILE
+    rep, code = exit_on_error(ERROR_EXITS, lambda: rl_report(run_config(args), args.topology, args.mfu,
+                                                             args.env_steps, args.rl_steps, args.rl_seeds))
+    if code is not None:
+        return code
     print_rl_report(rep, args.config, args.topology)
     if args.json:
         with open(args.json, "w") as f:
@@ -348,14 +343,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.rl_step:
         return rl_step_main(args)
-    try:
-        r = run(args)
-    except ValueError as e:  # ConfigError is a ValueError
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_ARGS
-    except CannotCompileHere as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_CANNOT_COMPILE
+    r, code = exit_on_error(ERROR_EXITS, run, args)
+    if code is not None:
+        return code
     print_report(r)
     return verdict(r, args.json)
 
