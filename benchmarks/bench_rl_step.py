@@ -33,11 +33,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
 def cached_step_stage():
-    """:class:`train.training_stage.LOPDStage` whose jitted update is built once and shared by
+    """:class:`train.training_stage.ArmStage` (the run's arm) whose jitted update is built once and shared by
     every stage of the run (each stage would otherwise compile its own)."""
-    from train.training_stage import LOPDStage
+    from train.training_stage import ArmStage
 
-    class CachedStepStage(LOPDStage):
+    class CachedStepStage(ArmStage):
         cache: dict = {}
 
         def make_step(self, state, batch):
@@ -51,8 +51,8 @@ def run_stage(ctx, base, bank, bank_path, composer0, workdir: str, mode: str, k:
               stage_cls=None, partial: bool = False, batch_order: str = "step"):
     """One LOPD stage of ``steps`` steps in ``workdir``; ``(seconds, its records)``."""
     from train.metrics import MetricsWriter, read_metrics
-    from train.training_stage import LOPDStage
-    stage_cls = stage_cls or LOPDStage
+    from train.training_stage import ArmStage
+    stage_cls = stage_cls or ArmStage
     on = partial and mode == "async"
     rollout = dataclasses.replace(base.rollout, mode=mode, max_staleness=k, partial=on,
                                   batch_order=batch_order if on else "step")

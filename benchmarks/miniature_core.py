@@ -32,6 +32,7 @@ import numpy as np
 
 from benchmarks import rank_arms
 from lopd_jax.method.statistics import sample_sd
+from lopd_jax.settings.arm_config import ARMS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARM_OVERRIDES = {"lopd": [], "m0": ["steps.margin=0"]}
@@ -55,6 +56,13 @@ def arm_overrides(arm: str) -> list[str]:
     if m:
         return [*arm_overrides(m["arm"]), *[f"{k}={v}" for k, v in async_grid(m["k"], m["mode"])]]
     return ARM_OVERRIDES.get(arm, [f"arm={arm}"])
+
+
+def unknown_arms(arms: list[str]) -> list[str]:
+    """The names in ``arms`` that are neither a registered arm nor ``m0`` (each may end in
+    ``_asyncK`` / ``_partialK``)."""
+    bases = [m["arm"] if (m := ASYNC_ARM.match(a)) else a for a in arms]
+    return [a for a, b in zip(arms, bases) if b not in ARMS and b not in ARM_OVERRIDES]
 
 
 def run_env(W: str, compile_cache: str = "") -> dict[str, str]:
@@ -195,6 +203,9 @@ def main(argv=None) -> int:
                    "(default W/jax_cache; 'none' for none; JAX_COMPILATION_CACHE_DIR, when set, wins)")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args(argv)
+    if unknown_arms(args.arms.split(",")):
+        p.error(f"--arms: unknown {unknown_arms(args.arms.split(','))}; choose from {', '.join([*ARMS, 'm0'])}, "
+                "each optionally with _asyncK or _partialK")
     from lopd_jax.io.startup import configure_platform
 
     configure_platform()  # before JAX is imported (here and in the runs it starts): no libtpu noise on CPU

@@ -26,7 +26,8 @@ import jax.numpy as jnp
 from lopd_jax.io import files
 from models import save_pretrained
 from train import mesh as mesh_lib, warmup
-from train.arms import resolve_arm, training_stage, uses_composer
+from lopd_jax.settings.arm_config import resolve_arm, uses_composer
+from train.training_stage import ArmStage
 from train.bank_stage import build_bank, from_experience, load_bank
 from train.batches import batch_rows, cold_start_batch, gather_rows, local_share
 from train.bucketed_steps import BucketedColdStartStep
@@ -195,7 +196,7 @@ def run(cfg, resumed: bool = False) -> str | dict:
 
         # 5. LOPD (or the arm's training stage: train.arms)
         t0 = time.perf_counter()
-        state, preempted = training_stage(ctx, bank, bank_path, composer0, writer)
+        state, preempted = ArmStage(ctx, bank, bank_path, composer0, writer).run()
         if preempted:
             return PREEMPTED
         if not ledger.done("lopd"):

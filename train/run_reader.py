@@ -26,6 +26,7 @@ import jax.numpy as jnp
 
 from lopd_jax.io import files
 from train import warmup
+from train.arms.registry import arm_class
 from train.bank_stage import load_bank
 from train.checkpoint import Checkpointer, CheckpointError, abstract_tree
 from train.ledger import StageLedger
@@ -62,10 +63,10 @@ def _restore_stage(ctx, stage: str, template) -> tuple[Any, int | None]:
 
 def abstract_train_state(system, cfg):
     """``(abstract state, shardings)`` of the arm's training-stage checkpoint (the LOPD
-    state's layout; SDFT adds ``ema``), for restoring it outside the loop (export)."""
+    state's layout plus what the arm adds, e.g. SDFT's ``ema``), for restoring it outside the
+    loop (export)."""
     abstract, _ = system.abstract_state(cfg.seed)
-    if cfg.arm == "sdft":
-        abstract = {**abstract, "ema": abstract["student"]}
+    abstract = arm_class(cfg.arm).add_state(cfg, abstract)
     return abstract, text_state_shardings(system, abstract)
 
 

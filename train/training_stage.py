@@ -6,8 +6,7 @@ one jitted update -> the step's record (:func:`training_step_record`: rollout st
 ``rollouts_per_minute``, policy versions and staleness, the periodic held-out evaluation).
 With ``rollout.mode=async`` the rollouts come from a background thread
 (:class:`train.async_rollouts.RolloutPipeline`), up to ``rollout.max_staleness`` steps
-ahead. :class:`LOPDStage` is the LOPD stage (docs/method.md, "One LOPD step"); the other
-arms' stage is :class:`train.arms.PolicyStage`.
+ahead. :class:`ArmStage` is the training stage of every arm (:mod:`train.arms`).
 :func:`log_rollouts` appends a step's rollouts to ``<workdir>/rollouts.jsonl``
 (``rollout.log_rollouts``).
 """
@@ -26,12 +25,12 @@ from lopd_jax.io.files import AppendFile, join
 from train import distributed, mesh as mesh_lib
 from train.async_rollouts import PIPELINE_COUNTS, RolloutPipeline, copy_params, staleness_metrics
 from train.partial_rollouts import PartialRolloutPipeline
-from train.batches import gather_rows, lopd_batch
-from train.bucketed_steps import BucketedLOPDStep
+from lopd_jax.settings.arm_config import rollouts_per_step
+from train.arms.base import SUCCESS
+from train.arms.registry import make_arm
 from train.data import TaskPipeline
 from train.run_context import RunContext
 from train.stage_loop import evaluate_policy, log, run_steps
-from train.steps import make_lopd_step
 
 ROLLOUTS_FILE = "rollouts.jsonl"  # every training-stage rollout (any arm), with rollout.log_rollouts
 
@@ -96,7 +95,7 @@ class TrainingStage:
     with version max(0, s - k) on a background thread while earlier steps train
     (``rollout.partial``: one engine run across steps, :class:`train.partial_rollouts.
     PartialRolloutPipeline`); the batch is built on the trainer's thread. Every trajectory carries its ``policy_version``.
-    Subclasses: :class:`LOPDStage`, :class:`train.arms.PolicyStage`.
+    Subclass: :class:`ArmStage`.
     """
 
     label = "lopd"  # names the stage's log lines
@@ -295,20 +294,55 @@ class TrainingStage:
                 self.rollout_log = None
 
 
-class LOPDStage(TrainingStage):
-    """The LOPD steps (docs/method.md, "One LOPD step"): rollout, retrieve, step. Multi-host:
-    each process rolls out and trains on the rows it owns; the statistics are gathered."""
+class ArmStage(TrainingStage):
+    """The training stage of every arm: the shared loop with the run's arm
+    (:class:`train.arms.base.Arm`, looked up by ``cfg.arm``) giving the batch, the step,
+    what it adds to the state, the records and the checkpoint metadata.
+
+    Multi-host: each process rolls out only the rows it owns. An arm whose batch needs
+    every row (``Arm.all_rows``: group advantages, SDPO's sibling, Skill-SD's UCB1 choice,
+    SDFT's demonstration) gets every row's trajectory gathered to every process in row
+    order, builds the batch identically on every host and each process keeps its own rows
+    of every per-row array (:meth:`make_batch`); the step's metrics are global
+    (replicated), so host state updated from them (Skill-SD's UCB1 counts) stays the same
+    on every process. Otherwise (LOPD) each process builds the batch of its own rows and
+    only the statistics are gathered."""
 
     def __init__(self, ctx: RunContext, bank, bank_path: str, composer0, writer):
         cfg, system = ctx.cfg, ctx.system
+        arm = make_arm(ctx, bank)
         state, frozen = system.init_state(composer=composer0, seed=cfg.seed)
-        super().__init__(ctx, state, frozen, system.state_shardings(state), cfg.env.tasks_per_step,
-                         cfg.env.group_size, bank_path, writer)
-        self.bank = bank
+        state = arm.add_state(cfg, state)
+        G, n_roll = arm.group_size, rollouts_per_step(cfg)
+        if arm.all_rows and n_roll % ctx.batch_shards:
+            raise ValueError(f"{n_roll} rollouts per step do not split over {ctx.batch_shards} batch "
+                             "shards; make env.tasks_per_step * env.group_size a multiple of mesh.data * mesh.fsdp.")
+        super().__init__(ctx, state, frozen, arm.shardings(state), n_roll // G, G, bank_path, writer)
+        self.arm, self.label, self.rows = arm, arm.name, n_roll
 
     def gather(self, s: int, trajs: list, local: dict) -> tuple[list, dict]:
-        """This process's rows of step ``s``'s rollouts (the LOPD batch is built from them)
-        and every host's statistics."""
+        """The trajectories of step ``s`` the arm's batch takes (every row's, gathered in
+        row order, or this process's) and every host's rollout statistics."""
+        if not self.arm.all_rows:
+            return self._gather_stats(s, trajs, local)
+        parts = distributed.allgather_objects(trajs)  # every process's rows, in process (= row) order
+        every = [t for part in parts for t in part]
+        if len(every) != self.rows:
+            raise ValueError(f"gathered {len(every)} of {self.rows} rollouts of step {s + 1}")
+        info = {"rollouts": len(every), "rollout_seconds": local["rollout_seconds"], **_engine_times(local),
+                "reward_mean": float(np.mean([t.reward for t in every])),
+                "success_rate": float(np.mean([t.reward >= SUCCESS for t in every])),
+                "mean_length": float(np.mean([len(t) for t in every]))}
+        if self.log_rollouts:
+            rows, row = [], 0
+            for p, part in enumerate(parts):
+                rows += rollout_records("lopd", s + 1, part, row, p)
+                row += len(part)
+            write_rollouts(self.rollout_log, rows)
+        return every, info
+
+    def _gather_stats(self, s: int, trajs: list, local: dict) -> tuple[list, dict]:
+        """This process's rows of step ``s``'s rollouts and every host's statistics."""
         n = len(trajs) * jax.process_count()
         if n != self.tasks_per_step * self.group_size:
             raise ValueError(f"{self.tasks_per_step * self.group_size} rollouts per step do not split evenly over "
@@ -317,34 +351,41 @@ class LOPDStage(TrainingStage):
         stats = distributed.allgather_list([(t.reward, len(t)) for t in trajs])  # every host's rows, in order
         info = {"rollouts": len(stats), "rollout_seconds": local["rollout_seconds"], **_engine_times(local),
                 "reward_mean": float(np.mean([r for r, _ in stats])),
-                "success_rate": float(np.mean([r >= 1.0 for r, _ in stats])),
+                "success_rate": float(np.mean([r >= SUCCESS for r, _ in stats])),
                 "mean_length": float(np.mean([n for _, n in stats]))}
         if self.log_rollouts:
             log_rollouts(self.rollout_log, "lopd", s + 1, trajs, local["first_row"])
         return trajs, info
 
-    def record(self, s: int, metrics: dict) -> dict:
-        """The shared record plus what the teacher of step ``s`` depends on besides the
-        samples' ``policy_version``: ``composer_version`` (the composer's updates before
-        the step: 0 with ``steps.freeze_composer``, else ``s``) and ``bank_entries`` (the
-        bank is frozen during the stage; its path is in every checkpoint's metadata)."""
-        out = super().record(s, metrics)
-        out["composer_version"] = 0 if self.ctx.cfg.steps.freeze_composer else s
-        out["bank_entries"] = len(self.bank)
-        return out
-
     def make_batch(self, s: int, trajs):
-        """The LOPD step batch (:func:`train.batches.lopd_batch`); with ``lengths.buckets``
-        the whole batch (every host's rows, gathered) in length-bucketed passes
-        (:meth:`train.run_context.RunContext.bucketed`)."""
-        batch = lopd_batch(self.ctx, trajs, self.bank)
-        if not self.ctx.cfg.lengths.enabled:
+        """The arm's batch of step ``s``: with ``Arm.all_rows``, this process's rows of it
+        (:meth:`train.run_context.RunContext.local_rows`; a length-bucketed batch puts its own)."""
+        batch = self.arm.batch(s, trajs)
+        lo, hi = self.ctx.local_rows(self.rows)
+        if not self.arm.all_rows or (lo, hi) == (0, self.rows) or not isinstance(batch, dict):
             return batch
-        return self.ctx.bucketed(gather_rows(batch))
+        for k, v in batch.items():
+            if np.shape(v)[:1] != (self.rows,):
+                raise ValueError(f"batch entry {k!r} has shape {np.shape(v)}, not {self.rows} rows first")
+        return {k: np.asarray(v)[lo:hi] for k, v in batch.items()}
 
     def make_step(self, state, batch) -> Callable:
-        """The jitted LOPD step (:func:`train.steps.make_lopd_step`), or its length-bucketed
-        form (:class:`train.bucketed_steps.BucketedLOPDStep`)."""
-        if not isinstance(batch, dict):
-            return BucketedLOPDStep(self.ctx.system, state)
-        return make_lopd_step(self.ctx.system, state, batch)
+        """The arm's jitted step."""
+        return self.arm.make_step(state, batch)
+
+    def after_step(self, metrics):
+        """The metrics after the arm has read them (Skill-SD's UCB1 update)."""
+        return self.arm.after_step(metrics)
+
+    def record(self, s: int, metrics: dict) -> dict:
+        """The shared record plus the arm's own (LOPD: ``composer_version``, ``bank_entries``)."""
+        return {**super().record(s, metrics), **self.arm.record(s)}
+
+    def meta(self, s: int) -> dict:
+        """The shared metadata plus the arm's name and its own state."""
+        return {**super().meta(s), "arm": self.arm.name, **self.arm.meta()}
+
+    def restore(self, state, meta: dict) -> None:
+        """Continue from a restored checkpoint, the arm's own state included."""
+        super().restore(state, meta)
+        self.arm.restore(meta)

@@ -4,7 +4,7 @@ OPSD's teacher is theta0 with a fixed text context (the task's oracle hint,
 :meth:`lopd_jax.envs.base.TaskSource.oracle_hint`) where LOPD's latents go: the start of the first
 user message. :class:`HintedTaskSource` wraps any task source so that the first user message reads
 ``{before}\\n{hint}\\n{after}\\n\\n{instruction}`` (framing from
-:data:`lopd_jax.method.text_context.FRAMING`) and is otherwise unchanged. Rolling out on it
+:data:`lopd_jax.method.text_context.HINT_FRAMING`) and is otherwise unchanged. Rolling out on it
 measures "Base + oracle text context" (:mod:`lopd_jax.premise`); its demonstrations teach a tiny
 model to read such a context during the warm-up (``stages.warmup_hint_fraction``). The hint is
 tokenized with the instruction here but on its own in OPSD's step, so the ids can differ at the
@@ -16,10 +16,10 @@ from __future__ import annotations
 from typing import Any
 
 from lopd_jax.envs.base import Environment, TaskSource
-from lopd_jax.method.text_context import FRAMING
+from lopd_jax.method.text_context import HINT_FRAMING
 from lopd_jax.core.types import AssistantTurn, Message, StepResult, Task, ToolSchema
 
-FRAMING_BEFORE, FRAMING_AFTER = FRAMING["opsd"]
+FRAMING_BEFORE, FRAMING_AFTER = HINT_FRAMING
 
 
 def hint_block(hint: str, before: str = FRAMING_BEFORE, after: str = FRAMING_AFTER) -> str:

@@ -1,4 +1,4 @@
-"""Text contexts for the fixed-context self-distillation arms (OPSD, SDPO, SDFT, Skill-SD).
+"""Text contexts for the self-distillation arms with a text teacher context (``train/arms/text.py``).
 
 Their teacher sees the student's tokens with a block of *text tokens* inserted where LOPD
 splices its latent block (``Trajectory.insert_at``)::
@@ -10,7 +10,8 @@ Blocks differ in length per row, so the host packs them into a ``[B, C]`` array 
 lengths (:func:`context_block_ids`, :func:`pack_blocks`); the jitted step builds each row's
 teacher sequence (:func:`text_teacher_inputs`) and aligns the teacher's hidden states back
 to the student's positions (:func:`align_teacher_hidden`). Host-side text makers:
-:func:`trajectory_text`, :func:`skill_summary` and each arm's :data:`FRAMING`.
+:func:`trajectory_text`, :func:`skill_summary`; each arm frames its text with its own
+sentences (:data:`HINT_FRAMING`: the oracle hint's).
 """
 
 from __future__ import annotations
@@ -24,34 +25,24 @@ import numpy as np
 from lopd_jax.core.text import content_ids
 from lopd_jax.method.bank import linearize
 
-# (before, after) framing sentences of each text arm's context block.
-FRAMING = {
-    "opsd": ("Privileged information: a correct solution of this task:",
-             "End of privileged information. Now solve the task."),
-    "sdpo": ("A successful attempt at this task:",
-             "End of the successful attempt. Now solve the task."),
-    "sdft": ("Demonstration: a solved task of the same kind:",
-             "End of demonstration. Now solve your own task."),
-    "skill_sd": ("A skill that helps with tasks like this one:",
-                 "End of skill. Now solve your own task."),
-}
+# (before, after) framing of the oracle hint as text (``opsd``; the premise's hinted source).
+HINT_FRAMING = ("Privileged information: a correct solution of this task:",
+                "End of privileged information. Now solve the task.")
 
 
-def context_block_ids(tokenizer, arm: str, text: str, max_tokens: int) -> list[int]:
-    """``framing_before + "\\n" + text + "\\n" + framing_after + "\\n\\n"`` as ids, at most
-    ``max_tokens`` long (the text is cut, never the framing; a control string in it stays
-    text: :func:`lopd_jax.core.text.content_ids`). Pieces are tokenized
-    separately, as :meth:`lopd_jax.method.splice.SpliceLayout.from_tokenizer` does the latent
-    block's framing."""
-    if arm not in FRAMING:
-        raise ValueError(f"no text-context framing for arm {arm!r}; known: {sorted(FRAMING)}")
-    before, after = FRAMING[arm]
+def context_block_ids(tokenizer, framing: tuple[str, str], text: str, max_tokens: int) -> list[int]:
+    """``before + "\\n" + text + "\\n" + after + "\\n\\n"`` as ids (``framing = (before,
+    after)``, each text arm's own sentences), at most ``max_tokens`` long (the text is cut,
+    never the framing; a control string in it stays text: :func:`lopd_jax.core.text.content_ids`).
+    Pieces are tokenized separately, as :meth:`lopd_jax.method.splice.SpliceLayout.from_tokenizer`
+    does the latent block's framing."""
+    before, after = framing
     enc = lambda s: list(tokenizer.encode(s, add_special_tokens=False))  # noqa: E731
     b, a = enc(before + "\n"), enc("\n" + after + "\n\n")
     room = max_tokens - len(b) - len(a)
     if room < 1:
-        raise ValueError(f"arms.context_tokens={max_tokens} leaves no room for text after the {arm} framing "
-                         f"({len(b) + len(a)} tokens); raise it.")
+        raise ValueError(f"arms.context_tokens={max_tokens} leaves no room for text after the framing "
+                         f"{before!r} ... {after!r} ({len(b) + len(a)} tokens); raise it.")
     return b + content_ids(tokenizer, text)[:room] + a  # content: control strings stay text
 
 

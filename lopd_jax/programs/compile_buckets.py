@@ -20,13 +20,13 @@ import time
 import jax
 import jax.numpy as jnp
 
-from lopd_jax.settings.arm_config import GROUP_ARMS
+from lopd_jax.settings.arm_config import arm_spec
 from lopd_jax.planning.collective_estimate import pass_collective_bytes, step_pass_shape
 from lopd_jax.planning.length_estimate import step_estimate
 from train.packed_batches import model_attention_length
 from lopd_jax.planning.length_model import rows_per_pass
-from train.bucketed_steps import (SEQ_KEYS, BucketedBatch, BucketedColdStartStep, BucketedGRPOStep, BucketedLOPDStep,
-                                  BucketedTextStep)
+from train.arms.registry import arm_class, arm_classes
+from train.bucketed_steps import SEQ_KEYS, BucketedBatch, BucketedColdStartStep
 from train.step_spec import abstract_lopd_batch
 from train.warmup import BucketedSFTStep, make_sft_step
 
@@ -37,7 +37,6 @@ ICI_BANDWIDTH = {"v5p": 600e9, "v5e": 200e9, "v6e": 448e9, "v4": 300e9}  # bytes
 STEP_KINDS = ("warmup", "cold_start", "lopd", "grpo", "text")
 STEP_NAMES = {"warmup": "warm-up (SFT)", "cold_start": "cold start", "lopd": "LOPD", "grpo": "GRPO",
               "text": "text distillation"}
-LOPD_ARMS = ("lopd", "lopd_frozen_composer")
 
 
 def _gib(x: float) -> float:
@@ -55,12 +54,13 @@ def _memory(compiled) -> dict:
 def stage_steps(cfg) -> list[str]:
     """The training steps run config ``cfg`` runs, in order (of :data:`STEP_KINDS`): ``warmup``
     when ``stages.warmup_steps`` > 0, ``cold_start`` when the arm uses the composer and
-    ``stages.cold_start_steps`` > 0, then the arm's step (``lopd``, ``grpo`` or ``text``)."""
+    ``stages.cold_start_steps`` > 0, then the arm's step (``Arm.step_kind``: ``lopd``, ``grpo``
+    or ``text``). An unregistered arm is a ConfigError that lists the registered arms."""
+    step = arm_class(cfg.arm).step_kind
     steps = ["warmup"] if cfg.stages.warmup_steps > 0 else []
-    if cfg.arm in LOPD_ARMS and cfg.stages.cold_start_steps > 0:
+    if arm_spec(cfg.arm).composer and cfg.stages.cold_start_steps > 0:
         steps.append("cold_start")
-    steps.append("lopd" if cfg.arm in LOPD_ARMS else "grpo" if cfg.arm == "grpo" else "text")
-    return steps
+    return steps + [step]
 
 
 def step_rows(cfg, spec, kind: str, shards: int) -> int:
@@ -133,15 +133,12 @@ def _bucketed_step(cfg, system, kind: str):
     """``(step, abstract state, abstract second argument)`` of the ``kind`` bucketed step."""
 
     state, frozen = system.abstract_state(cfg.seed)
-    if kind == "lopd":
-        return BucketedLOPDStep(system, state), state, frozen
-    if kind == "grpo":
-        return BucketedGRPOStep(system, state, cfg.arms.group_size if cfg.arm in GROUP_ARMS else cfg.env.group_size), \
-            state, frozen
-    if kind == "text":
-        ema = cfg.arms.ema_decay if cfg.arm == "sdft" else None
-        state = state if ema is None else {**state, "ema": state["student"]}
-        return BucketedTextStep(system, state, ema), state, frozen
+    arm = arm_class(cfg.arm)
+    if kind != arm.step_kind:  # --steps names another arm's step: the first registered arm with it
+        arm = next((a for a in arm_classes().values() if a.step_kind == kind), None)
+    if arm is not None:  # the arm's step on its state (SDFT adds ``ema``)
+        state = arm.add_state(cfg, state)
+        return arm.bucketed_step(cfg, system, state), state, frozen
     if kind == "cold_start":
         cold = jax.eval_shape(lambda c, rng: {"step": jnp.zeros((), jnp.int32), "rng": rng, "composer": c,
                                               "composer_opt": {k: system.cold_start_opt[k].init(c[k]) for k in c}},

@@ -29,12 +29,11 @@ from typing import Any, Sequence
 
 from lopd_jax.io.paths import REPO_ROOT, resolve_path
 from lopd_jax.programs.sweep_report import write_report
-from lopd_jax.settings.arm_config import ARMS
+from lopd_jax.settings.arm_config import ARMS, resolve_arm, uses_composer
 from lopd_jax.settings.errors import ConfigError
 from configs import load_config
 from lopd_jax.settings.overrides import apply_overrides
 from lopd_jax.settings.run_config import flatten
-from train.arms import resolve_arm, uses_composer
 
 SHARED_FILE = "shared_stages.json"
 PRE_STAGES = ("warmup", "eval_before", "bank")
@@ -69,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The command-line options."""
     p = argparse.ArgumentParser(prog="python -m lopd_jax.sweep", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="tiny", help="a configs/NAME.py config (default tiny)")
-    p.add_argument("--arms", default="lopd", help="comma-separated arms (lopd_jax.settings.arm_config.ARMS); an arm "
+    p.add_argument("--arms", default="lopd", help=f"comma-separated arms, of {', '.join(ARMS)}; an arm "
                    "variant is ARM@key=value[@key=value], e.g. lopd@steps.margin=0")
     p.add_argument("--seeds", default="0", help="comma-separated seeds")
     p.add_argument("--workdir", required=True, help="sweep directory (runs, results, figures)")

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from lopd_jax.method.bank import BankConfig, BankSettings
 from lopd_jax.method.composer import ComposerConfig
-from lopd_jax.settings.arm_config import ARMS, GROUP_ARMS, ArmSection
+from lopd_jax.settings.arm_config import ARMS, ArmSection, arm_spec
 from lopd_jax.settings.length_config import LengthConfig
 from lopd_jax.settings.sections import EngineConfig, MeshConfig, RolloutConfig, SamplingParams, StepConfig
 from lopd_jax.settings.schedule_scale import schedule_factor
@@ -334,15 +334,9 @@ class TrainConfig:
         _check_types(self, "")
         if not 0 <= self.seed < 2 ** 32:
             raise ConfigError(f"seed={self.seed} must be in [0, 2**32).")
-        n = self.env.tasks_per_step * self.env.group_size
-        if self.arm in GROUP_ARMS and n % self.arms.group_size and not _DEFER_CROSS_CHECKS.get():
-            raise ConfigError(f"arm={self.arm}: arms.group_size={self.arms.group_size} must divide the "
-                              f"{n} rollouts per step (env.tasks_per_step * env.group_size).")
-        corrected = self.steps.loss.is_correction != "none"
-        if self.arm == "grpo" and corrected and self.arms.grpo_epochs > 1 and not _DEFER_CROSS_CHECKS.get():
-            raise ConfigError(f"arm=grpo: steps.is_correction={self.steps.loss.is_correction} takes the current "
-                              "policy as PPO's proximal policy, which holds for one update per batch only; set "
-                              f"arms.grpo_epochs=1 (now {self.arms.grpo_epochs}) or steps.is_correction=none.")
+        problems = [] if _DEFER_CROSS_CHECKS.get() else arm_spec(self.arm).problems(self)
+        if problems:  # the arm's own cross-checks (lopd_jax.settings.arm_config.ArmSpec)
+            raise ConfigError(problems[0])
 
     # ----- derived views -----
     @property

@@ -49,3 +49,11 @@ def test_runs_share_a_compilation_cache_under_the_workdir(monkeypatch):
     assert "JAX_COMPILATION_CACHE_DIR" not in miniature_core.run_env("/w", "none")
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/mine")  # the user's own cache wins
     assert miniature_core.run_env("/w")["JAX_COMPILATION_CACHE_DIR"] == "/mine"
+
+
+def test_arms_are_registered_arms_or_m0(tmp_path, capsys):
+    assert miniature_core.unknown_arms(["lopd", "m0", "grpo_async2", "opsd_partial1", "ppo", "ppo_async1"]) == \
+        ["ppo", "ppo_async1"]
+    with pytest.raises(SystemExit) as e:
+        miniature_core.main([f"--workdir={tmp_path}", "--arms=lopd,ppo"])
+    assert e.value.code == 2 and "lopd_frozen_composer" in capsys.readouterr().err
