@@ -28,7 +28,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from lopd_jax.io import files
+from lopd_jax.io import files, progress
 from lopd_jax.io.paths import is_url
 
 METRICS_FILE = "metrics.jsonl"
@@ -186,38 +186,54 @@ def read_metrics(path: str | os.PathLike, stage: str | None = None) -> list[dict
 
 
 class Progress:
-    """A tqdm progress bar for a stage of ``total`` steps (rate and ETA included).
+    """A progress display for a stage of ``total`` steps (rate and ETA included).
 
     ``update(n, **postfix)`` advances and shows a few metrics; disabled on processes
-    other than 0 unless ``enabled`` says otherwise. ``initial`` resumes mid-stage.
+    other than 0 unless ``enabled`` says otherwise. ``initial`` resumes mid-stage. On a
+    terminal it is a tqdm bar (a fixed width when the terminal reports width 0); elsewhere (a
+    log file, a pipe) plain lines at least every 30 s (:mod:`lopd_jax.io.progress`).
     """
 
     def __init__(self, total: int, desc: str, *, initial: int = 0, unit: str = "step",
                  enabled: bool | None = None, file=None):
         enabled = jax.process_index() == 0 if enabled is None else enabled
-        self._bar = tqdm(total=total, initial=initial, desc=desc, unit=unit, disable=not enabled,
-                         file=file or sys.stderr, dynamic_ncols=True, smoothing=0.1)
+        file = file or sys.stderr
+        mode = progress.bar_mode(file)
+        self._lines = (progress.LineProgress(total, desc, initial=initial, unit=unit, file=file)
+                       if enabled and mode == "lines" else None)
+        self._bar = tqdm(total=total, initial=initial, desc=desc, unit=unit, file=file, smoothing=0.1,
+                         disable=not enabled or self._lines is not None, dynamic_ncols=mode == "dynamic",
+                         ncols=None if mode == "dynamic" else progress.FIXED_NCOLS)
 
     def update(self, n: int = 1, **postfix: Any) -> None:
         """Advance by ``n`` steps; ``postfix`` metrics are shown beside the bar."""
+        shown = {k: (f"{_scalar(v):.4g}" if isinstance(_scalar(v), float) else v) for k, v in postfix.items()}
+        if self._lines is not None:
+            self._lines.postfix.update(shown)
+            self._lines.update(n)
+            return
         if postfix:
-            self._bar.set_postfix({k: (f"{_scalar(v):.4g}" if isinstance(_scalar(v), float) else v)
-                                   for k, v in postfix.items()}, refresh=False)
+            self._bar.set_postfix(shown, refresh=False)
         self._bar.update(n)
 
     @property
     def n(self) -> int:
         """Steps done."""
-        return self._bar.n
+        return self._lines.n if self._lines is not None else self._bar.n
 
     def rate(self) -> float | None:
         """Steps per second so far (None before the first update)."""
-        elapsed = self._bar.format_dict.get("elapsed") or 0.0
-        done = self._bar.n - self._bar.initial
+        if self._lines is not None:
+            elapsed, done = self._lines.elapsed, self._lines.n - self._lines.initial
+        else:
+            elapsed = self._bar.format_dict.get("elapsed") or 0.0
+            done = self._bar.n - self._bar.initial
         return done / elapsed if elapsed > 0 and done > 0 else None
 
     def close(self) -> None:
-        """Finish the bar."""
+        """Finish the bar (or write the last line)."""
+        if self._lines is not None:
+            self._lines.close()
         self._bar.close()
 
     def __enter__(self) -> "Progress":

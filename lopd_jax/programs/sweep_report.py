@@ -26,6 +26,7 @@ import jax
 import numpy as np
 
 from lopd_jax.io import files
+from lopd_jax.programs.launcher import USER_ERROR_EXITS, exit_on_error
 from lopd_jax.method import statistics
 from lopd_jax.method.eval_stats import behaviour_stats
 from lopd_jax.programs.arm_stats import arm_label, cluster_name, contrast_family, family_note, format_contrasts, ranking
@@ -365,6 +366,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("run_dir", help="a run directory (local or gs://)")
     args = p.parse_args(argv)
 
-    print(json.dumps(base_composer_eval(args.run_dir), indent=2))
+    row, code = exit_on_error(USER_ERROR_EXITS, base_composer_eval, args.run_dir)
+    if code is not None:
+        return code
+    print(json.dumps(row, indent=2))
     return 0
 

@@ -125,6 +125,37 @@ def check_checkpoint_path(path: str) -> None:
                           "(a llama.cpp file must end in .gguf)")
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+
+
+def check_tokenizer_files(m) -> None:
+    """ConfigError when the run reads its tokenizer (and chat template) from checkpoint directory
+    ``m.hf_path`` (``model.tokenizer`` auto or hf; ``m`` the model section) and that directory
+    has no tokenizer files, or no chat template while prompts render with the checkpoint's."""
+
+    path = m.hf_path
+    if m.tokenizer not in ("auto", "hf") or is_gguf_path(path):
+        return  # a built-in tokenizer, or the tokenizer stored in the GGUF file
+    if not any(_exists(_join(path, name)) for name in TOKENIZER_FILES):
+        raise ConfigError(f"model.hf_path={path!r} holds no tokenizer files ({', '.join(TOKENIZER_FILES)}); copy "
+                          f"the tokenizer files of the model the weights came from into it "
+                          f"(tokenizer.save_pretrained(DIR)), or name a built-in tokenizer: model.tokenizer=tiny or "
+                          f"qwen3 with model.chat_template=builtin.")
+    if not m.uses_checkpoint_template or any(_exists(_join(path, n)) for n in CHAT_TEMPLATE_FILES):
+        return
+    try:
+        config = files.read_json(path, "tokenizer_config.json") or {}
+    except ValueError:  # not JSON: transformers would fail on it too
+        raise ConfigError(f"model.hf_path={path!r}: tokenizer_config.json is not valid JSON; copy the model's "
+                          f"tokenizer files into it again.") from None
+    if not config.get("chat_template"):
+        raise ConfigError(f"model.hf_path={path!r} has a tokenizer but no chat template (none of "
+                          f"{', '.join(CHAT_TEMPLATE_FILES)}, no chat_template in tokenizer_config.json); copy the "
+                          f"model's chat template next to its weights, or set model.chat_template=builtin to render "
+                          f"prompts with the family's built-in template.")
+
+
 def resolve_config(argv: Sequence[str] | None = None):
     """The validated :class:`lopd_jax.settings.config.TrainConfig` for ``argv``; ConfigError on problems."""
 
@@ -142,6 +173,7 @@ def config_of(args: argparse.Namespace):
     m, b = cfg.model, cfg.bank
     if m.hf_path:
         check_checkpoint_path(m.hf_path)
+        check_tokenizer_files(m)
     if b.embedder_path and not _exists(b.embedder_path):
         raise ConfigError(f"bank.embedder_path={b.embedder_path!r}: no such embedder checkpoint.")
     if b.path and not _exists(b.path):

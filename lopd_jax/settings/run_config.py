@@ -101,7 +101,7 @@ def load_run_config(workdir: str) -> TrainConfig:
     """The config saved in ``<workdir>/config.json`` (local or ``gs://``)."""
     data = _read(workdir)
     if data is None:
-        raise ConfigError(f"no {CONFIG_FILE} in {workdir}; is this a run directory?")
+        raise ConfigError(f"no {CONFIG_FILE} in {workdir}; is this a run directory? Give the --workdir of a training run (python -m lopd_jax.train writes it).")
     return from_dict(data)
 
 

@@ -1,0 +1,109 @@
+"""Progress a user sees on any terminal: plain lines at a bounded interval.
+
+A tqdm bar with ``dynamic_ncols`` draws nothing on a terminal that reports width 0, and in a
+log file (not a terminal) its carriage-return updates pile up on one line. :func:`bar_mode`
+says which display a stream gets: a live bar (a terminal with a width), a fixed-width bar (a
+terminal that reports width 0) or plain lines (anything else). :class:`LineProgress` writes
+those plain lines, at least every ``every`` seconds while updates arrive; :class:`Heartbeat`
+tells a waiting loop when its next line is due. Both take a clock, so tests drive them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any, Callable, Literal, TextIO
+
+INTERVAL_S = 30.0  # the longest a long program stays silent
+FIXED_NCOLS = 100  # the bar's width on a terminal that reports none
+
+
+def bar_mode(stream: Any) -> Literal["dynamic", "fixed", "lines"]:
+    """``dynamic`` for a terminal with a width, ``fixed`` for a terminal that reports width 0
+    (or none), ``lines`` for anything that is not a terminal (a file, a pipe, a buffer)."""
+    try:
+        if not stream.isatty():
+            return "lines"
+        return "dynamic" if os.get_terminal_size(stream.fileno()).columns > 0 else "fixed"
+    except (AttributeError, OSError, ValueError):
+        return "lines"
+
+
+def format_seconds(s: float) -> str:
+    """``s`` as ``42s``, ``3m05s`` or ``1h02m``."""
+    s = max(0, int(round(s)))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def eta(done: float, total: float, elapsed: float) -> str:
+    """The time left at the pace so far (``?`` before any progress)."""
+    if done <= 0 or elapsed <= 0:
+        return "?"
+    return format_seconds(elapsed * max(0.0, total - done) / done)
+
+
+class Heartbeat:
+    """``due()`` is True at most once per ``every`` seconds of ``clock``, first right away."""
+
+    def __init__(self, every: float = INTERVAL_S, clock: Callable[[], float] = time.monotonic):
+        self.every, self.clock = every, clock
+        self._last: float | None = None
+
+    def due(self) -> bool:
+        """Whether a line is due now (and, if so, restart the interval)."""
+        now = self.clock()
+        if self._last is not None and now - self._last < self.every:
+            return False
+        self._last = now
+        return True
+
+
+class LineProgress:
+    """``desc: n/total unit (rate, ETA) k=v ...`` lines: on the first update, then whenever
+    ``every`` seconds have passed since the last line, and on :meth:`close`."""
+
+    def __init__(self, total: int, desc: str, *, initial: int = 0, unit: str = "step",
+                 file: TextIO | None = None, every: float = INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic):
+        self.total, self.desc, self.unit, self.n, self.initial = total, desc, unit, initial, initial
+        self.file, self.clock = file, clock
+        self.postfix: dict[str, Any] = {}
+        self._start = clock()
+        self._beat = Heartbeat(every, clock)
+        self._closed = False
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds since the start."""
+        return self.clock() - self._start
+
+    def line(self) -> str:
+        """The current line."""
+        done, elapsed = self.n - self.initial, self.elapsed
+        pace = f"{elapsed / done:.2f} s/{self.unit}" if done > 0 else "first " + self.unit
+        text = (f"{self.desc}: {self.n}/{self.total} {self.unit}s ({pace}, "
+                f"elapsed {format_seconds(elapsed)}, ETA {eta(done, self.total - self.initial, elapsed)})")
+        return text + "".join(f" {k}={v}" for k, v in self.postfix.items())
+
+    def update(self, n: int = 1) -> None:
+        """Advance by ``n``; write a line when one is due."""
+        self.n += n
+        if self._beat.due():
+            self._write()
+
+    def close(self) -> None:
+        """Write the last line (once)."""
+        if not self._closed:
+            self._closed = True
+            self._write()
+
+    def _write(self) -> None:
+        print(self.line(), file=self.file or sys.stderr, flush=True)
+
+
+__all__ = ["INTERVAL_S", "FIXED_NCOLS", "bar_mode", "format_seconds", "eta", "Heartbeat", "LineProgress"]
