@@ -65,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="heldout", choices=("train", "heldout"))
     p.add_argument("--num_tasks", type=int, default=None, help="evaluate the first N tasks (default: all)")
     p.add_argument("--out", default=None, help="write the metrics and per-task results here (JSON)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out (refused without it)")
     sp, caps = SamplingParams(), RolloutConfig()
     p.add_argument("--temperature", type=float, default=None,
                    help=f"0 = greedy (default {sp.temperature}; with --suite 0, greedy pass@1)")
@@ -149,6 +150,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parent = os.path.dirname(os.path.abspath(args.out))
         if not os.path.isdir(parent):
             parser.error(f"--out={args.out!r}: directory {parent!r} does not exist")
+        if os.path.isdir(args.out) or (os.path.exists(args.out) and not args.overwrite):
+            parser.error(f"--out={args.out!r} exists; " + ("it is a directory: give a file name" if os.path.isdir(
+                args.out) else "pass --overwrite to replace it, or choose another --out"))
     return args
 
 
