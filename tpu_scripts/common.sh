@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sourced by create.sh, setup.sh, run.sh, logs.sh and teardown.sh (not run on its own):
+# Sourced by create.sh, setup.sh, data.sh, run.sh, stop.sh, logs.sh and teardown.sh (not run on its own):
 # reads the slice's settings from tpu_scripts/slice.env (the environment overrides them)
 # and defines the gcloud helpers.
 # shellcheck disable=SC2034  # the variables are used by the scripts that source this file

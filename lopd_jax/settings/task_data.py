@@ -67,7 +67,8 @@ def check_task_data(cfg) -> None:
         for p in ([v] if isinstance(v, str) else v if isinstance(v, (list, tuple)) else []):
             if isinstance(p, str) and "://" in p:
                 raise ConfigError(f"env.kwargs.{key}={p!r}: task files are read from local disk; copy them "
-                                  f"first (gsutil cp {p} data/) and point the key at the copy ({_section(env.source)}).")
+                                  f"first (gcloud storage cp {p} data/) and point the key at the copy "
+                                  f"({_section(env.source)}).")
     try:
         get_task_source(env.source, **env.kwargs)
     except (ValueError, TypeError, OSError, ImportError, KeyError) as e:

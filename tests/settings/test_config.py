@@ -208,7 +208,7 @@ def test_task_data_is_checked_before_anything_is_written(tmp_path):
     with pytest.raises(ConfigError, match=r"no_such.jsonl.*does not exist.*TACO problems"):
         resolve_config(["--config=tiny", "env.source=taco", "stages.warmup_steps=0",
                         f"env.kwargs={{\"paths\": \"{tmp_path / 'no_such.jsonl'}\"}}"])
-    with pytest.raises(ConfigError, match=r"read from local disk; copy them first \(gsutil cp"):
+    with pytest.raises(ConfigError, match=r"read from local disk; copy them first \(gcloud storage cp"):
         resolve_config(["--config=qwen3_8b", "env.kwargs.train_path=gs://b/envscaler_train.jsonl"])
     root = ROOT
     cwd = os.getcwd()
