@@ -6,14 +6,19 @@ says which display a stream gets: a live bar (a terminal with a width), a fixed-
 terminal that reports width 0) or plain lines (anything else). :class:`LineProgress` writes
 those plain lines, at least every ``every`` seconds while updates arrive; :class:`Heartbeat`
 tells a waiting loop when its next line is due. Both take a clock, so tests drive them.
+A program whose work runs in child processes that log to files follows them: :func:`run_position`
+reads a run's newest ``metrics.jsonl`` record, :func:`run_and_follow` runs a command into a log
+and prints a line about it every ``INTERVAL_S``.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 import time
-from typing import Any, Callable, Literal, TextIO
+from typing import Any, Callable, Collection, Literal, Sequence, TextIO
 
 INTERVAL_S = 30.0  # the longest a long program stays silent
 FIXED_NCOLS = 100  # the bar's width on a terminal that reports none
@@ -48,11 +53,13 @@ def eta(done: float, total: float, elapsed: float) -> str:
 
 
 class Heartbeat:
-    """``due()`` is True at most once per ``every`` seconds of ``clock``, first right away."""
+    """``due()`` is True at most once per ``every`` seconds of ``clock``, the first time right
+    away (``at_once``) or after ``every`` seconds."""
 
-    def __init__(self, every: float = INTERVAL_S, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, every: float = INTERVAL_S, clock: Callable[[], float] = time.monotonic,
+                 at_once: bool = True):
         self.every, self.clock = every, clock
-        self._last: float | None = None
+        self._last: float | None = None if at_once else clock()
 
     def due(self) -> bool:
         """Whether a line is due now (and, if so, restart the interval)."""
@@ -106,4 +113,43 @@ class LineProgress:
         print(self.line(), file=self.file or sys.stderr, flush=True)
 
 
-__all__ = ["INTERVAL_S", "FIXED_NCOLS", "bar_mode", "format_seconds", "eta", "Heartbeat", "LineProgress"]
+def run_position(run_dir: str, skip_stages: Collection[str] = ()) -> tuple[str, int]:
+    """``(stage, step)`` of the newest record in ``run_dir/metrics.jsonl`` whose stage is not in
+    ``skip_stages`` (``("", 0)`` before the first); a line still being written is skipped."""
+    stage, step = "", 0
+    try:
+        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+            for ln in f:
+                try:
+                    r = json.loads(ln)
+                except ValueError:
+                    continue
+                if isinstance(r, dict) and r.get("stage") not in skip_stages:
+                    stage, step = str(r.get("stage", "")), int(r.get("step") or 0)
+    except OSError:
+        pass
+    return stage, step
+
+
+def run_and_follow(cmd: Sequence[str], log: str, describe: Callable[[float], str], *, cwd: str | None = None,
+                   env: dict | None = None, every: float = INTERVAL_S, poll_s: float = 2.0,
+                   file: TextIO | None = None) -> int:
+    """Run ``cmd`` with its output appended to file ``log``; every ``every`` seconds while it runs
+    print ``describe(elapsed seconds)``. Returns its exit status."""
+    beat, t0 = Heartbeat(every, at_once=False), time.monotonic()
+    with open(log, "a") as f:
+        proc = subprocess.Popen(list(cmd), cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT)
+        try:
+            while True:
+                try:
+                    return proc.wait(timeout=poll_s)
+                except subprocess.TimeoutExpired:
+                    if beat.due():
+                        print(describe(time.monotonic() - t0), file=file or sys.stderr, flush=True)
+        finally:
+            if proc.poll() is None:  # interrupted: the child stops with its parent
+                proc.terminate()
+                proc.wait()
+
+
+__all__ = ["INTERVAL_S", "FIXED_NCOLS", "bar_mode", "format_seconds", "eta", "Heartbeat", "LineProgress", "run_position", "run_and_follow"]

@@ -33,11 +33,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from configs import load_config  # noqa: E402
 from lopd_jax.io.paths import REPO_ROOT  # noqa: E402
-from lopd_jax.io.progress import Heartbeat, eta, format_seconds  # noqa: E402
+from lopd_jax.io.progress import Heartbeat, eta, format_seconds, run_position  # noqa: E402
 from lopd_jax.method import statistics  # noqa: E402
 from lopd_jax.programs.arm_stats import cluster_name, contrast, ledger_outcomes, run_outcomes, verdict  # noqa: E402
 from lopd_jax.io.startup import configure_platform  # noqa: E402
-from lopd_jax.programs.launcher import USER_ERROR_EXITS  # noqa: E402
+from lopd_jax.programs.launcher import USER_ERROR_EXITS, check_workdir  # noqa: E402
 from lopd_jax.settings.overrides import apply_overrides  # noqa: E402
 
 START_DIR = os.path.join(REPO_ROOT, "data", "demo", "start")
@@ -163,8 +163,7 @@ def check_args(args: argparse.Namespace) -> tuple[list[int], str, int]:
     seeds = parse_seeds(args.seeds)
     if args.parallel < 1:
         raise ValueError(f"--parallel={args.parallel}: run at least one process at a time, e.g. --parallel=1")
-    if os.path.exists(args.workdir) and not os.path.isdir(args.workdir):
-        raise ValueError(f"--workdir={args.workdir} is a file; give a directory (it is made if absent)")
+    check_workdir(args.workdir)
     config, overrides = start_args(args.start)
     cmd = train_command(args.workdir, config, overrides, seeds[0], args.overrides)
     cfg = apply_overrides(load_config(config), [a for a in cmd[3:] if not a.startswith("--")])
@@ -190,24 +189,6 @@ def _run(cmd: list[str], log: str) -> float:
     return time.perf_counter() - t0
 
 
-def run_position(run_dir: str) -> tuple[str, int]:
-    """``(stage, step)`` of a run's newest metrics record in ``run_dir`` (``("", 0)`` before the
-    first); the LOPD stage's step counts the steps done."""
-    stage, step = "", 0
-    try:
-        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-            for ln in f:
-                try:
-                    r = json.loads(ln)
-                except ValueError:  # a line the run is still writing
-                    continue
-                if r.get("stage") not in PREFIX_STAGES:  # the copied start's records are not progress
-                    stage, step = str(r.get("stage", "")), int(r.get("step") or 0)
-    except OSError:
-        pass
-    return stage, step
-
-
 def progress_line(workdir: str, jobs: dict, steps: int, elapsed: float) -> str:
     """One line on the runs: each one's state (queued, its stage and step, done, failed), the
     LOPD steps done of all and the ETA at that pace."""
@@ -216,7 +197,7 @@ def progress_line(workdir: str, jobs: dict, steps: int, elapsed: float) -> str:
         if name == "premise":
             parts.append("premise " + ("done" if job.done() else "running" if job.running() else "queued"))
             continue
-        stage, step = run_position(os.path.join(workdir, f"seed{name}"))
+        stage, step = run_position(os.path.join(workdir, f"seed{name}"), PREFIX_STAGES)
         lopd = steps if job.done() else step if stage == "lopd" else 0
         done += lopd
         state = ("failed" if job.exception() else "done") if job.done() else (

@@ -52,6 +52,19 @@ USER_ERROR_EXITS: Mapping[type[BaseException], int] = {
     IsADirectoryError: EXIT_USER_ERROR, FileExistsError: EXIT_USER_ERROR, PermissionError: EXIT_USER_ERROR}
 
 
+def check_workdir(path: str, flag: str = "--workdir") -> None:
+    """Before any work: ``NotADirectoryError`` naming the fix when local ``path``, or the
+    nearest of its parents that exists, is not a directory (it is made when absent)."""
+    if "://" in path:
+        return
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        where = "is a file" if probe == os.path.abspath(path) else f"lies under a file, {probe}"
+        raise NotADirectoryError(f"{flag}={path} {where}; give a directory (it is made when absent)")
+
+
 def check_out(path: str, overwrite: bool, flag: str = "--out", kind: str = "directory") -> None:
     """Before any work: ``FileExistsError`` naming the fix when output ``path`` (local or
     ``gs://``) exists and ``overwrite`` is False, or when it is a file where a directory goes."""

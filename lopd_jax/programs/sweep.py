@@ -22,12 +22,13 @@ import itertools
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from typing import Any, Sequence
 
 from lopd_jax.io.paths import REPO_ROOT, resolve_path
+from lopd_jax.io.progress import eta, format_seconds, run_and_follow, run_position
+from lopd_jax.programs.launcher import check_workdir
 from lopd_jax.programs.sweep_report import write_report
 from lopd_jax.settings.arm_config import ARMS, resolve_arm, uses_composer
 from lopd_jax.settings.errors import ConfigError
@@ -234,6 +235,23 @@ def _env() -> dict[str, str]:
     return env
 
 
+def run_progress(wd: str, lopd_steps: int):
+    """``describe(elapsed)`` for :func:`lopd_jax.io.progress.run_and_follow`: the run's stage and
+    step from its metrics, and the LOPD stage's ETA at its pace so far."""
+    seen: list[float] = []  # (elapsed, step) when the LOPD stage was first seen: the pace counts from there
+
+    def describe(elapsed: float) -> str:
+        stage, step = run_position(wd)
+        line = f"[sweep]   {os.path.basename(os.path.dirname(wd))}/{os.path.basename(wd)}: " + (
+            f"{stage} step {step}" if stage else "starting") + f", {format_seconds(elapsed)}"
+        if stage == "lopd":
+            seen[:] = seen or [elapsed, step]
+            line += f"; LOPD {step}/{lopd_steps}, ETA {eta(step - seen[1], lopd_steps - seen[1], elapsed - seen[0])}"
+        return line
+
+    return describe
+
+
 def run_one(config: str, spec: RunSpec, root: str, base_composer: bool) -> dict[str, Any]:
     """Run (or resume, or skip) one run; returns ``{"status", "seconds", "shared"}``."""
     cfg = run_config(config, spec, root)
@@ -243,19 +261,20 @@ def run_one(config: str, spec: RunSpec, root: str, base_composer: bool) -> dict[
         status["shared"] = share_into(root, cfg, wd)
         os.makedirs(wd, exist_ok=True)
         t0 = time.perf_counter()
-        with open(os.path.join(wd, "train.log"), "a") as log:
-            proc = subprocess.run([sys.executable, "-m", "lopd_jax.train", *spec.train_args(config, root)],
-                                  cwd=REPO_ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT)
+        code = run_and_follow([sys.executable, "-m", "lopd_jax.train", *spec.train_args(config, root)],
+                              os.path.join(wd, "train.log"), run_progress(wd, cfg.stages.lopd_steps),
+                              cwd=REPO_ROOT, env=_env())
         status["seconds"] = time.perf_counter() - t0
-        if proc.returncode != 0 or not finished(wd):
-            status["status"] = f"failed (exit {proc.returncode}; see {os.path.join(wd, 'train.log')})"
+        if code != 0 or not finished(wd):
+            status["status"] = f"failed (exit {code}; see {os.path.join(wd, 'train.log')})"
             return status
         status["status"] = "ran"
     register(root, cfg, wd)
     if base_composer and uses_composer(cfg) and not os.path.exists(os.path.join(wd, "base_composer.json")):
-        with open(os.path.join(wd, "train.log"), "a") as log:
-            subprocess.run([sys.executable, "-m", "lopd_jax.sweep_report", "base-composer", wd], cwd=REPO_ROOT,
-                           env=_env(), stdout=log, stderr=subprocess.STDOUT)
+        run_and_follow([sys.executable, "-m", "lopd_jax.sweep_report", "base-composer", wd],
+                       os.path.join(wd, "train.log"),
+                       lambda t: f"[sweep]   {wd}: the Base + Composer evaluation, {format_seconds(t)}",
+                       cwd=REPO_ROOT, env=_env())
     return status
 
 
@@ -265,8 +284,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.workdir = resolve_path(args.workdir)  # checkpoints need absolute paths; runs start elsewhere
     try:
+        check_workdir(args.workdir)
+        if args.report_only and not os.path.isdir(args.workdir):
+            raise ConfigError(f"--workdir={args.workdir}: no such sweep directory; give the --workdir of a sweep, "
+                              f"or drop --report_only to run one there")
         specs = plan(args)
-    except ConfigError as e:
+    except (ConfigError, NotADirectoryError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     os.makedirs(args.workdir, exist_ok=True)

@@ -34,6 +34,7 @@ from lopd_jax.io import files
 from lopd_jax.io.files import join
 from lopd_jax.io.paths import is_url, resolve_path
 from lopd_jax.io.startup import describe_devices
+from lopd_jax.programs.launcher import check_workdir
 from lopd_jax.method.bank import EmptyBankError
 from lopd_jax.settings.errors import ConfigError
 from configs import load_config
@@ -171,6 +172,10 @@ def config_of(args: argparse.Namespace):
     overrides = list(args.overrides) + ([f"workdir={args.workdir}"] if args.workdir else [])
     cfg = apply_schedule_scale(resolve_data_paths(resolve_paths(apply_overrides(cfg, overrides))))
     m, b = cfg.model, cfg.bank
+    try:
+        check_workdir(cfg.workdir)
+    except NotADirectoryError as e:
+        raise ConfigError(str(e)) from None
     if m.hf_path:
         check_checkpoint_path(m.hf_path)
         check_tokenizer_files(m)
