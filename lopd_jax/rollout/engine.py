@@ -16,6 +16,11 @@ timing. A run may also take more episodes and new weights as it goes from an
 episodes in flight go on under the new weights; each token records its weights' version). Optional: host-side stop strings (the
 cache rewound to the cut), input-embedding overrides (composer latents). Process-local: each
 process decodes its own episodes on its own ``data x tensor`` mesh (:mod:`.layout`).
+
+Every decision above is the run's :class:`~lopd_jax.rollout.scheduler.Scheduler` (no JAX);
+:meth:`Engine.run` is the loop that asks it for the next device call, runs the call and
+hands the numpy results back, timing host and device (:class:`EngineTiming`). An engine
+keeps one environment-step thread pool across its runs (:meth:`Engine.close`).
 """
 
 from __future__ import annotations
