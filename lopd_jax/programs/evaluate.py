@@ -35,7 +35,7 @@ from lopd_jax.io.paths import resolve_path
 from lopd_jax.method.eval_stats import behaviour_stats
 from lopd_jax.programs import eval_suite
 from lopd_jax.programs.acebench_user import user_simulator
-from lopd_jax.programs.composer_eval import eval_layout, load_composer_run, rows_latent_context
+from lopd_jax.programs.composer_eval import ComposerRun, eval_layout, load_composer_run, rows_latent_context
 from lopd_jax.programs.policy import TINY, load_policy, sharded_params
 from lopd_jax.settings.sections import EngineConfig, RolloutConfig, SamplingParams
 from train import distributed, mesh as mesh_lib
@@ -262,15 +262,45 @@ def fill_run_defaults(args: argparse.Namespace, run_cfg=None) -> str | None:
             f"max_total_tokens {args.max_total_tokens}")
 
 
+def load_evaluated(args: argparse.Namespace, sampling: SamplingParams, run: ComposerRun | None = None,
+                   env_workers: int | None = None) -> tuple[Any, Engine, Any]:
+    """``(chat format, engine, parameters)`` of the evaluated policy: ``run``'s (a loaded
+    ``--composer_from`` run: its base model on its engine), else ``--model`` loaded here, sharded
+    over every host's devices on a pod, on :func:`make_engine`'s engine. ``env_workers``: the
+    engine's environment threads (None: a run's own; for ``--model``, 0)."""
+    if run is not None:
+        engine = run.ctx.engine
+        if env_workers is not None:
+            engine = copy.copy(engine)
+            engine.config = dataclasses.replace(engine.config, env_workers=env_workers)
+        return run.ctx.fmt, engine, run.base_params()
+    rules = None
+    if jax.process_count() > 1:  # the policy sharded over every host's devices
+        rules = mesh_lib.rules_for(mesh_lib.make_mesh())
+    model, tok, family = load_policy(args.model, seed=args.seed, dtype=args.dtype, rules=rules)
+    # a checkpoint renders prompts with its own chat template (apply_chat_template)
+    fmt = make_chat_format(args.chat_format or family, tok, enable_thinking=args.enable_thinking,
+                           use_tokenizer_template=args.model != TINY and bool(getattr(tok, "chat_template", None)))
+    engine = make_engine(model, fmt, tok, sampling, args, env_workers or 0)
+    params = Engine.params_of(model) if rules is None else sharded_params(model, rules)
+    return fmt, engine, params
+
+
+def latents_of(run: ComposerRun | None):
+    """The ``latents_for(batch, lo, hi)`` of a composer run's rows (None without a run)."""
+    if run is None:
+        return None
+    return lambda batch, lo, hi: rows_latent_context(run, batch, lo, hi)
+
+
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     """Roll out the tasks of ``args`` and return ``{"metrics", "trajectories", "config"}``."""
 
     run = None
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k)
     if args.composer_from is not None:
-
         run = load_composer_run(args.composer_from, args.composer_stage)
-        source, fmt, engine, params = run.ctx.source, run.ctx.fmt, run.ctx.engine, run.base_params()
+        source = run.ctx.source
         _note(fill_run_defaults(args, run.ctx.cfg))
     else:
         _note(fill_run_defaults(args))
@@ -278,15 +308,8 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
             source = get_task_source(args.env, **args.env_kwargs)
         except TypeError as e:
             raise ValueError(f"--env_kwargs do not fit the {args.env!r} task source: {e}") from e
-        rules = None
-        if jax.process_count() > 1:  # the policy sharded over every host's devices
-            rules = mesh_lib.rules_for(mesh_lib.make_mesh())
-        model, tok, family = load_policy(args.model, seed=args.seed, dtype=args.dtype, rules=rules)
-        # a checkpoint renders prompts with its own chat template (apply_chat_template)
-        fmt = make_chat_format(args.chat_format or family, tok, enable_thinking=args.enable_thinking,
-                               use_tokenizer_template=args.model != TINY and bool(getattr(tok, "chat_template", None)))
-        engine = make_engine(model, fmt, tok, sampling, args, args.env_workers)
-        params = Engine.params_of(model) if rules is None else sharded_params(model, rules)
+    # a composer run keeps its engine's environment threads; --env_workers sizes --model's
+    fmt, engine, params = load_evaluated(args, sampling, run, args.env_workers if run is None else None)
     tasks = source.tasks(args.split)
     if args.num_tasks is not None:
         tasks = tasks[: args.num_tasks]
@@ -296,9 +319,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
                            max_total_tokens=args.max_total_tokens)
     rng = jax.random.key(args.seed)
     start = time.perf_counter()
-    latents_for = None
-    if run is not None:
-        latents_for = lambda batch, lo, hi: rows_latent_context(run, batch, lo, hi)  # noqa: E731
+    latents_for = latents_of(run)
     trajs = []
     with Progress(len(tasks), "evaluate", unit="episode") as bar:
         # each process reports the episodes it rolls out: on a pod process 0's bar is its share
@@ -329,22 +350,9 @@ def suite(args: argparse.Namespace) -> dict[str, Any]:
     if args.enable_thinking is None:
         args.enable_thinking = eval_suite.SUITE_DEFAULTS["enable_thinking"]
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k)
-    latents_for = None
-    if args.composer_from is not None:
-
-        run = load_composer_run(args.composer_from, args.composer_stage)
-        fmt, engine, params = run.ctx.fmt, copy.copy(run.ctx.engine), run.base_params()
-        engine.config = dataclasses.replace(engine.config, env_workers=args.grading_workers)
-        latents_for = lambda batch, lo, hi: rows_latent_context(run, batch, lo, hi)  # noqa: E731
-    else:
-        rules = None
-        if jax.process_count() > 1:
-            rules = mesh_lib.rules_for(mesh_lib.make_mesh())
-        model, tok, family = load_policy(args.model, seed=args.seed, dtype=args.dtype, rules=rules)
-        fmt = make_chat_format(args.chat_format or family, tok, enable_thinking=args.enable_thinking,
-                               use_tokenizer_template=args.model != TINY and bool(getattr(tok, "chat_template", None)))
-        engine = make_engine(model, fmt, tok, sampling, args, args.grading_workers)
-        params = Engine.params_of(model) if rules is None else sharded_params(model, rules)
+    run = None if args.composer_from is None else load_composer_run(args.composer_from, args.composer_stage)
+    fmt, engine, params = load_evaluated(args, sampling, run, args.grading_workers)
+    latents_for = latents_of(run)
     rng = jax.random.key(args.seed)
 
     def roll(tasks, sample, make_env, caps, name):

@@ -122,6 +122,20 @@ def test_reference_answers_score_100_and_missing_files_are_not_run(tmp_path):
     assert "github.com/evalplus/mbppplus_release" in mbpp["reason"]
 
 
+def _run_suite(suite, data, out, max_total_tokens, max_steps, timeout):
+    """``python -m lopd_jax.evaluate --suite=SUITE`` on the tiny model (one problem per
+    benchmark, 8-token turns) writing to ``out``: ``(its report, the rows by benchmark)``."""
+    out.mkdir()
+    cmd = [sys.executable, "-m", "lopd_jax.evaluate", f"--suite={suite}", "--model=tiny", f"--data_dir={data}",
+           f"--out_dir={out}", "--suite_limit=1", "--max_turn_tokens=8", f"--max_total_tokens={max_total_tokens}",
+           f"--max_steps={max_steps}", "--batch_size=4"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    return report, {r["benchmark"]: r for r in report["rows"]}
+
+
 def test_suite_command_on_a_tiny_model_writes_both_reports(tmp_path):
     data = tmp_path / "data"
     data.mkdir()
@@ -130,15 +144,7 @@ def test_suite_command_on_a_tiny_model_writes_both_reports(tmp_path):
     for name in ("heldout.jsonl", "env_items.json"):  # the EnvScaler-format fixture
         (data / "envscaler" / name).write_bytes(open(os.path.join(ROOT, "tests", "fixtures", "envscaler", name), "rb").read())
     out = tmp_path / "out"
-    out.mkdir()
-    cmd = [sys.executable, "-m", "lopd_jax.evaluate", "--suite=all", "--model=tiny", f"--data_dir={data}",
-           f"--out_dir={out}", "--suite_limit=1", "--max_turn_tokens=8", "--max_total_tokens=2048",
-           "--max_steps=1", "--batch_size=4"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads((out / "report.json").read_text())
-    rows = {r["benchmark"]: r for r in report["rows"]}
+    report, rows = _run_suite("all", data, out, max_total_tokens=2048, max_steps=1, timeout=600)
     assert [r["table"] for r in report["rows"]] == ["tool_use"] * 3 + ["code"] * 5
     assert rows["MBPP+"]["status"] == "not run" and rows["EnvScaler"]["status"] == "ok"
     assert 0.0 <= rows["EnvScaler"]["score"] <= 100.0 and rows["EnvScaler"]["problems"] == 1
@@ -176,16 +182,8 @@ def test_suite_tool_use_on_a_tiny_model_fills_the_acebench_cell(tmp_path):
     """The ACEBench agent episodes run with the policy as the simulated user and fill the
     Table 1 cell (about 35 s of CPU: compiles for 3-6k-token prompts and the user's turns)."""
     data, out = tmp_path / "data", tmp_path / "out"
-    out.mkdir()
     _write_acebench_agent(str(data / "acebench"))
-    cmd = [sys.executable, "-m", "lopd_jax.evaluate", "--suite=tool_use", "--model=tiny", f"--data_dir={data}",
-           f"--out_dir={out}", "--suite_limit=1", "--max_turn_tokens=8", "--max_total_tokens=6144",
-           "--max_steps=2", "--batch_size=4"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads((out / "report.json").read_text())
-    rows = {r["benchmark"]: r for r in report["rows"]}
+    _, rows = _run_suite("tool_use", data, out, max_total_tokens=6144, max_steps=2, timeout=900)
     assert rows["EnvScaler"]["status"] == "not run"
     ace = rows["ACEBench (multi-step/turn avg)"]
     assert ace["status"] == "ok" and 0.0 <= ace["score"] <= 100.0 and ace["problems"] == 2, ace
