@@ -232,26 +232,25 @@ def _supervise(conf: dict, libc, enforced: dict) -> int:
     return 0
 
 
+def _join_cgroup(path: str) -> bool:
+    """Move this process into the cgroup at ``path``; False when the kernel refuses."""
+    try:
+        with open(os.path.join(path, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+        return True
+    except OSError:
+        return False
+
+
 def _launcher_main(conf: dict) -> int:
     """Apply the isolation layers, then supervise the program (see the module docstring)."""
     libc = _libc()
     enforced = {"network_namespace": False, "pid_namespace": False, "readonly_mounts": False,
                 "private_proc": False, "cgroup_joined": False,
                 "hidden_paths": not conf.get("hidden")}
-    if conf.get("cgroup"):
-        try:
-            with open(os.path.join(conf["cgroup"], "cgroup.procs"), "w") as f:
-                f.write(str(os.getpid()))
-            enforced["cgroup_joined"] = True
-        except OSError:
-            pass
-    if conf.get("memory_cgroup"):
-        try:
-            with open(os.path.join(conf["memory_cgroup"], "cgroup.procs"), "w") as f:
-                f.write(str(os.getpid()))
-            enforced["memory_cgroup_joined"] = True
-        except OSError:
-            pass
+    for key in ("cgroup", "memory_cgroup"):  # enforced["<key>_joined"]: whether this process joined
+        if conf.get(key) and _join_cgroup(conf[key]):
+            enforced[f"{key}_joined"] = True
     if os.getuid() != 0:
         conf["uid_procs"] = _count_own_processes()
     in_ns = False
