@@ -17,6 +17,8 @@ settings only some arms read. The arms (see docs/baselines.md):
 * ``sdft`` -- self-distillation from an EMA of the student with a demonstration (the
   reference solution of another task of the family) as context.
 * ``skill_sd`` -- self-distillation from theta0 with a skill summary chosen by UCB1.
+* ``experiences_text`` -- self-distillation from theta0 with the experiences LOPD's composer
+  would compress (the same bank, the same retrieval) given as text.
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ ARM_SPECS: dict[str, ArmSpec] = {s.name: s for s in (
     ArmSpec("sdpo", "text", group=True),
     ArmSpec("sdft", "text"),
     ArmSpec("skill_sd", "text"),
+    ArmSpec("experiences_text", "text"),
 )}
 ARMS = tuple(ARM_SPECS)
 

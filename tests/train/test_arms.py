@@ -1,5 +1,5 @@
 """Baseline arms: GRPO against a NumPy reference, the text-context teacher sequences of
-OPSD / SDPO / SDFT / Skill-SD, UCB1, and the equal-budget / arm config plumbing."""
+OPSD / SDPO / SDFT / Skill-SD / experiences as text, UCB1, and the equal-budget / arm config plumbing."""
 
 import dataclasses
 import functools
@@ -206,6 +206,34 @@ def test_text_arm_contexts(arm):
         fam = {e.info["family"]: skill_summary(e) for e in reversed(bank.entries)}
         texts = [fam[t.task.family] for t in trajs]
         assert all(x in skills for x in texts)
+    _check_rows(impl, ctx, batch, trajs, texts)
+
+
+def test_experiences_text_context_is_the_retrieved_experiences():
+    """``experiences_text``: every row's teacher block holds, in retrieval order, the
+    ``composer.n_ret`` experiences the bank retrieves for its task -- the ones LOPD's batch
+    hands the composer (:func:`train.batches.retrieved_experience_arrays`) -- as text."""
+    from lopd_jax.method.bank import ExperienceBank
+    from lopd_jax.method.embedders import HashingEmbedder
+    from lopd_jax.method.text_context import trajectory_text
+    from train.arms.registry import arm_class
+    from train.bank_stage import to_experience
+    ctx = _arm_ctx("experiences_text")
+    ctx.cfg = apply_overrides(ctx.cfg, ["composer.n_ret=2", "arms.context_tokens=2000"])
+    tasks = ctx.train_tasks
+    bank = ExperienceBank(HashingEmbedder(dim=256), ctx.cfg.bank_config())  # the run's retrieval, n_ret = 2
+    bank.add_many([to_experience(_traj(t, 1.0, ctx.tokenizer)) for t in tasks])
+    bank.build()
+    trajs = [_traj(t, r, ctx.tokenizer) for t, r in zip([tasks[0]] * 4 + [tasks[3]] * 4, [0.0, 1.0] * 4)]
+    impl = arm_class("experiences_text")(ctx, bank)
+    batch = impl.batch(5, trajs)
+    texts = impl.contexts(5, trajs)
+    for t, text in zip(trajs, texts):
+        exps = bank.retrieve([t.task.instruction], [t.task.task_id])[0]
+        assert len(exps) == 2
+        lines = [trajectory_text(e, ctx.cfg.bank.max_obs_chars) for e in exps]
+        assert text == f"Example 1:\n{lines[0]}\n\nExample 2:\n{lines[1]}"
+        assert all(e.instruction in text for e in exps)
     _check_rows(impl, ctx, batch, trajs, texts)
 
 

@@ -79,7 +79,7 @@ def test_arm_training_stage_runs(shared, arm):
         assert not same_composer and "delta" in rec and "beta" in rec
     else:
         assert same_composer  # frozen composer, or no composer at all
-    if arm in ("opsd", "sdft", "skill_sd"):  # every row has a context
+    if arm in ("opsd", "sdft", "skill_sd", "experiences_text"):  # every row has a context
         assert rec["supervised_rollouts"] > 0 and moved and rec["distill_kl"] >= 0
     if arm == "sdft":
         assert any(not np.array_equal(a, b) for a, b in zip(_leaves(state["ema"]), theta0))
