@@ -46,6 +46,14 @@ def _maxerr(a, b, mask):
     return float(np.abs(a - b)[mask].max())
 
 
+def _random_lora_b(model, seed=2, scale=0.05):
+    """Every LoRA B drawn from N(0, scale), so the adapter changes the output."""
+    rng = np.random.RandomState(seed)
+    for t in model.cfg.lora.targets:
+        b = getattr(model, f"lora_{t}_b")
+        b.set_value(jnp.asarray(rng.normal(0, scale, b.shape).astype(np.float32)))
+
+
 def _make(tmp, family):
     torch.manual_seed(0)
     if family == "qwen3":
@@ -220,10 +228,7 @@ def test_peft_adapter_and_merged_export(ckpts, tmp_path):
     path = ckpts["olmo3"][0]
     ids, mask = _ids_mask()
     model = from_pretrained(path, lora=LoraConfig(rank=4, alpha=8.0))
-    rng = np.random.RandomState(2)
-    for t in model.cfg.lora.targets:
-        b = getattr(model, f"lora_{t}_b")
-        b.set_value(jnp.asarray(rng.normal(0, 0.05, b.shape).astype(np.float32)))
+    _random_lora_b(model)
     before = _params(model)
     ours_lora = _ours(model, ids, mask, lora=True)
     ours_base = _ours(model, ids, mask)

