@@ -13,7 +13,7 @@
 # The wait is per program: TRAIN_WAIT_S (default 3600, until under way), EXPORT_WAIT_S
 # (7200), EVALUATE_WAIT_S (43200), <PROGRAM>_WAIT_S for any other (3600). When it runs out
 # with no worker failed, the workers keep going: this says how to follow and stop them and
-# returns 3. POLL_S (default 20) is the polling interval.
+# returns 3. POLL_S (default 20) is the polling interval; STOP_GRACE_S as for stop.sh.
 # Logs: ~/REMOTE_DIR/logs/PROGRAM-worker-<i>.log on each worker (tpu_scripts/logs.sh shows them).
 # The programs call jax.distributed.initialize() themselves on a multi-host slice; rerunning
 # the same training command after a preemption resumes from the newest checkpoint.
@@ -35,9 +35,11 @@ case "$program" in
   *) default_wait=3600 ;;
 esac
 wait_s="${!wait_var:-$default_wait}"
+if [[ ! "$wait_s" =~ ^[0-9]+$ ]]; then echo "error: $wait_var=$wait_s: give the wait in whole seconds" >&2; exit 2; fi
 args="$(printf '%q ' "$@")"
 
-busy="$(tpu_ssh "cd $REMOTE_DIR 2>/dev/null && bash tpu_scripts/worker.sh busy" | grep '^error: worker' || true)"
+busy="$(tpu_ssh "cd $REMOTE_DIR 2>/dev/null && bash tpu_scripts/worker.sh busy" \
+  | grep -E 'error: worker [^ ]+: python -m lopd_jax' || true)"
 if [[ -n "$busy" ]]; then
   echo "$busy" >&2
   echo "error: not started: a program is still running on the slice; ./tpu_scripts/stop.sh stops it" >&2
@@ -46,7 +48,7 @@ fi
 
 stop_all() {  # stop the program on every worker (each prints what it stopped)
   echo "stopping every worker's program (./tpu_scripts/stop.sh) ..." >&2
-  tpu_ssh "cd $REMOTE_DIR && bash tpu_scripts/worker.sh stop" >&2 || true
+  tpu_ssh "cd $REMOTE_DIR && STOP_GRACE_S=${STOP_GRACE_S:-120} bash tpu_scripts/worker.sh stop" >&2 || true
 }
 
 if ! tpu_ssh "cd $REMOTE_DIR && . $LOPD_VENV/bin/activate && bash tpu_scripts/worker.sh start $program $args"; then
