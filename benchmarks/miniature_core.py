@@ -24,15 +24,17 @@ import concurrent.futures
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 
 import numpy as np
 
 from benchmarks import rank_arms
+from configs import load_config
+from lopd_jax.io.progress import describe_run, run_and_follow
 from lopd_jax.method.statistics import sample_sd
 from lopd_jax.settings.arm_config import ARMS
+from lopd_jax.settings.overrides import apply_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARM_OVERRIDES = {"lopd": [], "m0": ["steps.margin=0"]}
@@ -78,11 +80,12 @@ def run_env(W: str, compile_cache: str = "") -> dict[str, str]:
 
 def _train(workdir: str, config: str, overrides: list[str], log: str, env: dict[str, str] | None = None) -> float:
     t0 = time.perf_counter()
-    with open(log, "a") as f:
-        proc = subprocess.run([sys.executable, "-m", "lopd_jax.train", f"--config={config}", f"--workdir={workdir}",
-                               *overrides], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(f"training run in {workdir} failed (exit {proc.returncode}); see {log}")
+    steps = apply_overrides(load_config(config), overrides).stages.lopd_steps
+    code = run_and_follow([sys.executable, "-m", "lopd_jax.train", f"--config={config}", f"--workdir={workdir}",
+                           *overrides], log, describe_run(workdir, f"[miniature_core] {os.path.basename(workdir)}",
+                                                          steps), cwd=ROOT, env=env, file=sys.stdout)
+    if code != 0:
+        raise RuntimeError(f"training run in {workdir} failed (exit {code}); see {log}")
     return time.perf_counter() - t0
 
 
