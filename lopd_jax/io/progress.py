@@ -131,6 +131,23 @@ def run_position(run_dir: str, skip_stages: Collection[str] = ()) -> tuple[str, 
     return stage, step
 
 
+def describe_run(run_dir: str, label: str, steps: int, stage: str = "lopd") -> Callable[[float], str]:
+    """``describe(elapsed)`` for :func:`run_and_follow` of a training run in ``run_dir``: its
+    newest stage and step and, in stage ``stage`` of ``steps`` steps, the ETA at the pace
+    since that stage was first seen."""
+    seen: list[float] = []  # (elapsed, step) when ``stage`` was first seen: the pace counts from there
+
+    def describe(elapsed: float) -> str:
+        now, step = run_position(run_dir)
+        line = f"{label}: " + (f"{now} step {step}" if now else "starting") + f", {format_seconds(elapsed)}"
+        if now == stage:
+            seen[:] = seen or [elapsed, step]
+            line += f"; {stage} {step}/{steps}, ETA {eta(step - seen[1], steps - seen[1], elapsed - seen[0])}"
+        return line
+
+    return describe
+
+
 def run_and_follow(cmd: Sequence[str], log: str, describe: Callable[[float], str], *, cwd: str | None = None,
                    env: dict | None = None, every: float = INTERVAL_S, poll_s: float = 2.0,
                    file: TextIO | None = None) -> int:
@@ -152,4 +169,4 @@ def run_and_follow(cmd: Sequence[str], log: str, describe: Callable[[float], str
                 proc.wait()
 
 
-__all__ = ["INTERVAL_S", "FIXED_NCOLS", "bar_mode", "format_seconds", "eta", "Heartbeat", "LineProgress", "run_position", "run_and_follow"]
+__all__ = ["INTERVAL_S", "FIXED_NCOLS", "bar_mode", "format_seconds", "eta", "Heartbeat", "LineProgress", "run_position", "describe_run", "run_and_follow"]

@@ -27,7 +27,7 @@ import time
 from typing import Any, Sequence
 
 from lopd_jax.io.paths import REPO_ROOT, resolve_path
-from lopd_jax.io.progress import eta, format_seconds, run_and_follow, run_position
+from lopd_jax.io.progress import describe_run, format_seconds, run_and_follow
 from lopd_jax.programs.launcher import check_workdir
 from lopd_jax.programs.sweep_report import write_report
 from lopd_jax.settings.arm_config import ARMS, resolve_arm, uses_composer
@@ -235,23 +235,6 @@ def _env() -> dict[str, str]:
     return env
 
 
-def run_progress(wd: str, lopd_steps: int):
-    """``describe(elapsed)`` for :func:`lopd_jax.io.progress.run_and_follow`: the run's stage and
-    step from its metrics, and the LOPD stage's ETA at its pace so far."""
-    seen: list[float] = []  # (elapsed, step) when the LOPD stage was first seen: the pace counts from there
-
-    def describe(elapsed: float) -> str:
-        stage, step = run_position(wd)
-        line = f"[sweep]   {os.path.basename(os.path.dirname(wd))}/{os.path.basename(wd)}: " + (
-            f"{stage} step {step}" if stage else "starting") + f", {format_seconds(elapsed)}"
-        if stage == "lopd":
-            seen[:] = seen or [elapsed, step]
-            line += f"; LOPD {step}/{lopd_steps}, ETA {eta(step - seen[1], lopd_steps - seen[1], elapsed - seen[0])}"
-        return line
-
-    return describe
-
-
 def run_one(config: str, spec: RunSpec, root: str, base_composer: bool) -> dict[str, Any]:
     """Run (or resume, or skip) one run; returns ``{"status", "seconds", "shared"}``."""
     cfg = run_config(config, spec, root)
@@ -262,7 +245,8 @@ def run_one(config: str, spec: RunSpec, root: str, base_composer: bool) -> dict[
         os.makedirs(wd, exist_ok=True)
         t0 = time.perf_counter()
         code = run_and_follow([sys.executable, "-m", "lopd_jax.train", *spec.train_args(config, root)],
-                              os.path.join(wd, "train.log"), run_progress(wd, cfg.stages.lopd_steps),
+                              os.path.join(wd, "train.log"), describe_run(
+                                  wd, f"[sweep]   {spec.name} seed {spec.seed}", cfg.stages.lopd_steps),
                               cwd=REPO_ROOT, env=_env())
         status["seconds"] = time.perf_counter() - t0
         if code != 0 or not finished(wd):
