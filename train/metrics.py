@@ -191,16 +191,20 @@ class Progress:
     ``update(n, **postfix)`` advances and shows a few metrics; disabled on processes
     other than 0 unless ``enabled`` says otherwise. ``initial`` resumes mid-stage. On a
     terminal it is a tqdm bar (a fixed width when the terminal reports width 0); elsewhere (a
-    log file, a pipe) plain lines at least every 30 s (:mod:`lopd_jax.io.progress`).
+    log file, a pipe) plain lines at least every ``every`` seconds, also while one step runs
+    (:mod:`lopd_jax.io.progress`).
     """
 
     def __init__(self, total: int, desc: str, *, initial: int = 0, unit: str = "step",
-                 enabled: bool | None = None, file=None):
+                 enabled: bool | None = None, file=None, every: float = progress.INTERVAL_S):
         enabled = jax.process_index() == 0 if enabled is None else enabled
         file = file or sys.stderr
         mode = progress.bar_mode(file)
-        self._lines = (progress.LineProgress(total, desc, initial=initial, unit=unit, file=file)
+        self._lines = (progress.LineProgress(total, desc, initial=initial, unit=unit, file=file, every=every)
                        if enabled and mode == "lines" else None)
+        # plain lines also between updates: a step longer than the interval still shows its stage
+        self._pulse = (progress.Pulse(lambda _: self._lines.line(), every, at_once=False, file=file).__enter__()
+                       if self._lines is not None else None)
         self._bar = tqdm(total=total, initial=initial, desc=desc, unit=unit, file=file, smoothing=0.1,
                          disable=not enabled or self._lines is not None, dynamic_ncols=mode == "dynamic",
                          ncols=None if mode == "dynamic" else progress.FIXED_NCOLS)
@@ -232,6 +236,8 @@ class Progress:
 
     def close(self) -> None:
         """Finish the bar (or write the last line)."""
+        if self._pulse is not None:
+            self._pulse.__exit__(None, None, None)
         if self._lines is not None:
             self._lines.close()
         self._bar.close()

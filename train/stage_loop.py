@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 import time
@@ -15,6 +16,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from lopd_jax.io.progress import Pulse, format_seconds
 from lopd_jax.method.eval_stats import behaviour_stats, no_tool_baseline
 from train.checkpoint import Checkpointer, preemption_agreed
 from train.distributed import global_array
@@ -31,6 +33,15 @@ def log(msg: str) -> None:
     """One progress line on stderr (process 0 only)."""
     if jax.process_index() == 0:
         print(f"[lopd] {msg}", file=sys.stderr, flush=True)
+
+
+def first_step_pulse(stage: str, first: bool):
+    """On process 0, for a stage's first step in this process: a line now and every 30 s saying
+    that it compiles (its batch's rollouts and the step function); else a no-op context."""
+    if not first or jax.process_index() != 0:
+        return contextlib.nullcontext()
+    return Pulse(lambda t: f"[lopd] {stage}: first step: compiling the {stage} step and its rollouts (first step "
+                           f"only; the compilation cache makes reruns quick), {format_seconds(t)}")
 
 
 def evaluate_policy(ctx: RunContext, params, step: int = 0) -> dict[str, Any]:
@@ -121,12 +132,13 @@ def run_steps(ctx: RunContext, stage: str, state, num_steps: int, step_fn: Calla
         guard = NonFiniteTracker(ctx.cfg.steps.max_nonfinite_skips, stage)
         with Progress(num_steps, stage, initial=start) as bar:
             for s in range(start, num_steps):
-                t0 = time.perf_counter()
-                batch = put_batch(ctx.system, batch_fn(s))
-                t1 = time.perf_counter()
-                state, metrics = step_fn(state, batch)
-                metrics = {k: float(v) for k, v in jax.device_get(metrics).items() if np.ndim(v) == 0}
-                t2 = time.perf_counter()
+                with first_step_pulse(stage, s == start):
+                    t0 = time.perf_counter()
+                    batch = put_batch(ctx.system, batch_fn(s))
+                    t1 = time.perf_counter()
+                    state, metrics = step_fn(state, batch)
+                    metrics = {k: float(v) for k, v in jax.device_get(metrics).items() if np.ndim(v) == 0}
+                    t2 = time.perf_counter()
                 metrics["batch_seconds"], metrics["train_seconds"] = t1 - t0, t2 - t1
                 if "nonfinite" in metrics:  # skipped updates; stops after steps.max_nonfinite_skips in a row
                     metrics["skipped_steps"] = float(guard.update(metrics, s + 1))

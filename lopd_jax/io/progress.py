@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from typing import Any, Callable, Collection, Literal, Sequence, TextIO
 
@@ -113,6 +114,38 @@ class LineProgress:
         print(self.line(), file=self.file or sys.stderr, flush=True)
 
 
+class Pulse:
+    """``with Pulse(describe):`` prints ``describe(elapsed seconds)`` when the block starts
+    (``at_once``) and every ``every`` seconds while it runs, from a background thread: for one
+    long step (a first compile) or a loop whose own lines may come further apart."""
+
+    def __init__(self, describe: Callable[[float], str], every: float = INTERVAL_S, *, at_once: bool = True,
+                 file: TextIO | None = None):
+        self.describe, self.every, self.at_once, self.file = describe, every, at_once, file
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _say(self, elapsed: float) -> None:
+        print(self.describe(elapsed), file=self.file or sys.stderr, flush=True)
+
+    def _beat(self, t0: float) -> None:
+        while not self._stop.wait(self.every):
+            self._say(time.monotonic() - t0)
+
+    def __enter__(self) -> "Pulse":
+        t0 = time.monotonic()
+        if self.at_once:
+            self._say(0.0)
+        self._thread = threading.Thread(target=self._beat, args=(t0,), name="lopd-progress", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
 def run_position(run_dir: str, skip_stages: Collection[str] = ()) -> tuple[str, int]:
     """``(stage, step)`` of the newest record in ``run_dir/metrics.jsonl`` whose stage is not in
     ``skip_stages`` (``("", 0)`` before the first); a line still being written is skipped."""
@@ -169,4 +202,4 @@ def run_and_follow(cmd: Sequence[str], log: str, describe: Callable[[float], str
                 proc.wait()
 
 
-__all__ = ["INTERVAL_S", "FIXED_NCOLS", "bar_mode", "format_seconds", "eta", "Heartbeat", "LineProgress", "run_position", "describe_run", "run_and_follow"]
+__all__ = ["INTERVAL_S", "FIXED_NCOLS", "bar_mode", "format_seconds", "eta", "Heartbeat", "LineProgress", "Pulse", "run_position", "describe_run", "run_and_follow"]
