@@ -208,11 +208,12 @@ def progress_line(workdir: str, jobs: dict, steps: int, elapsed: float) -> str:
             f"; LOPD steps {done}/{total}, ETA {eta(done, total, elapsed)}")
 
 
-def wait_with_progress(workdir: str, jobs: dict, steps: int, beat: Heartbeat | None = None) -> None:
+def wait_with_progress(workdir: str, jobs: dict, steps: int, beat: Heartbeat | None = None,
+                       poll_s: float = POLL_S) -> None:
     """Wait for every job, printing :func:`progress_line` whenever ``beat`` is due (every 30 s)."""
     beat, t0 = beat or Heartbeat(), time.monotonic()
     while True:
-        _, pending = concurrent.futures.wait(jobs.values(), timeout=POLL_S)
+        _, pending = concurrent.futures.wait(jobs.values(), timeout=poll_s)
         if not pending:
             return
         if beat.due():

@@ -78,3 +78,31 @@ def test_start_loads_and_its_theta0_reads_the_hint(tmp_path):
     assert lp["base + oracle text"] > lp["base"] + 0.01, lp
     # and with the cold-start composer's latents (LOPD's teacher), whose greedy reward beats base
     assert lp["base + composer"] > lp["base"], lp
+
+
+def test_demo_prints_its_runs_progress(tmp_path, capsys):
+    """While its runs work, the demo prints a line on each (stage and step from its metrics),
+    the LOPD steps done of all and an ETA, at the heartbeat's interval."""
+    import concurrent.futures
+    import time
+
+    from lopd_jax.io.progress import Heartbeat
+
+    def lopd_run(run_dir):
+        os.makedirs(run_dir)
+        with open(os.path.join(run_dir, "metrics.jsonl"), "a") as f:
+            f.write(json.dumps({"stage": "cold_start", "step": 40}) + "\n")  # the copied start: not progress
+            for step in range(1, 5):
+                f.write(json.dumps({"stage": "lopd", "step": step}) + "\n")
+                f.flush()
+                time.sleep(0.1)
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        jobs = {"premise": pool.submit(time.sleep, 0.2), 0: pool.submit(lopd_run, str(tmp_path / "seed0"))}
+        demo.wait_with_progress(str(tmp_path), jobs, 4, Heartbeat(every=0.05), poll_s=0.01)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) >= 3 and all(ln.startswith("[demo ") and "LOPD steps " in ln for ln in lines), lines
+    assert any("seed0 lopd step" in ln and "ETA " in ln for ln in lines), lines
+    assert "cold_start" not in "".join(lines)
+    line = demo.progress_line(str(tmp_path), jobs, 4, 10.0)
+    assert "premise done, seed0 done; LOPD steps 4/4, ETA 0s" in line
