@@ -6,7 +6,9 @@ descriptions, at most 512 tokens), K = 4 latents from n_ret = 2 experiences, a f
 steps per stage. The model starts from random weights, so a supervised warm-up on the
 family's reference solutions comes first; 160 steps teach it the tool-call format and
 which tools each family needs, but not to copy names and numbers from the instruction,
-so its held-out reward is 0.000 before and after LOPD (a task counts only when done).
+so its held-out reward is near zero before and after LOPD (0.000 here, a few hundredths
+elsewhere: the engine's batching, the device count and the CPU vary the last bits, see
+docs/results.md, "The tiny run").
 The run shows that every stage runs, resumes and exports, not that the method learns
 (that is the miniature's job: configs/miniature.py, docs/miniature.md).
 """
