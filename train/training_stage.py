@@ -361,8 +361,10 @@ class ArmStage(TrainingStage):
         """The arm's batch of step ``s``: with ``Arm.all_rows``, this process's rows of it
         (:meth:`train.run_context.RunContext.local_rows`; a length-bucketed batch puts its own)."""
         batch = self.arm.batch(s, trajs)
+        if not self.arm.all_rows or not isinstance(batch, dict):
+            return batch
         lo, hi = self.ctx.local_rows(self.rows)
-        if not self.arm.all_rows or (lo, hi) == (0, self.rows) or not isinstance(batch, dict):
+        if (lo, hi) == (0, self.rows):
             return batch
         for k, v in batch.items():
             if np.shape(v)[:1] != (self.rows,):
