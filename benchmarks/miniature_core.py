@@ -1,11 +1,16 @@
-"""The miniature's core comparison with one shared prefix: arms x seeds from one theta0.
+"""The miniature's core comparison: arms x seeds forked from one shared prefix, or from several.
 
     python -m benchmarks.miniature_core --config=miniature --workdir=W \\
-        [--arms=lopd,grpo,lopd_frozen_composer,m0] [--seeds=0,1,2] [--parallel=2] [key=value ...]
+        [--arms=lopd,grpo,lopd_frozen_composer,m0] [--seeds=0,1,2] [--prefix_seeds=0,1,2] [--parallel=2]
+        [key=value ...]
 
 Runs the shared stages (warm-up, evaluation before, bank, cold start) once in ``W/prefix``, as
 the paper's seeds all start from one checkpoint; then each arm x seed resumes a copy of it in
 ``W/runs/ARM_sSEED`` (training stage, evaluation after, export; finished runs are skipped).
+With ``--prefix_seeds=a,b,c`` each prefix ``W/prefix_P`` is built with ``seed=P`` (its own
+theta0, bank and phi0) and every arm x seed is forked from each, in ``W/runs/ARM_pP_sSEED``;
+the records carry ``prefix`` and the contrasts pair runs within each prefix
+(:func:`lopd_jax.programs.arm_stats.prefix_means`).
 The runs share JAX's persistent compilation cache (``W/jax_cache``; ``--compile_cache``), so
 only the first run of each program compiles it. ``W/results.json`` holds one record per run;
 the table (mean +- sample SD over seeds) is printed with :mod:`benchmarks.rank_arms`'s
@@ -113,9 +118,22 @@ def fork(prefix: str, run_dir: str, config: str, overrides: list[str]) -> None:
     os.replace(tmp, run_dir)
 
 
-def record(run_dir: str, arm: str, seed: int, overrides: list[str], wall: float | None) -> dict:
+def prefix_dir(W: str, prefix: int | None) -> str:
+    """The shared prefix's directory: ``W/prefix`` for a one-prefix grid, ``W/prefix_P`` for
+    prefix seed P."""
+    return os.path.join(W, "prefix" if prefix is None else f"prefix_{prefix}")
+
+
+def run_dir_of(W: str, arm: str, seed: int, prefix: int | None = None) -> str:
+    """A run's directory: ``W/runs/ARM_sSEED``, or ``W/runs/ARM_pP_sSEED`` forked from prefix P."""
+    return os.path.join(W, "runs", f"{arm}_s{seed}" if prefix is None else f"{arm}_p{prefix}_s{seed}")
+
+
+def record(run_dir: str, arm: str, seed: int, overrides: list[str], wall: float | None,
+           prefix: int | None = None) -> dict:
     """The results record of a finished run (``wall``: seconds of its training process; None
-    reads ``run_dir/wall.json``, written when this script ran it, else stays None)."""
+    reads ``run_dir/wall.json``, written when this script ran it, else stays None; ``prefix``:
+    its prefix seed, recorded only for a several-prefix grid)."""
     led = _ledger(run_dir)
     if wall is None and os.path.exists(os.path.join(run_dir, WALL_FILE)):
         wall = json.load(open(os.path.join(run_dir, WALL_FILE)))["wall_seconds"]
@@ -125,7 +143,8 @@ def record(run_dir: str, arm: str, seed: int, overrides: list[str], wall: float 
     rollouts = int(sum(r.get("rollouts", 0) for r in train))
     roll_s = float(sum(r.get("rollout_seconds", 0.0) for r in train))
     b, a = led["eval_before"], led["eval_after"]
-    return {"arm": arm, "seed": seed, "overrides": overrides, "rollouts": rollouts,
+    return {"arm": arm, "seed": seed, **({} if prefix is None else {"prefix": prefix}),
+            "overrides": overrides, "rollouts": rollouts,
             "reward_before": b["reward_mean"], "reward_after": a["reward_mean"],
             "success_before": b["success_rate"], "success_after": a["success_rate"],
             "arg_prob_before": b.get("oracle_arg_prob"), "arg_prob_after": a.get("oracle_arg_prob"),
@@ -200,6 +219,8 @@ def main(argv=None) -> int:
     p.add_argument("--workdir", required=True)
     p.add_argument("--arms", default="lopd,grpo,lopd_frozen_composer,m0")
     p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--prefix_seeds", default="", help="several prefixes, W/prefix_P from warm-up seed P each "
+                   "(default: one prefix, W/prefix, from the config's seed)")
     p.add_argument("--parallel", type=int, default=1, help="training runs at once")
     p.add_argument("--report_only", action="store_true", help="only collect finished runs and write the reports")
     p.add_argument("--compile_cache", default="", help="JAX's persistent compilation cache for the runs "
@@ -213,52 +234,55 @@ def main(argv=None) -> int:
 
     configure_platform()  # before JAX is imported (here and in the runs it starts): no libtpu noise on CPU
     arms, seeds = args.arms.split(","), [int(s) for s in args.seeds.split(",")]
+    prefixes = [int(p) for p in args.prefix_seeds.split(",")] if args.prefix_seeds else [None]
     W = os.path.abspath(args.workdir)
     os.makedirs(os.path.join(W, "runs"), exist_ok=True)
     t_sweep = time.perf_counter()
-    prefix = os.path.join(W, "prefix")
+    jobs = [(a, s, p) for p in prefixes for s in seeds for a in arms]
     if args.report_only:
-        done = [(a, s) for s in seeds for a in arms
-                if _ledger(os.path.join(W, "runs", f"{a}_s{s}")).get("eval_after", {}).get("done")]
-        records = [record(os.path.join(W, "runs", f"{a}_s{s}"), a, s, [*args.overrides, *arm_overrides(a),
-                                                                       f"seed={s}"], None) for a, s in done]
+        records = [record(run_dir_of(W, a, s, p), a, s, [*args.overrides, *arm_overrides(a), f"seed={s}"], None, p)
+                   for a, s, p in jobs if _ledger(run_dir_of(W, a, s, p)).get("eval_after", {}).get("done")]
         with open(os.path.join(W, "results.json"), "w") as f:
-            json.dump({"config": args.config, "overrides": args.overrides, "records": records}, f, indent=1)
+            json.dump({"config": args.config, "overrides": args.overrides, "prefix_seeds": prefixes,
+                       "records": records}, f, indent=1)
         print(table(records))
         print(rank_arms.format_report(rank_arms.report(W)))
-        print("\n".join(sweep_report(W, arms, seeds)))
+        if prefixes == [None]:  # lopd_jax.sweep's layout has no prefix
+            print("\n".join(sweep_report(W, arms, seeds)))
         return 0
     env = run_env(W, args.compile_cache)
-    if not _ledger(prefix).get("cold_start", {}).get("done"):
-        _train(prefix, args.config, [*args.overrides, "stages.lopd_steps=0"], os.path.join(W, "prefix.log"), env)
+    for p in prefixes:  # the prefix stages' seed is the prefix seed: theta0, bank and phi0 are its draw
+        if not _ledger(prefix_dir(W, p)).get("cold_start", {}).get("done"):
+            log = os.path.join(W, "prefix.log" if p is None else f"prefix_{p}.log")
+            _train(prefix_dir(W, p), args.config,
+                   [*args.overrides, *([] if p is None else [f"seed={p}"]), "stages.lopd_steps=0"], log, env)
 
-    def one(arm_seed):
-        arm, seed = arm_seed
-        run_dir = os.path.join(W, "runs", f"{arm}_s{seed}")
+    def one(job):
+        arm, seed, prefix = job
+        run_dir = run_dir_of(W, arm, seed, prefix)
         overrides = [*args.overrides, *arm_overrides(arm), f"seed={seed}"]
         wall = None
         if not _ledger(run_dir).get("eval_after", {}).get("done"):
             if not os.path.isdir(run_dir):
-                fork(prefix, run_dir, args.config, overrides)
+                fork(prefix_dir(W, prefix), run_dir, args.config, overrides)
             wall = _train(run_dir, args.config, overrides, run_dir + ".log", env)
             with open(os.path.join(run_dir, WALL_FILE), "w") as f:
                 json.dump({"wall_seconds": wall}, f)
-            print(f"finished {arm} seed {seed} in {wall:.0f}s", flush=True)
-        return record(run_dir, arm, seed, overrides, wall)
+            print(f"finished {os.path.basename(run_dir)} in {wall:.0f}s", flush=True)
+        return record(run_dir, arm, seed, overrides, wall, prefix)
 
-    def safe(arm_seed):  # one failed run must not cancel the others (pool.map cancels what is pending)
+    def safe(job):  # one failed run must not cancel the others (pool.map cancels what is pending)
         try:
-            return one(arm_seed)
+            return one(job)
         except Exception as e:  # noqa: BLE001 -- reported below, exit status 1
-            print(f"FAILED {arm_seed[0]} seed {arm_seed[1]}: {e}", flush=True)
+            print(f"FAILED {os.path.basename(run_dir_of(W, *job))}: {e}", flush=True)
             return None
 
-    jobs = [(a, s) for s in seeds for a in arms]
     with concurrent.futures.ThreadPoolExecutor(max(1, args.parallel)) as pool:
         results = list(pool.map(safe, jobs))
     records = [r for r in results if r is not None]
-    out = {"config": args.config, "overrides": args.overrides, "sweep_seconds": time.perf_counter() - t_sweep,
-           "records": records}
+    out = {"config": args.config, "overrides": args.overrides, "prefix_seeds": prefixes,
+           "sweep_seconds": time.perf_counter() - t_sweep, "records": records}
     with open(os.path.join(W, "results.json"), "w") as f:
         json.dump(out, f, indent=1)
     print(table(records))

@@ -1,16 +1,19 @@
-"""Rank arms from the finished runs under one prefix, with intervals.
+"""Rank arms from the finished runs of one grid (one prefix or several), with intervals.
 
     python -m benchmarks.rank_arms --workdir=W [--stage=eval_after] [--since=eval@K] [--resamples=10000]
         [--json=OUT] [--figure=OUT.png]
 
-``W`` is a directory :mod:`benchmarks.miniature_core` wrote (``W/runs/ARM_sSEED``) or a
+``W`` is a directory :mod:`benchmarks.miniature_core` wrote (``W/runs/ARM_sSEED``; with
+several prefixes ``W/runs/ARM_pP_sSEED``, whose contrasts pair runs within each prefix P
+and take the prefix as the run unit: :func:`lopd_jax.programs.arm_stats.prefix_means`) or a
 :mod:`lopd_jax.sweep` directory (``W/runs/NAME/seedK``; ``lopd__steps.margin=0`` is the arm
 ``m0``). Only finished runs are read (those whose ``stage`` kept per-task outcomes); the
 missing ones are listed. The pre-registered contrasts (LOPD against the frozen composer,
-m = 0, GRPO and OPSD, the last an upper bound: OPSD's hint is the oracle call) take the
+m = 0, GRPO, the same experiences given as text and OPSD, the last an upper bound: OPSD's
+hint is the oracle call) take the
 paired cluster-level t over the held-out tasks' cluster keys (customer for the hub family;
 :func:`lopd_jax.method.statistics.cluster_t`), with the cluster bootstrap beside it as a
-secondary column, Holm-corrected over the 4 contrasts of the table; the ranking states only
+secondary column, Holm-corrected over the finished contrasts of the table; the ranking states only
 what a corrected interval separates. ``ARM_asyncK`` beside
 ``ARM`` adds the family ``ARM_asyncK - ARM`` (what staleness K costs). The primary metric is
 the student's teacher-forced probability of the oracle call's hidden-rule argument
@@ -34,12 +37,13 @@ from typing import Any
 
 from lopd_jax.method.statistics import RESAMPLES, sample_sd
 from lopd_jax.programs.arm_stats import (arm_label, change_outcomes, cluster_name, contrast_family, family_note,
-                                          format_contrasts, ranking, run_outcomes)
+                                          format_contrasts, ranking, run_outcomes, select_clusters)
 
-CONTRASTS = (("lopd", "lopd_frozen_composer"), ("lopd", "m0"), ("lopd", "grpo"), ("lopd", "opsd"))
+CONTRASTS = (("lopd", "lopd_frozen_composer"), ("lopd", "m0"), ("lopd", "grpo"), ("lopd", "experiences_text"),
+             ("lopd", "opsd"))
 PRIMARY = "oracle_arg_prob"  # train.oracle_scores.KEY: the per-task key of the primary metric
 SECONDARY = "reward"
-_MINIATURE = re.compile(r"^(?P<arm>.+)_s(?P<seed>\d+)$")
+_MINIATURE = re.compile(r"^(?P<arm>.+?)(?:_p(?P<prefix>\d+))?_s(?P<seed>\d+)$")
 _SWEEP_SEED = re.compile(r"^seed(?P<seed>\d+)$")
 ASYNC_ARM = re.compile(r"^(?P<arm>.+)_(?P<mode>async|partial)(?P<k>\d+)$")
 #: the sweep's grid entries of partial rollouts in finished order (an ARM_partialK run)
@@ -69,8 +73,9 @@ def staleness_pairs(arms) -> list[tuple[str, str]]:
     return [(a, m["arm"]) for a in sorted(arms) if (m := ASYNC_ARM.match(a)) and m["arm"] in arms]
 
 
-def find_runs(workdir: str) -> dict[str, dict[int, str]]:
-    """Arm -> seed -> run directory, for both layouts (finished or not)."""
+def find_runs(workdir: str) -> dict[str, dict[tuple[int | None, int], str]]:
+    """Arm -> (prefix, seed) -> run directory, for both layouts (finished or not); the prefix
+    is None for runs of a one-prefix grid (``ARM_sSEED``) and P for ``ARM_pP_sSEED``."""
     root = os.path.join(workdir, "runs")
     if not os.path.isdir(root):
         raise ValueError(f"{workdir} has no runs/ directory; pass the --workdir of benchmarks.miniature_core "
@@ -82,38 +87,46 @@ def find_runs(workdir: str) -> dict[str, dict[int, str]]:
             continue
         m = _MINIATURE.match(name)
         if m and os.path.exists(os.path.join(path, "config.json")):
-            out.setdefault(m["arm"], {})[int(m["seed"])] = path
+            prefix = int(m["prefix"]) if m["prefix"] is not None else None
+            out.setdefault(m["arm"], {})[(prefix, int(m["seed"]))] = path
             continue
         for sub in sorted(os.listdir(path)):
             s = _SWEEP_SEED.match(sub)
             if s and os.path.isdir(os.path.join(path, sub)):
-                out.setdefault(arm_of(name), {})[int(s["seed"])] = os.path.join(path, sub)
+                out.setdefault(arm_of(name), {})[(None, int(s["seed"]))] = os.path.join(path, sub)
     return out
 
 
-def collect(workdir: str, stage: str = "eval_after", since: str | None = None) -> tuple[dict[str, list], list[str]]:
+def collect(workdir: str, stage: str = "eval_after", since: str | None = None,
+            keep: list[str] | None = None, drop: tuple[str, ...] = ()) -> tuple[dict[str, list], list[str]]:
     """Finished runs' per-task outcomes per arm (seed order) and the unfinished runs' names;
-    with ``since``, each run's per-task change from that evaluation to ``stage``."""
+    with ``since``, each run's per-task change from that evaluation to ``stage``. A run of a
+    several-prefix grid carries its ``prefix`` (contrasts pair within it). ``keep`` / ``drop``:
+    only the held-out tasks of those cluster keys / all but those (:func:`select_clusters`)."""
     arms: dict[str, list] = {}
     missing = []
-    for arm, seeds in find_runs(workdir).items():
-        for seed in sorted(seeds):
-            outcomes = run_outcomes(seeds[seed], stage)
-            before = run_outcomes(seeds[seed], since) if since else None
+    for arm, runs in find_runs(workdir).items():
+        for prefix, seed in sorted(runs, key=lambda k: (k[0] is not None, k[0] or 0, k[1])):
+            path = runs[(prefix, seed)]
+            outcomes = run_outcomes(path, stage)
+            before = run_outcomes(path, since) if since else None
             gaps = [name for name, got in ((stage, outcomes), (since, before)) if name and got is None]
-            missing += [f"{arm} seed {seed} ({os.path.relpath(seeds[seed], workdir)}: no finished {name} "
+            which = f"seed {seed}" if prefix is None else f"prefix {prefix} seed {seed}"
+            missing += [f"{arm} {which} ({os.path.relpath(path, workdir)}: no finished {name} "
                         f"with per-task outcomes)" for name in gaps]
             if not gaps:
                 run = change_outcomes(outcomes, before) if since else outcomes
-                arms.setdefault(arm, []).append({**run, "seed": seed})
+                run = select_clusters(run, keep, drop) if keep is not None or drop else run
+                arms.setdefault(arm, []).append({**run, "seed": seed, **({} if prefix is None else {"prefix": prefix})})
     return arms, missing
 
 
 def report(workdir: str, stage: str = "eval_after", resamples: int = RESAMPLES,
-           since: str | None = None) -> dict[str, Any]:
+           since: str | None = None, keep: list[str] | None = None, drop: tuple[str, ...] = ()) -> dict[str, Any]:
     """The arms' means, the contrasts and the ranking (see the module docstring); with
-    ``since``, of each run's change from evaluation ``since`` to ``stage``."""
-    arms, missing = collect(workdir, stage, since)
+    ``since``, of each run's change from evaluation ``since`` to ``stage``; with ``keep`` /
+    ``drop``, over the held-out tasks of those cluster keys / of all others."""
+    arms, missing = collect(workdir, stage, since, keep, drop)
     for a, b in CONTRASTS:
         for arm in (a, b):
             if arm not in arms:
@@ -123,7 +136,7 @@ def report(workdir: str, stage: str = "eval_after", resamples: int = RESAMPLES,
     key = PRIMARY if has_primary else SECONDARY
     rows = contrast_family(arms, CONTRASTS, key=key, resamples=resamples)
     stale = contrast_family(arms, staleness_pairs(arms), key=key, resamples=resamples)
-    out = {"workdir": workdir, "stage": stage, "since": since, "metric": key,
+    out = {"workdir": workdir, "stage": stage, "since": since, "metric": key, "keep": keep, "drop": list(drop),
            "primary_recorded": has_primary, "means": means, "missing": sorted(set(missing)),
            "contrasts": rows, "ranking": ranking(rows), "staleness": stale, "staleness_ranking": ranking(stale),
            "clusters": cluster_name(next(iter(arms.values()))) if arms else None}
@@ -139,15 +152,18 @@ def format_report(r: dict[str, Any]) -> str:
     """The printed report."""
     pm = r.get("primary_means", {})
     what, unit = _compared(r), " change" if r.get("since") else ""
-    lines = [f"arms under {r['workdir']} ({what}; per seed, mean over held-out tasks):",
+    lines = [f"arms under {r['workdir']} ({what}; per seed, mean over held-out tasks{_selection(r)}):",
              f"| arm | seeds | greedy reward{unit} | sample SD | {PRIMARY}{unit} | sample SD |", "|---|---|---|---|---|---|"]
     for arm, xs in r["means"].items():
         lines.append(f"| {arm_label(arm)} | {len(xs)} | {_mean_sd(xs)} | {_mean_sd(pm[arm]) if arm in pm else '- | -'} |")
     if not r["primary_recorded"]:
         lines.append(f"primary metric ({PRIMARY}: the student's teacher-forced probability of the oracle tool-call "
                      f"argument) not recorded by these runs; contrasts use the secondary (greedy held-out reward)")
-    design = (f"95% paired cluster-level t over the {r['clusters']} clusters of the held-out tasks (seeds averaged "
-              f"within each cluster, their common shift added; docs/statistics.md); p two-sided")
+    units = ("seeds averaged within each prefix and cluster, the prefixes' common shift added"
+             if any("prefixes" in c for c in r["contrasts"]) else "seeds averaged within each cluster, their common "
+             "shift added")
+    design = (f"95% paired cluster-level t over the {r['clusters']} clusters of the held-out tasks ({units}; "
+              f"docs/statistics.md); p two-sided")
     lines += ["", f"pre-registered contrasts on {r['metric']} ({design}; {family_note(r['contrasts'])}):",
               format_contrasts(r["contrasts"], r["metric"]), "", "ranking (only where a corrected interval excludes 0):"]
     lines += [f"  {x}" for x in r["ranking"]] or ["  nothing to rank"]
@@ -164,6 +180,13 @@ def format_report(r: dict[str, Any]) -> str:
     if r["missing"]:
         lines += ["", "missing:"] + [f"  {m}" for m in r["missing"]]
     return "\n".join(lines)
+
+
+def _selection(r: dict[str, Any]) -> str:
+    """The held-out tasks compared, in words, when ``--clusters`` / ``--except_clusters`` chose them."""
+    if r.get("keep") is not None:
+        return f" of the clusters {', '.join(r['keep'])}"
+    return f" of every cluster but {', '.join(r['drop'])}" if r.get("drop") else ""
 
 
 def _compared(r: dict[str, Any]) -> str:
@@ -215,11 +238,16 @@ def main(argv=None) -> int:
     p.add_argument("--since", default=None,
                    help="compare each run's per-task change from this evaluation (e.g. eval@24) to --stage")
     p.add_argument("--resamples", type=int, default=RESAMPLES, help=f"resamples of the secondary cluster bootstrap column (default {RESAMPLES})")
+    p.add_argument("--clusters", default=None, help="compare on the held-out tasks of these cluster keys only "
+                   "(comma-separated, e.g. dispatch.ship:customer=bob,dispatch.ship:customer=erin)")
+    p.add_argument("--except_clusters", default="", help="compare on the held-out tasks of all other cluster keys")
     p.add_argument("--json", default=None, help="also write the report here")
     p.add_argument("--figure", default=None, help="also draw the contrasts' intervals into this PNG")
     args = p.parse_args(argv)
     try:
-        r = report(args.workdir, args.stage, args.resamples, since=args.since)
+        r = report(args.workdir, args.stage, args.resamples, since=args.since,
+                   keep=args.clusters.split(",") if args.clusters else None,
+                   drop=tuple(c for c in args.except_clusters.split(",") if c))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

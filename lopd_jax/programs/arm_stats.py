@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -67,6 +67,19 @@ def change_outcomes(after: Mapping[str, list], before: Mapping[str, list]) -> di
     return out
 
 
+def select_clusters(outcomes: Mapping[str, list], keep: Collection[str] | None = None,
+                    drop: Collection[str] = ()) -> dict[str, list]:
+    """The per-task outcomes of the tasks whose cluster key is in ``keep`` (None: every
+    cluster) and not in ``drop`` (e.g. the headroom testbed's withheld customers, or the
+    others); a selection that leaves no task is an error naming the run's keys."""
+    idx = [i for i, c in enumerate(outcomes["cluster"]) if (keep is None or c in keep) and c not in drop]
+    if not idx:
+        raise ValueError(f"no held-out task has a selected cluster key (the run's keys: "
+                         f"{sorted(set(outcomes['cluster']))})")
+    return {k: [v[i] for i in idx] if isinstance(v, list) and len(v) == len(outcomes["cluster"]) else v
+            for k, v in outcomes.items()}
+
+
 def outcome_matrix(runs: Sequence[Mapping[str, list]], tasks: Sequence[str] | None = None,
                    key: str = "reward") -> tuple[np.ndarray, list[str], list[str]]:
     """``[seeds, tasks]`` outcomes of ``runs`` (per-task dicts) over ``tasks`` (default: the
@@ -97,7 +110,13 @@ def contrast(a_runs: Sequence[Mapping[str, list]], b_runs: Sequence[Mapping[str,
     bootstrap's ``resamples`` and ``seed``). Runs that carry
     their ``seed`` are paired by seed, and only when both arms ran the same seeds (an arm
     with a run missing is compared unpaired); runs without one are paired by position when
-    both arms have as many."""
+    both arms have as many. Runs that carry a ``prefix`` (the warm-up seed their theta0, bank
+    and phi0 came from) are compared within prefix: see :func:`prefix_means`."""
+    prefixes = {r.get("prefix") for r in [*a_runs, *b_runs]}
+    if len(prefixes) > 1:
+        a_runs, b_runs, design = prefix_means(a_runs, b_runs, key)
+        out = contrast(a_runs, b_runs, key, **kwargs)
+        return {**out, **design}
     if "paired_seeds" not in kwargs and all("seed" in r for r in [*a_runs, *b_runs]):
         a_runs, b_runs = (sorted(runs, key=lambda r: r["seed"]) for runs in (a_runs, b_runs))
         kwargs["paired_seeds"] = [r["seed"] for r in a_runs] == [r["seed"] for r in b_runs]
@@ -111,6 +130,39 @@ def contrast(a_runs: Sequence[Mapping[str, list]], b_runs: Sequence[Mapping[str,
     # of the per-task differences (seeds averaged): how many independent tasks the contrast is worth
     out["effective_sample_size"] = statistics.effective_sample_size(a.mean(0) - b.mean(0), clusters)
     return out
+
+
+def prefix_means(a_runs: Sequence[Mapping[str, list]], b_runs: Sequence[Mapping[str, list]],
+                 key: str = "reward") -> tuple[list[dict], list[dict], dict[str, Any]]:
+    """Each arm's runs averaged within prefix, over the prefixes both arms ran: one row per
+    prefix (the run unit of the contrast; docs/statistics.md, "Several prefixes").
+
+    A prefix (``run["prefix"]``) fixes theta0, the bank and phi0, so runs of one prefix share
+    its draw and are not independent of each other; runs of different prefixes are never
+    paired. Within a prefix the arms' seeds are averaged (the difference of the seed means is
+    the within-prefix contrast whether or not the seeds pair); the prefix means are then paired
+    by prefix. A run without a ``prefix`` among prefixed runs is an error; a prefix only one
+    arm ran is left out and named under ``prefixes_dropped``. Returns the two arms' rows
+    (``task_id``, ``cluster``, ``key``, and the prefix as ``seed``, the pairing key) and the design (``prefixes``, ``runs``,
+    ``prefixes_dropped``)."""
+    if any(r.get("prefix") is None for r in [*a_runs, *b_runs]):
+        raise ValueError("some runs carry a prefix and some do not; compare runs of one layout "
+                         "(rerun benchmarks.miniature_core with --prefix_seeds for every arm)")
+    pa, pb = ({r["prefix"] for r in runs} for runs in (a_runs, b_runs))
+    shared = sorted(pa & pb)
+    if not shared:
+        raise ValueError(f"the arms ran no prefix in common (a: {sorted(pa)}, b: {sorted(pb)}); runs of "
+                         f"different prefixes are never paired: finish both arms on the same --prefix_seeds")
+    tasks = [t for t in a_runs[0]["task_id"] if all(t in set(r["task_id"]) for r in [*a_runs, *b_runs])]
+    rows: tuple[list[dict], list[dict]] = ([], [])
+    for p in shared:
+        for runs, out in zip((a_runs, b_runs), rows):
+            m, _, clusters = outcome_matrix([r for r in runs if r["prefix"] == p], tasks, key)
+            out.append({"task_id": tasks, "cluster": clusters, key: m.mean(0).tolist(), "seed": p})
+    design = {"prefixes": len(shared), "runs": (sum(r["prefix"] in shared for r in a_runs),
+                                                sum(r["prefix"] in shared for r in b_runs)),
+              "prefixes_dropped": sorted((pa | pb) - set(shared))}
+    return rows[0], rows[1], design
 
 
 def cluster_name(runs: Sequence[Mapping[str, list]]) -> str:
@@ -181,10 +233,16 @@ def format_contrasts(rows: Sequence[Mapping[str, Any]], unit: str = "reward") ->
         boot = r.get("bootstrap")
         boot_ci = f"[{boot['lo']:+.4f}, {boot['hi']:+.4f}]" if boot else "-"
         lines.append(f"| {name} | {statistics.format_interval(r)} | {format_p(r['p_value'])} | "
-                     f"{format_p(r['p_holm'])} | {r['df']} | "
-                     f"{r['seeds'][0]} vs {r['seeds'][1]}{'' if r.get('paired_seeds', True) else ' (unpaired)'} | "
+                     f"{format_p(r['p_holm'])} | {r['df']} | {_runs_cell(r)} | "
                      f"{r['tasks']} ({r['clusters']}, {ess['n_eff']:.1f}) | {boot_ci} | {v} |")
     return "\n".join(lines)
+
+
+def _runs_cell(r: Mapping[str, Any]) -> str:
+    """The seeds column: runs per arm, and the prefixes they were averaged within."""
+    if "prefixes" in r:
+        return f"{r['runs'][0]} vs {r['runs'][1]} in {r['prefixes']} prefixes"
+    return f"{r['seeds'][0]} vs {r['seeds'][1]}{'' if r.get('paired_seeds', True) else ' (unpaired)'}"
 
 
 def format_p(p: float) -> str:

@@ -57,3 +57,18 @@ def test_arms_are_registered_arms_or_m0(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         miniature_core.main([f"--workdir={tmp_path}", "--arms=lopd,ppo"])
     assert e.value.code == 2 and "lopd_frozen_composer" in capsys.readouterr().err
+
+
+def test_several_prefixes_name_their_directories_and_records_for_rank_arms(tmp_path):
+    """``--prefix_seeds``: W/prefix_P and W/runs/ARM_pP_sSEED, which rank_arms reads back as
+    (prefix, seed); the one-prefix layout is unchanged."""
+    from benchmarks import rank_arms
+
+    W = str(tmp_path)
+    assert miniature_core.prefix_dir(W, None) == os.path.join(W, "prefix")
+    assert miniature_core.prefix_dir(W, 3) == os.path.join(W, "prefix_3")
+    for arm, seed, prefix in (("lopd_frozen_composer", 2, 3), ("m0", 0, None), ("grpo_async2", 1, 0)):
+        path = miniature_core.run_dir_of(W, arm, seed, prefix)
+        os.makedirs(path)
+        open(os.path.join(path, "config.json"), "w").write("{}")
+        assert rank_arms.find_runs(W)[arm] == {(prefix, seed): path}

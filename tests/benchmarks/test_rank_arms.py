@@ -62,7 +62,7 @@ def test_rank_arms_reads_the_sweep_layout(tmp_path):
         for seed in range(2):
             _write_run(str(tmp_path / "runs" / name / f"seed{seed}"), rng.random(16) < 0.5)
     runs = rank_arms.find_runs(str(tmp_path))
-    assert sorted(runs) == ["grpo", "lopd", "m0"] and sorted(runs["m0"]) == [0, 1]
+    assert sorted(runs) == ["grpo", "lopd", "m0"] and sorted(runs["m0"]) == [(None, 0), (None, 1)]
     assert rank_arms.main(["--workdir", str(tmp_path / "nowhere")]) == 2
 
 
@@ -150,3 +150,55 @@ def test_intermediate_evaluations_and_the_change_since_one(tmp_path, capsys):
     assert "eval@STEP" in capsys.readouterr().err
     missing = rank_arms.report(str(W), since="eval@12", resamples=200)
     assert not missing["means"] and any("no finished eval@12" in m for m in missing["missing"])
+
+
+def test_several_prefixes_pair_runs_by_prefix_and_seed_never_across_prefixes(tmp_path, capsys):
+    """``ARM_pP_sSEED`` runs of 3 prefixes: each prefix moves both arms by up to 0.5, LOPD is
+    0.1 above the frozen composer within every prefix. The report pairs within prefix (the
+    gap is ranked, the prefix shifts cancel) and names the runs by prefix and seed; arms run
+    on disjoint prefixes are refused, not paired."""
+    rng = np.random.default_rng(6)
+    W = tmp_path / "mini"
+    base = rng.uniform(0.2, 0.4, 64)
+    for p, shift in ((0, 0.0), (1, 0.5), (2, -0.2)):
+        for arm, gain in (("lopd", 0.1), ("lopd_frozen_composer", 0.0)):
+            for seed in range(2):
+                _write_run(str(W / "runs" / f"{arm}_p{p}_s{seed}"), np.arange(64) % 2,
+                           arg_probs=base + shift + gain + rng.normal(0, 0.01, 64))
+    _write_run(str(W / "runs" / "lopd_p3_s0"), np.arange(64) % 2, done=False)
+    runs = rank_arms.find_runs(str(W))
+    assert sorted(runs["lopd"]) == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1), (3, 0)]
+    r = rank_arms.report(str(W), resamples=500)
+    row = r["contrasts"][0]
+    assert (row["a"], row["b"], row["prefixes"], row["runs"]) == ("lopd", "lopd_frozen_composer", 3, (6, 6))
+    assert row["significant"] and row["lo"] > 0.05 and row["hi"] < 0.15
+    assert any("lopd prefix 3 seed 0" in m for m in r["missing"])
+    assert rank_arms.main(["--workdir", str(W), "--resamples", "200"]) == 0
+    out = capsys.readouterr().out
+    assert "6 vs 6 in 3 prefixes" in out and "within each prefix" in out
+    W2 = tmp_path / "disjoint"
+    for arm, p in (("lopd", 0), ("lopd_frozen_composer", 1)):
+        _write_run(str(W2 / "runs" / f"{arm}_p{p}_s0"), np.arange(64) % 2, arg_probs=base)
+    assert rank_arms.main(["--workdir", str(W2)]) == 2
+    assert "no prefix in common" in capsys.readouterr().err
+
+
+def test_clusters_restrict_the_contrasts_to_the_chosen_customers(tmp_path, capsys):
+    """``--clusters`` compares on those customers' held-out tasks only (the headroom testbed's
+    primary), ``--except_clusters`` on the others (its secondary): LOPD gains 0.3 on c0 and c1
+    and nothing elsewhere."""
+    rng = np.random.default_rng(7)
+    W = tmp_path / "mini"
+    gain = np.where(np.arange(64) % 8 < 2, 0.3, 0.0)
+    for arm, g in (("lopd", gain), ("lopd_frozen_composer", 0.0 * gain)):
+        for seed in range(3):
+            _write_run(str(W / "runs" / f"{arm}_s{seed}"), np.arange(64) % 2, arg_probs=0.3 + g + rng.normal(0, 0.02, 64))
+    keys = ["dispatch.ship:customer=c0", "dispatch.ship:customer=c1"]
+    chosen = rank_arms.report(str(W), resamples=200, keep=keys)["contrasts"][0]
+    assert chosen["estimate"] == pytest.approx(0.3, abs=0.02) and chosen["clusters"] == 2 and chosen["tasks"] == 16
+    others = rank_arms.report(str(W), resamples=200, drop=tuple(keys))["contrasts"][0]
+    assert others["estimate"] == pytest.approx(0.0, abs=0.02) and others["clusters"] == 6
+    assert rank_arms.main(["--workdir", str(W), "--resamples", "200", f"--clusters={','.join(keys)}"]) == 0
+    assert "of the clusters dispatch.ship:customer=c0" in capsys.readouterr().out
+    assert rank_arms.main(["--workdir", str(W), "--clusters=dispatch.ship:customer=zed"]) == 2
+    assert "no held-out task has a selected cluster key" in capsys.readouterr().err

@@ -104,3 +104,34 @@ def test_sweep_report_contrasts_every_pair_with_holm():
     assert "grpo − opsd (oracle hint, upper bound)" in text
     assert "lopd > grpo" in text and "grpo vs opsd (oracle hint, upper bound): not ranked" in text
     assert sweep_report.contrasts(records[:3]) == ""
+
+
+def test_contrast_of_several_prefixes_pairs_within_prefix_and_takes_the_prefix_as_the_run_unit():
+    """Runs of 3 prefixes x 2 seeds: each prefix shifts both arms alike (its theta0, bank and
+    phi0), the arms differ by 0.1 in every prefix. The contrast equals the cluster t of the
+    per-prefix seed means paired by prefix, so the prefix shifts cancel; runs are never paired
+    across prefixes, and arms that share no prefix are refused."""
+    rng = np.random.default_rng(4)
+    shift = {0: 0.0, 1: 0.4, 2: -0.3}
+    base = rng.uniform(0.2, 0.5, 16)
+
+    def runs(gain, seeds=(0, 1), prefixes=(0, 1, 2)):
+        return [{**_outcomes(base + shift[p] + gain + rng.normal(0, 0.01, 16)), "seed": s, "prefix": p}
+                for p in prefixes for s in seeds]
+
+    a, b = runs(0.1), runs(0.0)
+    got = arm_stats.contrast(a, b[::-1], resamples=300)
+    A, B = (np.array([np.mean([r["reward"] for r in x if r["prefix"] == p], 0) for p in (0, 1, 2)]) for x in (a, b))
+    ref = statistics.cluster_t(A, B, a[0]["cluster"], paired_seeds=True)
+    assert (got["lo"], got["hi"], got["estimate"]) == pytest.approx((ref["lo"], ref["hi"], ref["estimate"]))
+    assert got["prefixes"] == 3 and got["runs"] == (6, 6) and got["seeds"] == (3, 3)
+    assert got["lo"] > 0.05 and got["hi"] < 0.15  # paired within prefix: the shifts of up to 0.7 cancel
+    # an arm that ran prefix 1 with other seeds still pairs prefix by prefix; prefix 2 of one arm only is left out
+    part = arm_stats.contrast(a, runs(0.0, seeds=(5,), prefixes=(0, 1)), resamples=300)
+    assert part["prefixes"] == 2 and part["runs"] == (4, 2) and part["prefixes_dropped"] == [2]
+    with pytest.raises(ValueError, match="no prefix in common"):
+        arm_stats.contrast(runs(0.1, prefixes=(0,)), runs(0.0, prefixes=(1,)))
+    with pytest.raises(ValueError, match="some runs carry a prefix"):
+        arm_stats.contrast(a, [{k: v for k, v in r.items() if k != "prefix"} for r in b])
+    assert "6 vs 6 in 3 prefixes" in arm_stats.format_contrasts(
+        arm_stats.contrast_family({"lopd": a, "grpo": b}, [("lopd", "grpo")], resamples=300))
