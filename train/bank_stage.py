@@ -23,7 +23,7 @@ import jax
 import numpy as np
 
 from lopd_jax.chat.tokenizers import hf_tokenizer
-from lopd_jax.method.bank import EmptyBankError, Experience, ExperienceBank
+from lopd_jax.method.bank import EmptyBankError, Experience, ExperienceBank, without_clusters
 from lopd_jax.method.embedders import HashingEmbedder
 from lopd_jax.core.types import Task
 from train import distributed
@@ -86,6 +86,7 @@ def build_bank(ctx, params, workdir: str) -> tuple[ExperienceBank, dict]:
         bank = ExperienceBank.load(cfg.bank.path, embedder)
         return bank, {"path": cfg.bank.path, "entries": len(bank), "loaded": True}
     bank = ExperienceBank(embedder, cfg.bank_config())
+    withhold = withheld_clusters(ctx)
     key = jax.random.key(cfg.seed)
     B = cfg.env.tasks_per_step
     rewards, n = [], len(ctx.train_tasks)
@@ -94,7 +95,9 @@ def build_bank(ctx, params, workdir: str) -> tuple[ExperienceBank, dict]:
         for p, j in batches:  # pass 0 keeps the one-pass bank's keys
             trajs, _ = ctx.rollout_split(params, ctx.train_tasks[j:j + B],
                                          jax.random.fold_in(key, BANK_RNG_OFFSET + p * n + j))
-            admitted = [to_experience(t) for t in trajs if float(t.reward) >= cfg.bank.min_reward]
+            good = [t for t in trajs if float(t.reward) >= cfg.bank.min_reward]
+            admitted = without_clusters([to_experience(t) for t in good],
+                                        [ctx.source.cluster_key(t.task) for t in good], withhold)
             # every host's rewards and admitted experiences, in row order: the same bank everywhere
             batch_rewards = distributed.allgather_list([t.reward for t in trajs])
             rewards += batch_rewards
@@ -102,7 +105,8 @@ def build_bank(ctx, params, workdir: str) -> tuple[ExperienceBank, dict]:
             bar.update(len(batch_rewards), admitted=len(bank), reward=float(np.mean(rewards)))
     bank.num_offered = len(rewards)
     info = {"rollouts": len(rewards), "reward_mean": float(np.mean(rewards)), "entries": len(bank),
-            "min_reward": cfg.bank.min_reward, "passes": cfg.bank.passes}
+            "min_reward": cfg.bank.min_reward, "passes": cfg.bank.passes,
+            **({"withheld_clusters": sorted(withhold)} if withhold else {})}
     if not len(bank):
         best = max(rewards)
         raise EmptyBankError(
@@ -117,6 +121,17 @@ def build_bank(ctx, params, workdir: str) -> tuple[ExperienceBank, dict]:
     distributed.sync("bank_saved")  # the other processes read it back next
     info["path"] = path
     return bank, info
+
+
+def withheld_clusters(ctx) -> set[str]:
+    """``bank.withhold_clusters`` as a set, each key checked against the training tasks' cluster
+    keys (a key no training task has is a typo, not a withheld customer)."""
+    withhold = set(ctx.cfg.bank.withhold_clusters)
+    unknown = withhold - {ctx.source.cluster_key(t) for t in ctx.train_tasks}
+    if unknown:
+        raise ValueError(f"bank.withhold_clusters names {sorted(unknown)}, which no training task has; use keys "
+                         f"as TaskSource.cluster_key gives them (e.g. dispatch.ship:customer=bob)")
+    return withhold
 
 
 def load_bank(ctx, path: str) -> ExperienceBank:

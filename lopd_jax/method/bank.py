@@ -20,7 +20,7 @@ import dataclasses
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, Literal
 
 import faiss
@@ -218,6 +218,16 @@ class _Store:
 
 
 # ----------------------------------------------------------------------------- bank
+
+def without_clusters(experiences: Sequence[Experience], clusters: Sequence[str],
+                     withhold: Collection[str]) -> list[Experience]:
+    """The ``experiences`` whose task's cluster key (``clusters``, one per experience) is not
+    in ``withhold``: a bank built from them holds no success of those clusters, and retrieval
+    for their tasks can only surface other clusters' experiences."""
+    if len(clusters) != len(experiences):
+        raise ValueError(f"{len(clusters)} cluster keys for {len(experiences)} experiences; give one key each")
+    return [e for e, c in zip(experiences, clusters) if c not in withhold]
+
 
 class ExperienceBank:
     """Experience bank with FAISS ``IndexFlatIP`` retrieval; frozen once built.

@@ -164,7 +164,10 @@ class BankSection(BankSettings):
     ``composer.n_ret``; the paper configs use the release's inference setting, 1).
     ``passes``: rollouts of each training task offered to the bank (the paper: 1, one pass
     over the training split); more passes cover more tasks with a success when theta0
-    solves few of them."""
+    solves few of them. ``withhold_clusters``: task cluster keys (``TaskSource.cluster_key``,
+    e.g. ``dispatch.ship:customer=bob``) whose rollouts the built bank never admits, so
+    those customers start with no success in it (the headroom testbed,
+    ``configs/miniature_headroom.py``); empty in every other config."""
 
     eval_n_ret: int | None = None
     passes: int = 1
@@ -173,9 +176,13 @@ class BankSection(BankSettings):
     embedder_path: str | None = None
     embedder_pool_token: str | None = "<|endoftext|>"
     path: str | None = None
+    withhold_clusters: tuple[str, ...] = ()
 
     def __post_init__(self):
         _positive(self, "bank", "embedder_dim", "eval_n_ret", "passes")
+        if self.path and self.withhold_clusters:
+            raise ConfigError("bank.withhold_clusters applies when the bank is built; a loaded bank (bank.path) is "
+                              "used as saved. Drop one of the two.")
         if self.embedder == "backbone" and self.embedder_path is None and not _DEFER_CROSS_CHECKS.get():
             raise ConfigError("bank.embedder=backbone needs bank.embedder_path (a Qwen3-Embedding checkpoint).")
 

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from lopd_jax.method.bank import (BankConfig, EmptyBankError, Experience, ExperienceBank,
+from lopd_jax.method.bank import (BankConfig, EmptyBankError, Experience, ExperienceBank, without_clusters,
                            encoder_input_text, linearize)
 from lopd_jax.method.embedders import HashingEmbedder
 from tests.paths import ROOT
@@ -254,3 +254,61 @@ def test_save_load_round_trip(tmp_path):
         ExperienceBank.load(path, HashingEmbedder(dim=512, ngram_range=(2, 4)))
     with pytest.raises(FileNotFoundError, match="no manifest"):
         ExperienceBank.load(str(tmp_path / "nothing"))
+
+
+def test_headroom_bank_holds_no_success_of_the_withheld_customers():
+    """configs/miniature_headroom.py: a bank built from a success on EVERY training task (the
+    oracle demonstrations: any bank the bank stage builds holds a subset of these) and filtered
+    as the bank stage filters it has no entry of the withheld customers, keeps every other
+    customer's, and retrieves for each withheld customer's held-out task only experiences that
+    name another customer's hub -- so phi0's teacher cannot read the right hub from them."""
+    from configs.miniature_headroom import CONFIG, WITHHELD_CLUSTERS, WITHHELD_HUBS
+    from lopd_jax.envs.synthetic.env import SyntheticTaskSource, oracle_turns
+
+    source = SyntheticTaskSource(**CONFIG.env.kwargs)
+    rule = source.hidden_rule("dispatch.ship")
+    assert sorted(WITHHELD_CLUSTERS) == sorted(f"dispatch.ship:customer={c}" for c, h in rule.items()
+                                               if h in WITHHELD_HUBS)
+    train = source.tasks("train")
+    exps = [Experience(t.task_id, t.env_id, t.instruction,
+                       [{"role": "user", "content": t.instruction},
+                        *[{"role": "assistant", "content": turn.content,
+                           "tool_calls": [c.to_message_field() for c in turn.tool_calls]} for turn in oracle_turns(t)]],
+                       1.0) for t in train]
+    kept = without_clusters(exps, [source.cluster_key(t) for t in train], set(CONFIG.bank.withhold_clusters))
+    bank = ExperienceBank(HashingEmbedder(dim=CONFIG.bank.embedder_dim), CONFIG.bank_config())
+    bank.add_many(kept)
+    bank.build()
+    task_of = {t.task_id: t for t in train}
+    hub = lambda t: t.payload["params"]["hub"]  # noqa: E731
+    customer = lambda t: t.payload["params"]["customer"]  # noqa: E731
+    assert {source.cluster_key(task_of[e.task_id]) for e in bank.entries} == \
+        {source.cluster_key(t) for t in train} - set(WITHHELD_CLUSTERS)  # the others keep theirs
+    assert not {hub(task_of[e.task_id]) for e in bank.entries} & set(WITHHELD_HUBS)
+    assert not any(h in json.dumps(e.messages) for e in bank.entries for h in WITHHELD_HUBS)
+    heldout = [t for t in source.tasks("heldout") if source.cluster_key(t) in WITHHELD_CLUSTERS]
+    assert len({customer(t) for t in heldout}) == 4 and len(heldout) >= 20
+    for task, got in zip(heldout, bank.retrieve([t.instruction for t in heldout], [t.task_id for t in heldout])):
+        assert got and all(hub(task_of[e.task_id]) != hub(task) for e in got)
+        assert all(customer(task_of[e.task_id]) != customer(task) for e in got)
+    with pytest.raises(ValueError, match="one key each"):
+        without_clusters(exps, [], set())
+
+
+def test_withheld_cluster_keys_are_checked_against_the_training_tasks():
+    import dataclasses
+    import types
+
+    from configs.miniature_headroom import CONFIG, WITHHELD_CLUSTERS
+    from lopd_jax.envs.synthetic.env import SyntheticTaskSource
+    from lopd_jax.settings.errors import ConfigError
+    from train.bank_stage import withheld_clusters
+
+    source = SyntheticTaskSource(**CONFIG.env.kwargs)
+    ctx = types.SimpleNamespace(cfg=CONFIG, source=source, train_tasks=source.tasks("train"))
+    assert withheld_clusters(ctx) == set(WITHHELD_CLUSTERS)
+    typo = dataclasses.replace(CONFIG, bank=dataclasses.replace(CONFIG.bank, withhold_clusters=("dispatch.ship:bob",)))
+    with pytest.raises(ValueError, match="no training task has"):
+        withheld_clusters(types.SimpleNamespace(cfg=typo, source=source, train_tasks=ctx.train_tasks))
+    with pytest.raises(ConfigError, match="bank.path"):
+        dataclasses.replace(CONFIG.bank, path="/some/bank")
