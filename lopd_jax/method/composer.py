@@ -41,6 +41,9 @@ class LatentFraming:
                              "(it is n_ret * K, e.g. 3 * 32 = 96)")
 
 
+COMPRESSOR_DTYPES = ("float32", "bfloat16", "float16")
+
+
 @dataclasses.dataclass(frozen=True)
 class ComposerConfig:
     """Composer sizes: latents per experience K, compressor depth, experiences n_ret, LoRA.
@@ -51,6 +54,9 @@ class ComposerConfig:
     ``framing_before`` / ``framing_after``: the text around the latent slots (None = the
     built-in framing, :data:`lopd_jax.method.composer.DEFAULT_FRAMING_BEFORE`); set them
     to the release's exact text to reproduce its teacher prompt token for token.
+    ``param_dtype``: the compressor's parameter (and so its AdamW moments') dtype; None =
+    the backbone's ``model.param_dtype``. ``bfloat16`` reproduces the release, which casts
+    its compressor to bfloat16 before the AdamW step (docs/release_parity.md, item 13).
     """
 
     num_latents: int = 32
@@ -62,6 +68,12 @@ class ComposerConfig:
     ff_bias: bool = False
     framing_before: str | None = None
     framing_after: str | None = None
+    param_dtype: str | None = None
+
+    def __post_init__(self):
+        if self.param_dtype not in (None, *COMPRESSOR_DTYPES):
+            raise ValueError(f"composer.param_dtype={self.param_dtype!r}; choose one of {COMPRESSOR_DTYPES}, or none "
+                             "for the backbone's model.param_dtype.")
 
     @property
     def num_slots(self) -> int:
@@ -80,8 +92,9 @@ def make_compressor(model_cfg: ModelConfig, cfg: ComposerConfig, rngs: nnx.Rngs)
     d, heads = model_cfg.hidden_size, model_cfg.num_heads
     while d % heads:  # head_dim = d / heads must be whole (docs/method.md, "Compressor")
         heads -= 1
+    param_dtype = jnp.dtype(cfg.param_dtype) if cfg.param_dtype else model_cfg.jnp_param_dtype
     return Compressor(d, heads, num_latents=cfg.num_latents, depth=cfg.depth, ff_mult=cfg.ff_mult,
-                      ff_bias=cfg.ff_bias, param_dtype=model_cfg.jnp_param_dtype, dtype=model_cfg.jnp_dtype, rngs=rngs)
+                      ff_bias=cfg.ff_bias, param_dtype=param_dtype, dtype=model_cfg.jnp_dtype, rngs=rngs)
 
 
 def compose(encoder, compressor: Compressor, exp_tokens: jax.Array, exp_mask: jax.Array,
