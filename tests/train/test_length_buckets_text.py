@@ -56,6 +56,21 @@ def _check_metrics(got, want, skip=()):
             np.testing.assert_allclose(np.asarray(got[k]), np.asarray(want[k]), rtol=1e-5, atol=1e-6, err_msg=k)
 
 
+def _text_distill_inputs(system, rows):
+    """SDFT's form: ``(state, frozen, numpy batch, batch)`` with the EMA teacher moved away
+    from the student, the text-distillation fields of ``rows`` (a :func:`_batch`), context
+    blocks of lengths 0 to ``C``, rows 2 and 6 left out (``row_weight`` 0)."""
+    state, frozen = system.init_state()
+    keys = iter(jax.random.split(jax.random.key(7), 64))
+    state["ema"] = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(next(keys), x.shape), state["student"])
+    rng = np.random.RandomState(3)
+    np_batch = {k: v for k, v in rows.items() if k in ("tokens", "attention_mask", "loss_mask", "insert_at", "rewards")}
+    np_batch["ctx_ids"] = rng.randint(16, 512, (B, C)).astype(np.int32)
+    np_batch["ctx_len"] = np.array([6, 0, 3, 5, 1, 6, 2, 4], np.int32)
+    np_batch["row_weight"] = np.array([1, 1, 0, 1, 1, 1, 0, 1], np.float32)
+    return state, frozen, np_batch, {k: jnp.asarray(v) for k, v in np_batch.items()}
+
+
 def _check_step(step, state, frozen, bb, want_g, want_m, keys):
     """The whole bucketed step against its update applied to the padded batch's gradients
     and metrics (the padded steps end in the same update function: one update per batch).
@@ -78,17 +93,7 @@ def test_bucketed_text_distill_step_equals_padded(system):
     a row left out (``row_weight`` 0), a row without supervised tokens, context blocks of
     different lengths, a padding row in a pass. Gradients and metrics of the passes ==
     the padded batch's, then the whole step is one update (AdamW, EMA) on them."""
-    state, frozen = system.init_state()
-    keys = iter(jax.random.split(jax.random.key(7), 64))
-    state["ema"] = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(next(keys), x.shape), state["student"])
-    rng = np.random.RandomState(3)
-    np_batch = {k: v for k, v in _short_batch(1).items() if k in ("tokens", "attention_mask", "loss_mask", "insert_at",
-                                                             "rewards")}
-    np_batch["ctx_ids"] = rng.randint(16, 512, (B, C)).astype(np.int32)
-    np_batch["ctx_len"] = np.array([6, 0, 3, 5, 1, 6, 2, 4], np.int32)
-    np_batch["row_weight"] = np.array([1, 1, 0, 1, 1, 1, 0, 1], np.float32)
-    batch = {k: jnp.asarray(v) for k, v in np_batch.items()}
-
+    state, frozen, np_batch, batch = _text_distill_inputs(system, _short_batch(1))
     bb = _passes(np_batch, system)
     assert all(p["ctx_ids"].shape[1] == C for p in bb.passes)  # the context block is never cut
     distilled = (np_batch["loss_mask"][:, 1:] != 0) & (np_batch["row_weight"][:, None] != 0)

@@ -13,8 +13,8 @@ from lopd_jax.planning.pack_plan import packed_real_fraction, plan_packed_passes
 from lopd_jax.settings.length_config import LengthConfig
 from tests.train.test_length_buckets import (B, COMPOSER, LAYOUT, LENGTHS, S, _backbone, _batch, _check_lopd, _close_trees,
                                  grpo_batch, lopd)  # noqa: F401  (lopd: the padded LOPD step's fixture)
-from tests.train.test_length_buckets_text import C, EMA_DECAY, _check_metrics
-from tests.train.test_length_buckets_warmup import _opt_state, _pass_sums, _sft_batch
+from tests.train.test_length_buckets_text import EMA_DECAY, _check_metrics, _text_distill_inputs
+from tests.train.test_length_buckets_warmup import _pass_sums, padded  # noqa: F401  (padded: a fixture)
 from train import mesh as mesh_lib
 from train.bucketed_steps import (BucketedColdStartStep, BucketedGRPOStep, BucketedLOPDStep, BucketedTextStep,
                                   with_group_advantages)
@@ -22,7 +22,6 @@ from train.packed_batches import packed_batch
 from train.steps import cold_start_loss, grpo_loss
 from train.system import LOPDSystem
 from train.text_steps import text_distill_loss
-from train.warmup import sft_loss
 from lopd_jax.method.loss_config import LossConfig
 from lopd_jax.settings.sections import MeshConfig, StepConfig
 
@@ -145,16 +144,7 @@ def test_packed_grpo_equals_padded(system):
 def test_packed_text_distill_equals_padded(system):
     """SDFT's form (an EMA teacher), a context block of its own length per segment, a row
     left out (``row_weight`` 0), a row without supervised tokens."""
-    state, frozen = system.init_state()
-    keys = iter(jax.random.split(jax.random.key(7), 64))
-    state["ema"] = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(next(keys), x.shape), state["student"])
-    rng = np.random.RandomState(3)
-    np_batch = {k: v for k, v in _batch(1).items() if k in ("tokens", "attention_mask", "loss_mask", "insert_at",
-                                                          "rewards")}
-    np_batch["ctx_ids"] = rng.randint(16, 512, (B, C)).astype(np.int32)
-    np_batch["ctx_len"] = np.array([6, 0, 3, 5, 1, 6, 2, 4], np.int32)
-    np_batch["row_weight"] = np.array([1, 1, 0, 1, 1, 1, 0, 1], np.float32)
-    batch = {k: jnp.asarray(v) for k, v in np_batch.items()}
+    state, frozen, np_batch, batch = _text_distill_inputs(system, _batch(1))
     (_, want_m), want_g = jax.jit(jax.value_and_grad(
         lambda sp: text_distill_loss(system, sp, state, frozen, batch, True), has_aux=True))(state["student"])
     pb = _pack(np_batch, splice=None)
@@ -177,13 +167,8 @@ def test_packed_cold_start_equals_padded(system):
     _close_trees(acc["grads"][0], want_g)
 
 
-def test_packed_warmup_equals_padded():
-    system = LOPDSystem.create(_backbone(), COMPOSER, LAYOUT, StepConfig(loss=LossConfig(logits_chunk=8)))
-    params, lora0 = _opt_state(system)
-    np_batch = _sft_batch()
-    batch = {k: jnp.asarray(v) for k, v in np_batch.items()}
-    (want_loss, _), want_g = jax.jit(jax.value_and_grad(lambda p: sft_loss(system, p, lora0, batch),
-                                                        has_aux=True))(params)
+def test_packed_warmup_equals_padded(padded):
+    system, params, lora0, np_batch, want_loss, _, want_g = padded
     loss, grads = _pass_sums(system, params, lora0, _pack(np_batch, splice=None))
     np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-5)
     _close_trees(grads, want_g)
