@@ -306,11 +306,11 @@ class EngineTiming:
         return 1e3 * self.host_s / self.decode_chunks if self.decode_chunks else 0.0
 
     def record(self, prefix: str = "engine_") -> dict[str, float]:
-        """The run's times for its records: ``host_s``, ``device_wait_s``, ``env_wait_s``,
-        ``host_ms_per_chunk`` and ``decode_chunks``, each name after ``prefix``."""
-        return {prefix + "host_s": self.host_s, prefix + "device_wait_s": self.device_s,
-                prefix + "env_wait_s": self.env_wait_s, prefix + "host_ms_per_chunk": self.host_ms_per_chunk,
-                prefix + "decode_chunks": self.decode_chunks}
+        """The run's times for its records (wall-clock: every name ends in ``seconds``):
+        ``host_seconds``, ``device_wait_seconds``, ``env_wait_seconds`` and
+        ``host_seconds_per_chunk``, each after ``prefix``."""
+        return {prefix + "host_seconds": self.host_s, prefix + "device_wait_seconds": self.device_s,
+                prefix + "env_wait_seconds": self.env_wait_s, prefix + "host_seconds_per_chunk": self.host_ms_per_chunk / 1e3}
 
 
 class _DeviceCalls:
