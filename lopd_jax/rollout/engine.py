@@ -310,7 +310,8 @@ class EngineTiming:
         ``host_seconds``, ``device_wait_seconds``, ``env_wait_seconds`` and
         ``host_seconds_per_chunk``, each after ``prefix``."""
         return {prefix + "host_seconds": self.host_s, prefix + "device_wait_seconds": self.device_s,
-                prefix + "env_wait_seconds": self.env_wait_s, prefix + "host_seconds_per_chunk": self.host_ms_per_chunk / 1e3}
+                prefix + "env_wait_seconds": self.env_wait_s,
+                prefix + "host_seconds_per_chunk": self.host_ms_per_chunk / 1e3}
 
 
 class _DeviceCalls:

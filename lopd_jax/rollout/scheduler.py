@@ -152,7 +152,8 @@ class Scheduler:
                  base_key: np.ndarray | None = None, pool: EnvThreads | None = None):
         self.cfg, self.K = config, config.decode_chunk
         self.params, self.version, self.local_params = params, int(version), local_params
-        self.stop_ids, self.stop_strings, self.decode, self.pad_id = tuple(stop_ids), tuple(stop_strings), decode, pad_id
+        self.stop_ids, self.stop_strings = tuple(stop_ids), tuple(stop_strings)
+        self.decode, self.pad_id = decode, pad_id
         self.feed, self.on_finish, self.base_key, self.pool = feed, on_finish, base_key, pool
         self.max_total, self.num_pages = max_total, num_pages
         self.pages = Pages(num_pages, config.page_size)
