@@ -11,8 +11,9 @@ padded / bucketed / packed estimate (:mod:`lopd_jax.programs.compile_buckets`);
 ``--estimate_only`` compiles nothing and prints the estimate; ``--flops`` also counts
 compiled FLOPs. Overrides are the trainer's dotted keys; ``--rule`` remaps one logical axis.
 
-Exit status (:data:`EXIT_CODES`): 0 fits, 1 does not fit in HBM, 2 bad arguments or config,
-3 cannot compile here (no ``libtpu``: ``make tpu``). Details: ``docs/results.md``, "Compile check".
+Exit status (:data:`EXIT_CODES`): 0 fits, 1 does not fit in HBM, 2 bad arguments or config
+or a missing file, 3 cannot compile here (no ``libtpu``: ``make tpu``). Details:
+``docs/results.md``, "Compile check".
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from lopd_jax.chat.tokenizers import tiny_tokenizer
 from lopd_jax.envs.registry import get_task_source
 from lopd_jax.method.composer import make_compressor
 from lopd_jax.method.losses_kl import unroll_scans
-from lopd_jax.programs.launcher import exit_on_error
+from lopd_jax.programs.launcher import EXIT_USER_ERROR, USER_ERROR_EXITS, exit_on_error
 from lopd_jax.programs.compile_buckets import (STEP_KINDS, distribution_line, length_lines, length_report, memory_line,
                                      stage_steps)
 from configs import load_config
@@ -62,10 +63,10 @@ TOPOLOGY_SHAPES = {  # chips -> physical topology
 }
 
 
-EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_BAD_ARGS, EXIT_CANNOT_COMPILE = 0, 1, 2, 3
+EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_BAD_ARGS, EXIT_CANNOT_COMPILE = 0, 1, EXIT_USER_ERROR, 3
 EXIT_CODES = {EXIT_FITS: "the step fits (or --dry_run resolved everything)",
               EXIT_DOES_NOT_FIT: "the step does not fit in the topology's HBM",
-              EXIT_BAD_ARGS: "bad arguments or config (unknown topology, key or value)",
+              EXIT_BAD_ARGS: "bad arguments or config (unknown topology, key or value), or a missing file",
               EXIT_CANNOT_COMPILE: "cannot compile here: no libtpu for a TPU topology (make tpu), or JAX lacks "
                                    "jax.experimental.topologies"}
 
@@ -74,8 +75,9 @@ class CannotCompileHere(RuntimeError):
     """This host cannot compile for the asked topology (libtpu or JAX's topology API missing)."""
 
 
-# the compile checks' errors -> exit status (ConfigError is a ValueError)
-ERROR_EXITS = {ValueError: EXIT_BAD_ARGS, CannotCompileHere: EXIT_CANNOT_COMPILE}
+# the compile checks' errors -> exit status: the programs' user errors (2), and 3 for a host
+# that cannot compile for the topology
+ERROR_EXITS = {**USER_ERROR_EXITS, CannotCompileHere: EXIT_CANNOT_COMPILE}
 
 
 def known_topologies() -> list[str]:
