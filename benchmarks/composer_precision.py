@@ -28,8 +28,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 DEFAULT_WORKDIR = "data/demo/start"
@@ -39,9 +37,6 @@ PAPER_COMPOSER_LR = 1e-5
 def load_phi(workdir: str) -> tuple[dict, object]:
     """The composer ``{"lora", "compressor"}`` of the cold-start checkpoint in ``workdir`` (read
     with the run's saved config) and the run's step settings (clip, weight decay)."""
-    from lopd_jax.io.startup import configure_platform
-
-    configure_platform()
     from lopd_jax.settings.run_config import load_run_config
     from train.run_reader import open_run
 
@@ -53,9 +48,8 @@ def load_phi(workdir: str) -> tuple[dict, object]:
 def moved(run_dir: str) -> float:
     """``||phi_lopd - phi_cold_start|| / ||phi_cold_start||`` of the run in ``run_dir`` (its
     newest LOPD composer checkpoint against the cold start's)."""
-    from lopd_jax.io.startup import configure_platform
+    import jax.numpy as jnp
 
-    configure_platform()
     from lopd_jax.settings.run_config import load_run_config
     from train.run_reader import open_run
 
@@ -66,7 +60,10 @@ def moved(run_dir: str) -> float:
     return float(np.sqrt(num / sum(float(jnp.sum(x.astype(jnp.float32) ** 2)) for x in a)))
 
 
-def _leaves(tree) -> list[jnp.ndarray]:
+def _leaves(tree) -> list:
+    import jax
+    import jax.numpy as jnp
+
     return [x for x in jax.tree.leaves(tree) if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)]
 
 
@@ -75,6 +72,9 @@ def measure(phi, lr: float, steps: int, dtype, clip: float = 1.0, weight_decay: 
     """Per step: ``applied`` (||delta phi|| / ||phi|| of the step applied in ``dtype``),
     ``asked`` (the same for AdamW's update before it is added) and ``rounded_away`` (share of
     elements with a non-zero update whose stored value did not change)."""
+    import jax
+    import jax.numpy as jnp
+
     from train.system import adamw
 
     params = [x.astype(dtype) for x in _leaves(phi)]
@@ -109,6 +109,11 @@ def main(argv=None) -> int:
     p.add_argument("--moved", nargs="+", default=None, metavar="RUN_DIR",
                    help="instead: how far each finished LOPD run's training moved phi")
     args = p.parse_args(argv)
+    from lopd_jax.io.startup import configure_platform
+
+    configure_platform()  # before JAX is imported: no libtpu noise on CPU
+    import jax.numpy as jnp
+
     if args.moved:
         for run_dir in args.moved:
             print(f"{run_dir}: ||phi_lopd - phi_cold_start|| / ||phi_cold_start|| = {moved(run_dir):.3e}")

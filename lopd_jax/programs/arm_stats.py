@@ -143,8 +143,8 @@ def prefix_means(a_runs: Sequence[Mapping[str, list]], b_runs: Sequence[Mapping[
     the within-prefix contrast whether or not the seeds pair); the prefix means are then paired
     by prefix. A run without a ``prefix`` among prefixed runs is an error; a prefix only one
     arm ran is left out and named under ``prefixes_dropped``. Returns the two arms' rows
-    (``task_id``, ``cluster``, ``key``, and the prefix as ``seed``, the pairing key) and the design (``prefixes``, ``runs``,
-    ``prefixes_dropped``)."""
+    (``task_id``, ``cluster``, ``key``, and the prefix as ``seed``, the pairing key) and the
+    design (``prefixes``, ``runs``, ``prefixes_dropped``)."""
     if any(r.get("prefix") is None for r in [*a_runs, *b_runs]):
         raise ValueError("some runs carry a prefix and some do not; compare runs of one layout "
                          "(rerun benchmarks.miniature_core with --prefix_seeds for every arm)")

@@ -10,7 +10,8 @@ from benchmarks import composer_precision
 
 def test_bfloat16_rounds_away_most_updates_at_the_paper_lr():
     k1, k2 = jax.random.split(jax.random.key(0))
-    phi = {"compressor": {"w": 0.05 * jax.random.normal(k1, (64, 64))}, "lora": {"a": 0.05 * jax.random.normal(k2, (64, 8))}}
+    phi = {"compressor": {"w": 0.05 * jax.random.normal(k1, (64, 64))},
+           "lora": {"a": 0.05 * jax.random.normal(k2, (64, 8))}}
     f32 = composer_precision.measure(phi, 1e-5, 3, jnp.float32)
     bf16 = composer_precision.measure(phi, 1e-5, 3, jnp.bfloat16)
     for r in f32:  # float32 applies what AdamW asks (about lr per element: 1e-5 / 0.05 of each weight)

@@ -192,7 +192,8 @@ def test_clusters_restrict_the_contrasts_to_the_chosen_customers(tmp_path, capsy
     gain = np.where(np.arange(64) % 8 < 2, 0.3, 0.0)
     for arm, g in (("lopd", gain), ("lopd_frozen_composer", 0.0 * gain)):
         for seed in range(3):
-            _write_run(str(W / "runs" / f"{arm}_s{seed}"), np.arange(64) % 2, arg_probs=0.3 + g + rng.normal(0, 0.02, 64))
+            _write_run(str(W / "runs" / f"{arm}_s{seed}"), np.arange(64) % 2,
+                       arg_probs=0.3 + g + rng.normal(0, 0.02, 64))
     keys = ["dispatch.ship:customer=c0", "dispatch.ship:customer=c1"]
     chosen = rank_arms.report(str(W), resamples=200, keep=keys)["contrasts"][0]
     assert chosen["estimate"] == pytest.approx(0.3, abs=0.02) and chosen["clusters"] == 2 and chosen["tasks"] == 16
