@@ -136,6 +136,7 @@ def _run_suite(suite, data, out, max_total_tokens, max_steps, timeout):
     return report, {r["benchmark"]: r for r in report["rows"]}
 
 
+@pytest.mark.process
 def test_suite_command_on_a_tiny_model_writes_both_reports(tmp_path):
     data = tmp_path / "data"
     data.mkdir()
@@ -178,6 +179,7 @@ def _write_acebench_agent(folder):
             f.writelines(answers)
 
 
+@pytest.mark.process
 def test_suite_tool_use_on_a_tiny_model_fills_the_acebench_cell(tmp_path):
     """The ACEBench agent episodes run with the policy as the simulated user and fill the
     Table 1 cell (about 35 s of CPU: compiles for 3-6k-token prompts and the user's turns)."""
@@ -238,6 +240,7 @@ def test_suite_reports_differ_per_model_and_a_missing_data_dir_says_how(tmp_path
     assert e.value.code == 2 and "does not exist. Create it (mkdir -p" in err and "Rows and data files" in err
 
 
+@pytest.mark.process
 def test_suite_with_a_composer_run(tmp_path_factory, tmp_path):
     """``--composer_from`` (the run's base + composer) runs the suite like ``--model``."""
     from lopd_jax.programs.evaluate import main
