@@ -31,7 +31,7 @@ from lopd_jax.core.types import StepResult, Task
 from lopd_jax.envs.base import Environment
 from lopd_jax.programs.policy import load_policy
 from lopd_jax.rollout.engine import Engine
-from lopd_jax.rollout.episodes import FINISH_ENV_ERROR, rollout
+from lopd_jax.rollout.episodes import CLOSE_WORKERS, FINISH_ENV_ERROR, rollout
 from lopd_jax.settings.sections import EngineConfig, RolloutConfig, SamplingParams
 
 # fault kind -> its share of episodes (the rest run clean)
@@ -119,6 +119,12 @@ def _rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
 
 
+def _threads() -> int:
+    """Live threads, less the process's shared environment-closing pool (a fixed width)."""
+    closers = sum(t.name.startswith("env-close") for t in threading.enumerate())
+    return threading.active_count() - min(closers, CLOSE_WORKERS)
+
+
 STEP_FAULTS = ("step_raise", "step_garbage", "obs_garbage", "obs_huge", "obs_forged", "slow", "slowish", "hang")
 
 
@@ -151,7 +157,6 @@ def soak(episodes: int = 2000, batch: int = 64, timeout: float = 1.0, rss_from: 
     ``env_timeout_s``) on one engine; returns the counters :func:`main` prints (every
     ``*_escaped`` / ``leaked_*`` / ``bad_*`` one should be 0). RSS growth is measured from
     the batch that reaches ``rss_from`` episodes (after warm-up) to the end."""
-    threads0 = threading.active_count()
     model, tok, family = load_policy("tiny", seed=seed)
     fmt = make_chat_format(family, tok)
     engine = Engine(model, stop_ids=fmt.stop_ids, pad_id=tok.pad_token_id,
@@ -161,6 +166,7 @@ def soak(episodes: int = 2000, batch: int = 64, timeout: float = 1.0, rss_from: 
     t_compile = time.perf_counter()
     engine.precompile(params, config.max_total_tokens)  # the waits measured below are the schedule's, not compiles
     log(f"compiled in {time.perf_counter() - t_compile:.0f} s")
+    threads0 = threading.active_count()
     out = collections.Counter()
     reasons, faults, rss = collections.Counter(), collections.Counter(), []
     t0 = time.perf_counter()
@@ -200,9 +206,9 @@ def soak(episodes: int = 2000, batch: int = 64, timeout: float = 1.0, rss_from: 
             rss.append((start + n, _rss_mb()))
     engine.close()  # its environment threads exit: none may be left behind
     deadline = time.monotonic() + 3 * timeout + 2  # abandoned threads end once their step returns
-    while threading.active_count() > threads0 and time.monotonic() < deadline:
+    while _threads() > threads0 and time.monotonic() < deadline:
         time.sleep(0.05)
-    out["leaked_threads"] = max(0, threading.active_count() - threads0)
+    out["leaked_threads"] = max(0, _threads() - threads0)
     rss = rss or [(out["episodes"], _rss_mb())]  # every batch escaped
     (out["rss_from_episode"], out["rss_warm_mb"]), (_, out["rss_end_mb"]) = rss[0], rss[-1]
     out["rss_growth"] = rss[-1][1] / rss[0][1] - 1

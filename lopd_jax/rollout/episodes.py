@@ -305,7 +305,7 @@ def _stepper(ep: _Episode, fmt: ChatFormat, config: RolloutConfig):
     return step
 
 
-_CLOSE_WORKERS = 8  # environments closed at once (a close usually ends a worker process)
+CLOSE_WORKERS = 8  # environments closed at once (a close usually ends a worker process)
 _closers: list[EnvThreads] = []  # the process's one pool of closing threads, made on first use
 _closers_lock = threading.Lock()
 
@@ -314,7 +314,7 @@ def _close_pool() -> EnvThreads:
     """The threads that close environments: one pool for the process, closed at exit."""
     with _closers_lock:
         if not _closers:
-            _closers.append(EnvThreads(_CLOSE_WORKERS, name="env-close"))
+            _closers.append(EnvThreads(CLOSE_WORKERS, name="env-close"))
             atexit.register(_closers[0].close)
         return _closers[0]
 
