@@ -173,8 +173,9 @@ class TrainingStage:
 
     def batch(self, s: int) -> dict:
         """Step ``s``'s rollouts (sync: sampled now by the current student; async: taken
-        from the rollout thread) and its batch; the rollout statistics and
-        :func:`train.async_rollouts.staleness_metrics` wait for :meth:`record`."""
+        from the rollout thread) and its batch; the rollout statistics,
+        :func:`train.async_rollouts.staleness_metrics` and ``batch_host_seconds`` (the host
+        seconds of :meth:`make_batch`) wait for :meth:`record`."""
         if self.mode == "sync":
             trajs, info = self.rollout(s, self.step_tasks(s), self.student_params())
             for t in trajs:
@@ -191,8 +192,13 @@ class TrainingStage:
             versions = [v for _, vs in parts for v in vs]
             info = {**{k: v for k, v in local.items() if k != "first_row"}, **info,
                     **{k: sum(c[k] for c, _ in parts) for k in parts[0][0]}}
-        self._rollout_info[s] = {**info, **staleness_metrics(versions, s)}
-        return self.make_batch(s, trajs)
+        t0 = time.perf_counter()
+        batch = self.make_batch(s, trajs)
+        # host seconds of the batch (pack plan, packed arrays, teacher rows, retrieval, composer
+        # inputs); the step's device seconds are the loop's train_seconds (dispatch to metrics)
+        self._rollout_info[s] = {**info, **staleness_metrics(versions, s),
+                                 "batch_host_seconds": time.perf_counter() - t0}
+        return batch
 
     def start_pipeline(self, start: int) -> None:
         """Start the asynchronous rollouts of steps ``start...`` from the current student

@@ -89,6 +89,7 @@ def test_async_k0_equals_sync(shared, sync2):
     for a, b in zip(sync, k0):
         assert _comparable(a) == _comparable(b)
         assert a["staleness_max"] == 0.0
+        assert a["batch_host_seconds"] > 0 and a["train_seconds"] > 0  # the batch's host time beside the step's
     assert b["policy_version"] == 1.0 and b["composer_version"] == 1.0
     for x, y in zip(jax.tree.leaves(state_s["student"]), jax.tree.leaves(state_a["student"])):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
@@ -103,7 +104,7 @@ def test_async_k1_is_one_version_behind_and_stamped(shared):
     assert [{t.policy_version for t in seen[s]} for s in range(3)] == [{0}, {0}, {1}]
     for r in recs:
         assert r["rollouts"] == 8 and np.isfinite(r["loss"]) and r["rollouts_resampled_on_resume"] == 0
-        assert r["sampler_wait_seconds"] >= 0 and r["trainer_wait_seconds"] >= 0
+        assert r["sampler_wait_seconds"] >= 0 and r["trainer_wait_seconds"] >= 0 and r["batch_host_seconds"] > 0
     # step 1 samples the same student as step 0 but its own tasks and key: not step 0's rollouts
     assert [t.tokens.tolist() for t in seen[0]] != [t.tokens.tolist() for t in seen[1]]
     # the held-out evaluation after step 2 ran beside the rollout thread
