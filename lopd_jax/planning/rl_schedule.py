@@ -32,7 +32,10 @@ class RLStepTimes:
     read), so a decode step over rows holding ``c`` tokens in all takes
     ``decode_weights_s + c * decode_kv_s_per_token``; ``train_s``: one training step on every
     chip; ``sync_s``: moving the new weights to the sampler (the reshard, or the transfer
-    to a split sampler); ``env_s``: an environment's latency per turn.
+    to a split sampler); ``env_s``: an environment's latency per turn. Host time that no
+    device work overlaps (the chips idle meanwhile): ``host_chunk_s`` per decode chunk (the
+    engine's Python between two chunks) and ``host_step_s`` per training step (building its
+    batch); ``benchmarks/host_time.py`` measures both.
     """
 
     decode_weights_s: float
@@ -40,6 +43,8 @@ class RLStepTimes:
     train_s: float
     sync_s: float
     env_s: float
+    host_chunk_s: float = 0.0
+    host_step_s: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +107,7 @@ def simulate_rl(episodes: Iterator[Episode], sched: RLSchedule, times: RLStepTim
     share = sched.sampler_share if split else 1.0
     batch = int(round(sched.batch / share)) if split else sched.batch  # a sampler host's quota
     batch = max(sched.group_size, batch - batch % sched.group_size)
-    train_s = times.train_s / (1 - share) if split else times.train_s
+    train_s = (times.train_s / (1 - share) if split else times.train_s) + times.host_step_s
     g = sched.group_size
     k = 0 if sched.mode == "sync" else sched.max_staleness
     cap = batch if k == 0 else max(sched.in_flight or 2 * sched.slots, batch)  # k = 0: a batch at a time
@@ -226,7 +231,7 @@ def simulate_rl(episodes: Iterator[Episode], sched: RLSchedule, times: RLStepTim
                 trainer_free = new_weights = t + train_s
         elif take_batch():  # the same chips: decoding pauses for the step and the reshard
             t += train_s + times.sync_s
-            compute_time += train_s + times.sync_s
+            compute_time += train_s - times.host_step_s + times.sync_s
             bump(t)
             continue
         while env and env[0][0] <= t:
@@ -245,9 +250,11 @@ def simulate_rl(episodes: Iterator[Episode], sched: RLSchedule, times: RLStepTim
                 raise RuntimeError("the schedule stalled: in_flight holds less than one batch, or a bug")
             t = max(t, min(nxt))
             continue
-        dt = sched.chunk * (times.decode_weights_s + sum(live[x[0]][3] for x in rows) * times.decode_kv_s_per_token)
+        context = sum(live[x[0]][3] for x in rows)
+        on_chips = sched.chunk * (times.decode_weights_s + context * times.decode_kv_s_per_token)
+        dt = on_chips + times.host_chunk_s
         busy_rows.append(len(rows))
-        decode_time += dt
+        decode_time += on_chips
         for s in range(sched.slots):
             if slot[s] is None:
                 continue
@@ -276,7 +283,8 @@ def simulate_rl(episodes: Iterator[Episode], sched: RLSchedule, times: RLStepTim
     st = np.asarray(staleness[w * batch:] or [0])
     wall = float(ends[-1])
     if split:  # idle is what neither side does, weighted by its share of the chips
-        idle = share * (1 - decode_time / wall) + (1 - share) * (1 - min(1.0, steps * train_s / wall))
+        idle = share * (1 - decode_time / wall) + (1 - share) * (1 - min(1.0, steps * (train_s - times.host_step_s)
+                                                                          / wall))
     else:
         idle = max(0.0, 1 - (compute_time + decode_time) / wall)
     return {"seconds_per_step": per_step, "busy_rows": float(np.mean(busy_rows)) if busy_rows else 0.0,

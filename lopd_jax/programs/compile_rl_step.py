@@ -31,6 +31,11 @@ PLACEMENTS = (("colocated", 1.0), ("partial-step", 1.0), ("partial-wait", 1.0), 
 BATCHES = {"partial-step": "step", "partial-wait": "due"}
 BUILT = ("colocated", *BATCHES)
 STALENESS = (0, 1, 2, 4)
+#: host time no device work overlaps, measured by ``python -m benchmarks.host_time`` at the paper's
+#: shapes with the device stubbed (docs/benchmarks.md, "Host time"): the engine's per decode chunk
+#: and the trainer's batch building per step (``--host_chunk_ms`` / ``--host_step_s``)
+HOST_CHUNK_MS = 0.23
+HOST_STEP_S = 0.06
 
 
 def episode_stream(cfg, seed: int) -> Iterator[Episode]:
@@ -41,8 +46,11 @@ def episode_stream(cfg, seed: int) -> Iterator[Episode]:
                                  seed=seed * 100_003 + i)
 
 
-def step_times(cfg, topology: str, mfu: float, env_steps: int) -> tuple[RLStepTimes, dict]:
-    """The RL step's parts in seconds on ``topology`` (see the module docstring), and what they came from."""
+def step_times(cfg, topology: str, mfu: float, env_steps: int, host_chunk_ms: float = 0.0,
+               host_step_s: float = 0.0) -> tuple[RLStepTimes, dict]:
+    """The RL step's parts in seconds on ``topology`` (see the module docstring), and what
+    they came from; ``host_chunk_ms`` / ``host_step_s``: the host time not overlapped per
+    decode chunk and per training step."""
     spec, layout = cc.step_inputs(cfg)
     devices, gen, _ = cc.topology_devices(topology)
     if gen not in PEAK_FLOPS or gen not in HBM_BANDWIDTH:
@@ -61,7 +69,8 @@ def step_times(cfg, topology: str, mfu: float, env_steps: int) -> tuple[RLStepTi
     kv_token = 2 * mcfg.num_layers * mcfg.num_kv_heads * mcfg.head_dim * 2 / min(tensor, mcfg.num_kv_heads)
     sync = reshard_cost(mcfg, chips, tensor, bw, ICI_BANDWIDTH[gen]).seconds
     times = RLStepTimes(decode_weights_s=weights / bw, decode_kv_s_per_token=kv_token / bw,
-                        train_s=at_peak / mfu, sync_s=sync, env_s=env_steps * weights / bw)
+                        train_s=at_peak / mfu, sync_s=sync, env_s=env_steps * weights / bw,
+                        host_chunk_s=host_chunk_ms / 1e3, host_step_s=host_step_s)
     source = {"chips": chips, "processes": processes, "tensor": tensor, "gen": gen, "train_s_at_peak": at_peak,
               "mfu": mfu, "env_steps": env_steps}
     return times, source
@@ -93,9 +102,10 @@ def compare(cfg, times: RLStepTimes, processes: int, steps: int, seeds: int) -> 
     return rows
 
 
-def report(cfg, topology: str, mfu: float, env_steps: int, steps: int, seeds: int) -> dict:
-    """The whole comparison: the step's parts and every row."""
-    times, source = step_times(cfg, topology, mfu, env_steps)
+def report(cfg, topology: str, mfu: float, env_steps: int, steps: int, seeds: int,
+           host_chunk_ms: float = HOST_CHUNK_MS, host_step_s: float = HOST_STEP_S) -> dict:
+    """The whole comparison: the step's parts (host time included) and every row."""
+    times, source = step_times(cfg, topology, mfu, env_steps, host_chunk_ms, host_step_s)
     rows = compare(cfg, times, source["processes"], steps, seeds)
     return {"times": dataclasses.asdict(times), "source": source, "rows": rows, "steps": steps, "seeds": seeds}
 
@@ -109,7 +119,8 @@ def print_report(rep: dict, config: str, topology: str) -> None:
     print(f"  decode step {1e3 * t['decode_weights_s']:.2f} ms + {1e9 * t['decode_kv_s_per_token']:.2f} ns per "
           f"context token; LOPD step {t['train_s']:.1f} s ({s['train_s_at_peak']:.2f} s at peak / MFU "
           f"{s['mfu']:.2f}); weight sync {1e3 * t['sync_s']:.1f} ms; environment {t['env_s']:.3f} s per turn "
-          f"({s['env_steps']} decode steps); {rep['steps']} steps x {rep['seeds']} seeds")
+          f"({s['env_steps']} decode steps); host not overlapped {1e3 * t.get('host_chunk_s', 0.0):.2f} ms per chunk, "
+          f"{t.get('host_step_s', 0.0):.2f} s per step; {rep['steps']} steps x {rep['seeds']} seeds")
     print(f"  {'placement':<12}{'k':>3}  {'s/step':>8}  {'steps/h':>8}  {'ratio':>6}  {'busy rows':>9}  "
           f"{'chips idle':>10}  {'staleness mean/p95/max':>22}  {'dropped/step':>12}")
     for r in rep["rows"]:
@@ -123,4 +134,4 @@ def print_report(rep: dict, config: str, topology: str) -> None:
           f"{best['placement']})")  # the best of what rollout.partial builds
 
 
-__all__ = ["BATCHES", "BUILT", "PLACEMENTS", "STALENESS", "compare", "episode_stream", "print_report", "report", "step_times"]
+__all__ = ["BATCHES", "BUILT", "HOST_CHUNK_MS", "HOST_STEP_S", "PLACEMENTS", "STALENESS", "compare", "episode_stream", "print_report", "report", "step_times"]

@@ -29,7 +29,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from lopd_jax.programs.compile_buckets import HBM_BANDWIDTH, ICI_BANDWIDTH, memory_line
 from lopd_jax.programs.compile_check import ERROR_EXITS, EXIT_BAD_ARGS, run_config, topology_devices, verdict
 from lopd_jax.programs.launcher import exit_on_error
-from lopd_jax.programs.compile_rl_step import print_report as print_rl_report, report as rl_report
+from lopd_jax.programs.compile_rl_step import (HOST_CHUNK_MS, HOST_STEP_S, print_report as print_rl_report,
+                                               report as rl_report)
 from models.decoder import Decoder
 from train import mesh as mesh_lib
 from models.partitioning import split_state, tree_shardings
@@ -275,6 +276,12 @@ def parse_args(argv=None):
     p.add_argument("--mfu", type=float, default=0.4, help="--rl_step: the LOPD step's model FLOPs utilisation")
     p.add_argument("--rl_steps", type=int, default=24, help="--rl_step: RL steps simulated per seed")
     p.add_argument("--rl_seeds", type=int, default=3, help="--rl_step: episode streams averaged")
+    p.add_argument("--host_chunk_ms", type=float, default=HOST_CHUNK_MS,
+                   help="--rl_step: the engine's host milliseconds per decode chunk that no device work overlaps "
+                        "(default: measured by python -m benchmarks.host_time)")
+    p.add_argument("--host_step_s", type=float, default=HOST_STEP_S,
+                   help="--rl_step: the trainer's host seconds per step (batch building) that no device work "
+                        "overlaps (default: measured by python -m benchmarks.host_time)")
     p.add_argument("overrides", nargs="*", help="dotted config overrides key=value, as for lopd_jax.train")
     return p.parse_args(argv)
 
@@ -322,12 +329,15 @@ def print_report(r: dict) -> None:
 
 def rl_step_main(args) -> int:
     """``--rl_step``: the RL-step model's table and verdict line (exit codes as :func:`main`'s)."""
-    if not 0 < args.mfu <= 1 or args.rl_steps < 4 or args.rl_seeds < 1:
-        print(f"error: --mfu in (0, 1], --rl_steps >= 4, --rl_seeds >= 1 (got {args.mfu}, {args.rl_steps}, "
-              f"{args.rl_seeds})", file=sys.stderr)
+    if not 0 < args.mfu <= 1 or args.rl_steps < 4 or args.rl_seeds < 1 or min(args.host_chunk_ms,
+                                                                              args.host_step_s) < 0:
+        print(f"error: --mfu in (0, 1], --rl_steps >= 4, --rl_seeds >= 1, --host_chunk_ms and --host_step_s >= 0 "
+              f"(got {args.mfu}, {args.rl_steps}, {args.rl_seeds}, {args.host_chunk_ms}, {args.host_step_s})",
+              file=sys.stderr)
         return EXIT_BAD_ARGS
     rep, code = exit_on_error(ERROR_EXITS, lambda: rl_report(run_config(args), args.topology, args.mfu,
-                                                             args.env_steps, args.rl_steps, args.rl_seeds))
+                                                             args.env_steps, args.rl_steps, args.rl_seeds,
+                                                             args.host_chunk_ms, args.host_step_s))
     if code is not None:
         return code
     print_rl_report(rep, args.config, args.topology)

@@ -72,6 +72,19 @@ def test_step_batches_stay_within_the_bound_without_drops(k):
                        steps=8) == sync
 
 
+def test_host_time_not_overlapped_lengthens_the_step_and_idles_the_chips():
+    """``host_step_s`` adds itself to every sync step (the batch decodes after the step);
+    ``host_chunk_s`` to every decode chunk; the chips count neither as busy."""
+    base = dict(decode_weights_s=1.0, decode_kv_s_per_token=0.0, train_s=300.0, sync_s=5.0, env_s=7.0)
+    sched = RLSchedule(mode="sync", batch=4, slots=16, chunk=4)
+    plain = simulate_rl(stream(), sched, RLStepTimes(**base), steps=6)
+    step = simulate_rl(stream(), sched, RLStepTimes(**base, host_step_s=10.0), steps=6)
+    assert step["seconds_per_step"] == pytest.approx(plain["seconds_per_step"] + 10.0)
+    assert step["chips_idle"] > plain["chips_idle"]
+    chunk = simulate_rl(stream(), sched, RLStepTimes(**base, host_chunk_s=0.5), steps=6)
+    assert chunk["seconds_per_step"] > plain["seconds_per_step"] and chunk["chips_idle"] > plain["chips_idle"]
+
+
 def test_groups_are_trained_whole():
     """A batch is whole groups: with groups of 4 and a batch of 8, every step trains 8."""
     times = RLStepTimes(1.0, 0.0, train_s=50.0, sync_s=0.0, env_s=3.0)
@@ -101,3 +114,4 @@ def test_compile_sampler_rl_step_prints_the_comparison():
     bad = subprocess.run([sys.executable, "-m", "lopd_jax.compile_sampler", "--config=qwen3_8b", "--rl_step",
                           "--mfu=2"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "--mfu" in bad.stderr
+    assert re.search(r"host not overlapped \d+\.\d\d ms per chunk, \d+\.\d\d s per step", out.stdout)
