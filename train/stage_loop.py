@@ -108,13 +108,19 @@ def progress_fields(metrics: dict) -> dict:
 def run_steps(ctx: RunContext, stage: str, state, num_steps: int, step_fn: Callable, batch_fn: Callable,
               *, shardings=None, extra_meta: Callable[[int], dict] | None = None, writer=None,
               on_metrics: Callable[[int, dict], dict] | None = None,
-              on_restore: Callable[[Any, dict], None] | None = None):
+              on_restore: Callable[[Any, dict], None] | None = None,
+              prefetch: Callable[[int], bool] | None = None):
     """Resumable step loop of one stage; returns ``(state, preempted)``.
 
     ``state`` is the stage's initial state (also the restore target); ``batch_fn(step)``
     gives the batch of a step (a function of the step alone, for exact resume);
     ``step_fn(state, batch) -> (state, metrics)``; ``on_metrics(step, metrics)`` may add
     to the logged record; ``on_restore(state, metadata)`` sees a restored checkpoint.
+    ``prefetch(step)``: True when step + 1's batch may be built while step's update runs
+    on the device (after its dispatch, before its metrics are read): the host work overlaps
+    the device's, the batches are the same. The record's ``batch_seconds`` is its batch's
+    building wherever it ran; ``train_seconds`` the update's dispatch and the wait for its
+    metrics, less the prefetch.
     """
     c = ctx.cfg.checkpoint
     ckpt = Checkpointer(ctx.ckpt_dir(stage), every_steps=c.every_steps, keep=c.keep, async_save=c.async_save)
@@ -130,16 +136,24 @@ def run_steps(ctx: RunContext, stage: str, state, num_steps: int, step_fn: Calla
         preempted = False
         meta = lambda s: {"stage": stage, "step": s, **(extra_meta(s) if extra_meta else {})}  # noqa: E731
         guard = NonFiniteTracker(ctx.cfg.steps.max_nonfinite_skips, stage)
+        ahead = None  # (step + 1's batch, its seconds) built while step ran on the device
         with Progress(num_steps, stage, initial=start) as bar:
             for s in range(start, num_steps):
                 with first_step_pulse(stage, s == start):
                     t0 = time.perf_counter()
-                    batch = put_batch(ctx.system, batch_fn(s))
+                    batch, batch_s = ahead if ahead is not None else (put_batch(ctx.system, batch_fn(s)), None)
                     t1 = time.perf_counter()
                     state, metrics = step_fn(state, batch)
+                    t_ahead = time.perf_counter()
+                    ahead = None
+                    if prefetch is not None and s + 1 < num_steps and prefetch(s):
+                        next_batch = put_batch(ctx.system, batch_fn(s + 1))
+                        ahead = (next_batch, time.perf_counter() - t_ahead)
+                    t_wait = time.perf_counter()
                     metrics = {k: float(v) for k, v in jax.device_get(metrics).items() if np.ndim(v) == 0}
                     t2 = time.perf_counter()
-                metrics["batch_seconds"], metrics["train_seconds"] = t1 - t0, t2 - t1
+                metrics["batch_seconds"] = t1 - t0 if batch_s is None else batch_s
+                metrics["train_seconds"] = (t_ahead - t1) + (t2 - t_wait)
                 if "nonfinite" in metrics:  # skipped updates; stops after steps.max_nonfinite_skips in a row
                     metrics["skipped_steps"] = float(guard.update(metrics, s + 1))
                 if on_metrics is not None:

@@ -117,6 +117,7 @@ class TrainingStage:
         self.pipeline: RolloutPipeline | None = None  # async: started by the first batch()
         self.version = 0  # async: the current student's version (its update count)
         self._trained_ahead = None  # finished-order partial rollouts: per process, groups trained before a resume
+        self._built = -1  # the last step whose batch was built (one ahead of the update with may_prefetch)
 
     # ----- what subclasses give -----
     def gather(self, s: int, trajs: list, local: dict) -> tuple[list, dict]:
@@ -198,6 +199,7 @@ class TrainingStage:
         # inputs); the step's device seconds are the loop's train_seconds (dispatch to metrics)
         self._rollout_info[s] = {**info, **staleness_metrics(versions, s),
                                  "batch_host_seconds": time.perf_counter() - t0}
+        self._built = s
         return batch
 
     def start_pipeline(self, start: int) -> None:
@@ -230,11 +232,20 @@ class TrainingStage:
         else:
             self.pipeline = RolloutPipeline(self.sample, self.step_tasks, self.tasks.get_state, start, n, k, params0)
 
+    def may_prefetch(self, s: int) -> bool:
+        """Whether step ``s + 1``'s batch may be built while step ``s``'s update runs
+        (:func:`train.stage_loop.run_steps`' ``prefetch``): with asynchronous whole-step
+        rollouts only. Sync rollouts sample step ``s``'s output (nothing to overlap) and a
+        checkpoint's task-iterator state must not have drawn step ``s + 1``'s tasks; partial
+        rollouts' resume point counts the groups the trainer has taken."""
+        return type(self.pipeline) is RolloutPipeline
+
     def close_pipeline(self) -> None:
-        """Stop the rollout thread; say how many steps' rollouts sampled ahead were dropped."""
+        """Stop the rollout thread; say how many steps' rollouts sampled ahead were dropped
+        (a batch built ahead and not trained on included)."""
         if self.pipeline is None:
             return
-        dropped = self.pipeline.close()
+        dropped = self.pipeline.close() + max(0, self._built - self.version + 1)
         self.pipeline = None
         if dropped:
             log(f"{self.label}: {dropped} step(s) of rollouts sampled ahead were not trained on; a resumed run "
@@ -292,7 +303,7 @@ class TrainingStage:
         try:
             return run_steps(self.ctx, "lopd", self.state, self.ctx.cfg.stages.lopd_steps, self.step, self.batch,
                              shardings=self.shardings, extra_meta=self.meta, writer=self.writer,
-                             on_metrics=self.record, on_restore=self.restore)
+                             on_metrics=self.record, on_restore=self.restore, prefetch=self.may_prefetch)
         finally:
             self.close_pipeline()
             if self.rollout_log is not None:

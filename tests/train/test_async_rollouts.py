@@ -113,6 +113,19 @@ def test_async_k1_is_one_version_behind_and_stamped(shared):
     assert [e["step"] for e in evals] == [2]
 
 
+def test_async_builds_the_next_batch_while_the_step_runs(shared, monkeypatch):
+    """Whole-step async rollouts: step s + 1's batch is built after step s's dispatch and
+    before its metrics are read (its record follows); the last step builds nothing ahead."""
+    import train.training_stage as ts
+    events = []
+    make_batch, record = ts.ArmStage.make_batch, ts.ArmStage.record
+    monkeypatch.setattr(ts.ArmStage, "make_batch",
+                        lambda self, s, trajs: events.append(("batch", s)) or make_batch(self, s, trajs))
+    monkeypatch.setattr(ts.ArmStage, "record", lambda self, s, m: events.append(("record", s)) or record(self, s, m))
+    _run(shared, "prefetch", "async", k=1, steps=3)
+    assert events == [("batch", 0), ("batch", 1), ("record", 0), ("batch", 2), ("record", 1), ("record", 2)]
+
+
 def test_async_resume_resamples_the_lost_steps_and_counts_them(shared):
     _, first = _run(shared, "resume", "async", k=1, steps=1)
     assert [r["step"] for r in first] == [1]
