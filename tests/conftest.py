@@ -3,6 +3,7 @@ compilation cache shared by every process of the run (the workers and the progra
 tests start)."""
 
 import atexit
+import json
 import os
 import shutil
 import sys
@@ -40,3 +41,51 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+# How many programs the run compiled and how many the cache served, summed over the pytest
+# processes (the controller and its workers; each writes its counts at the end of its
+# session) and printed at the end of the run: the figure the next cut can aim at.
+if "LOPD_TEST_STATS_DIR" not in os.environ:
+    os.environ["LOPD_TEST_STATS_DIR"] = tempfile.mkdtemp(prefix="lopd-tests-compile-stats-")
+    atexit.register(shutil.rmtree, os.environ["LOPD_TEST_STATS_DIR"], True)
+_COMPILES = {"requests": 0, "hits": 0, "saved_seconds": 0.0, "compile_seconds": 0.0}
+
+
+def _count_event(event: str, **_):
+    if event == "/jax/compilation_cache/compile_requests_use_cache":
+        _COMPILES["requests"] += 1
+    elif event == "/jax/compilation_cache/cache_hits":
+        _COMPILES["hits"] += 1
+
+
+def _count_duration(event: str, seconds: float, **_):
+    if event == "/jax/compilation_cache/compile_time_saved_sec":
+        _COMPILES["saved_seconds"] += seconds
+    elif event == "/jax/core/compile/backend_compile_duration":  # a cache hit's load included
+        _COMPILES["compile_seconds"] += seconds
+
+
+jax.monitoring.register_event_listener(_count_event)
+jax.monitoring.register_event_duration_secs_listener(_count_duration)
+
+
+def pytest_sessionfinish(session):
+    """Each pytest process writes its compile counts for the summary."""
+    with open(os.path.join(os.environ["LOPD_TEST_STATS_DIR"], f"{os.getpid()}.json"), "w") as f:
+        json.dump(_COMPILES, f)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line: XLA programs compiled and served by the run's persistent cache."""
+    if hasattr(terminalreporter.config, "workerinput"):
+        return
+    folder = os.environ["LOPD_TEST_STATS_DIR"]
+    total = dict.fromkeys(_COMPILES, 0)
+    for name in os.listdir(folder):
+        with open(os.path.join(folder, name)) as f:
+            for k, v in json.load(f).items():
+                total[k] += v
+    terminalreporter.write_line(
+        f"XLA in the pytest processes: {total['requests']} compile requests, {total['hits']} served by the "
+        f"persistent cache ({total['saved_seconds']:.0f} s of compiling saved), {total['requests'] - total['hits']} "
+        f"compiled; {total['compile_seconds']:.0f} s in compile calls")
