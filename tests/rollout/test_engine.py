@@ -18,6 +18,7 @@ from models import from_pretrained
 from lopd_jax.rollout.engine import Engine
 from lopd_jax.rollout.episode_spec import EpisodeSpec
 from lopd_jax.settings.sections import EngineConfig, SamplingParams
+from tests.rollout.feeds import ScriptedFeed
 
 V = 96
 
@@ -301,36 +302,6 @@ def test_evaluate_samples_the_same_trajectories_at_any_batch_size(tmp_path):
     assert [[len(ids) for ids in t["turn_ids"]] for t in outs[0]] == [t["turn_lengths"] for t in outs[0]]
 
 
-class _Feed:
-    """An episode feed of fixed groups: group ``g`` comes with ``swaps.get(g)`` (new weights
-    and their version); ``cancel_after`` ends the run once that many episodes ended."""
-
-    def __init__(self, groups, swaps=None, cancel_after=None, idle_gap=False, drop_on_first_end=()):
-        self.groups, self.swaps, self.cancel_after, self.idle_gap = list(groups), swaps or {}, cancel_after, idle_gap
-        self.drop_on_first_end, self.drops = list(drop_on_first_end), []
-        self.max_total, self.cancelled, self.given, self.results = 48, False, 0, {}
-
-    def more(self, idle):
-        from lopd_jax.rollout.episode_spec import FeedItem
-        if self.idle_gap and self.given == 1:
-            return FeedItem()  # a broken feed: never gives its second group, not even to an idle engine
-        if self.given == len(self.groups):
-            return None
-        g = self.given
-        self.given += 1
-        params, version = self.swaps.get(g, (None, 0))
-        return FeedItem(self.groups[g], params, version)
-
-    def take_drops(self):
-        drops, self.drops = self.drops, []
-        return drops
-
-    def ended(self, spec, result):
-        self.results[spec.identity] = result
-        if len(self.results) == 1:
-            self.drops, self.drop_on_first_end = self.drop_on_first_end, []
-        if self.cancel_after is not None and len(self.results) >= self.cancel_after:
-            self.cancelled = True
 
 
 def test_a_feed_streams_episodes_with_their_own_keys_and_swaps_weights_in_flight(qwen, pool_full_run):
@@ -341,7 +312,7 @@ def test_a_feed_streams_episodes_with_their_own_keys_and_swaps_weights_in_flight
     keyed = lambda specs, first: [dataclasses.replace(s, identity=first + i, rng=key_data(jax.random.key(5)))
                                   for i, s in enumerate(specs)]
     specs = _sampled_specs(7)
-    feed = _Feed([keyed(specs[:4], 0), keyed(specs[4:], 4)])
+    feed = ScriptedFeed([keyed(specs[:4], 0), keyed(specs[4:], 4)])
     engine = _five_slots(qwen, env_workers=0)
     assert engine.run(_params(qwen), [], jax.random.key(99), feed=feed) == []
     _same([feed.results[i] for i in range(7)], pool_full_run[0])
@@ -350,7 +321,7 @@ def test_a_feed_streams_episodes_with_their_own_keys_and_swaps_weights_in_flight
 
     other = jax.tree.map(lambda x: x * 1.5, _params(qwen))
     specs = _sampled_specs(7)
-    feed = _Feed([keyed(specs[:4], 0), keyed(specs[4:], 4)], swaps={1: (other, 1)})
+    feed = ScriptedFeed([keyed(specs[:4], 0), keyed(specs[4:], 4)], swaps={1: (other, 1)})
     engine.run(_params(qwen), [], jax.random.key(99), feed=feed)
     assert engine.metrics["weight_swaps"] == 1
     first = [feed.results[i].version_range() for i in range(4)]
@@ -368,7 +339,7 @@ def test_a_feed_can_drop_episodes_in_flight(qwen, env_workers):
     """Episodes a feed drops (a restart) leave wherever they are, with their pages; the
     others finish as in a plain run."""
     specs = [dataclasses.replace(x, identity=i) for i, x in enumerate(_sampled_specs(7))]
-    feed = _Feed([specs], drop_on_first_end=specs[3:5])  # given when the first episode ends
+    feed = ScriptedFeed([specs], drop_on_first_end=specs[3:5])  # given when the first episode ends
     engine = _five_slots(qwen, env_workers=env_workers)
     engine.run(_params(qwen), [], jax.random.key(5), feed=feed)
     dropped = {3, 4} - set(feed.results)  # one may have ended before the engine took the drops
@@ -378,10 +349,10 @@ def test_a_feed_can_drop_episodes_in_flight(qwen, env_workers):
 
 def test_a_feed_can_cancel_the_run_and_must_not_leave_the_engine_idle(qwen):
     engine = _five_slots(qwen, env_workers=0)
-    feed = _Feed([_sampled_specs(7)], cancel_after=1)
+    feed = ScriptedFeed([_sampled_specs(7)], cancel_after=1)
     engine.run(_params(qwen), [], jax.random.key(1), feed=feed)
     assert len(feed.results) == 1 and engine.metrics["cancelled_episodes"] == 6
     assert engine.metrics["leaked_pages"] == 0
     with pytest.raises(RuntimeError, match="must block"):
-        engine.run(_params(qwen), [], jax.random.key(1), feed=_Feed([_sampled_specs(2), _sampled_specs(2)],
+        engine.run(_params(qwen), [], jax.random.key(1), feed=ScriptedFeed([_sampled_specs(2), _sampled_specs(2)],
                                                                     idle_gap=True))

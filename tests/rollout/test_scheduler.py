@@ -17,6 +17,7 @@ from lopd_jax.rollout.episode_spec import EpisodeSpec, FeedItem
 from lopd_jax.rollout.scheduler import Scheduler, row_count
 from lopd_jax.settings.sections import EngineConfig
 from tests.paths import ROOT
+from tests.rollout.feeds import ScriptedFeed
 
 V, STOPS = 50, (7, 19, 33)
 
@@ -216,31 +217,10 @@ def test_a_step_past_the_timeout_ends_its_episode_only():
     assert [turns_of(sched)[i] for i in ok] == [expected(specs(4)[i], i) for i in ok]
 
 
-class Feed:
+def Feed(groups, drop=(), cancel_after=None):
     """Groups of episodes, the second with new weights (``params`` 1, version 1); drops
     ``drop`` when the first episode ends; ``cancel_after`` episodes end the run."""
-
-    def __init__(self, groups, drop=(), cancel_after=None):
-        self.groups, self.drop, self.cancel_after = list(groups), list(drop), cancel_after
-        self.max_total, self.cancelled, self.given, self.results, self.drops, self.idle = 40, False, 0, {}, [], []
-
-    def more(self, idle):
-        self.idle.append(idle)
-        if self.given == len(self.groups):
-            return None
-        self.given += 1
-        return FeedItem(self.groups[self.given - 1], *((1, 1) if self.given == 2 else (None, 0)))
-
-    def take_drops(self):
-        drops, self.drops = self.drops, []
-        return drops
-
-    def ended(self, spec, result):
-        self.results[spec.identity] = result
-        if len(self.results) == 1:
-            self.drops, self.drop = self.drop, []
-        if self.cancel_after is not None and len(self.results) >= self.cancel_after:
-            self.cancelled = True
+    return ScriptedFeed(groups, swaps={1: (1, 1)}, cancel_after=cancel_after, drop_on_first_end=drop, max_total=40)
 
 
 def keyed(n=7):
@@ -278,7 +258,7 @@ def test_a_feed_drops_episodes_wherever_they_are_and_cancels_the_run():
 
 
 def test_a_feed_that_leaves_an_idle_engine_nothing_is_an_error():
-    class Empty(Feed):
+    class Empty(ScriptedFeed):
         def more(self, idle):
             return FeedItem()
     with pytest.raises(RuntimeError, match="must block"):
