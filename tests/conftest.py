@@ -6,7 +6,6 @@ import atexit
 import json
 import os
 import shutil
-import sys
 import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")

@@ -20,6 +20,7 @@ from models.partitioning import split_state, tree_shardings
 from lopd_jax.rollout import layout as inference_layout
 from lopd_jax.rollout.layout import (default_tensor, inference_mesh, inference_shardings, local_params,
                                     merge_lora_cast, reshard_cost)
+from tests.paths import ROOT
 
 
 def _trained_student():
@@ -88,9 +89,6 @@ from lopd_jax.settings.sections import MeshConfig
 from configs import load_config
 from train import mesh as mesh_lib
 from lopd_jax.rollout.layout import _global_layout
-from tests.paths import ROOT
-
-
 devices, _, _ = topology_devices("v5p-32")
 out = {}
 for name, mesh in (("config", load_config("qwen3_8b").mesh), ("fsdp_only", MeshConfig(data=1, fsdp=-1, tensor=1))):

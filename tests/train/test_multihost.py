@@ -32,6 +32,9 @@ import numpy as np
 import portpicker
 import pytest
 from safetensors.numpy import load_file
+
+from tests.paths import ROOT
+
 SHORT = ["stages.warmup_steps=2", "stages.warmup_batch=8", "stages.cold_start_steps=2", "stages.cold_start_batch=4",
          "stages.lopd_steps=3", "stages.eval_tasks=4", "stages.eval_every=0", "env.tasks_per_step=8",
          "env.kwargs.n_train_per_family=1", "env.kwargs.n_heldout_per_family=1", "bank.min_reward=0.0",
@@ -517,9 +520,6 @@ from train.distributed import initialize
 initialize(sys.argv[1], 2, int(sys.argv[2]))
 import jax, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
-from tests.paths import ROOT
-
-
 mesh = jax.make_mesh((4,), ("x",))
 x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("x")), np.full(2, 1.0 + jax.process_index(), np.float32))
 total = float(jax.jit(lambda a: a.sum() * 3.0, out_shardings=NamedSharding(mesh, P()))(x))
