@@ -18,8 +18,8 @@ cache rewound to the cut), input-embedding overrides (composer latents). Process
 process decodes its own episodes on its own ``data x tensor`` mesh (:mod:`.layout`).
 
 Every decision above is the run's :class:`~lopd_jax.rollout.scheduler.Scheduler` (no JAX);
-:meth:`Engine.run` is the loop that asks it for the next device call, runs the call and
-hands the numpy results back, timing host and device (:class:`EngineTiming`). An engine
+:meth:`Engine.run` runs :func:`drive`, the loop that asks it for the next device call, runs the
+call and hands the numpy results back, timing host and device (:class:`EngineTiming`). An engine
 keeps one environment-step thread pool across its runs (:meth:`Engine.close`).
 """
 
@@ -45,7 +45,7 @@ from lopd_jax.rollout.episode_spec import EpisodeFeed, EpisodeResult, EpisodeSpe
 from lopd_jax.rollout.paged_step import empty_pools
 from lopd_jax.rollout.scheduler import DecodePlan, Prefill, Scheduler, check_episode, row_sizes
 
-__all__ = ["Engine", "EngineTiming"]
+__all__ = ["Engine", "EngineTiming", "drive"]
 
 
 def _single_device_graphdef(model: nnx.Module):
@@ -239,15 +239,7 @@ class Engine:
         pool, t0 = sched.pool, time.perf_counter()
         abandoned = pool.abandoned if pool is not None else 0
         try:
-            while sched.poll():
-                batch = sched.admit()
-                if batch:
-                    sched.start_turns(device.prefill(sched.prefill(batch), sched.params))
-                plan = sched.plan_decode()
-                if plan is not None:
-                    sched.take_decode(plan, *device.decode(plan, sched.params))
-                elif not batch:
-                    sched.unblock()
+            drive(sched, device)
         finally:
             if pool is not None:
                 sched.m["abandoned_threads"] = pool.abandoned - abandoned
@@ -280,6 +272,22 @@ class Engine:
                           decode=self.decode, pad_id=self.pad_id, first_id=first_id, feed=feed, on_finish=on_finish,
                           base_key=base_key, pool=self._env_pool())
         return sched, device
+
+
+def drive(sched: Scheduler, device) -> None:
+    """The engine's loop until the run is over: ask ``sched`` for the next device call, run
+    it on ``device`` (:class:`_DeviceCalls`, or a stand-in with its ``prefill`` / ``decode``:
+    ``benchmarks/host_time.py`` times this loop's host work with one) and hand the numpy
+    results back; when nothing can run, let the scheduler free pages or wait."""
+    while sched.poll():
+        batch = sched.admit()
+        if batch:
+            sched.start_turns(device.prefill(sched.prefill(batch), sched.params))
+        plan = sched.plan_decode()
+        if plan is not None:
+            sched.take_decode(plan, *device.decode(plan, sched.params))
+        elif not batch:
+            sched.unblock()
 
 
 @dataclasses.dataclass(frozen=True)
