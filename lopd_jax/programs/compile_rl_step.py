@@ -34,8 +34,8 @@ STALENESS = (0, 1, 2, 4)
 #: host time no device work overlaps, measured by ``python -m benchmarks.host_time`` at the paper's
 #: shapes with the device stubbed (docs/benchmarks.md, "Host time"): the engine's per decode chunk
 #: and the trainer's batch building per step (``--host_chunk_ms`` / ``--host_step_s``)
-HOST_CHUNK_MS = 0.23
-HOST_STEP_S = 0.06
+HOST_CHUNK_MS = 0.50
+HOST_STEP_S = 0.10
 
 
 def episode_stream(cfg, seed: int) -> Iterator[Episode]:
@@ -134,4 +134,5 @@ def print_report(rep: dict, config: str, topology: str) -> None:
           f"{best['placement']})")  # the best of what rollout.partial builds
 
 
-__all__ = ["BATCHES", "BUILT", "HOST_CHUNK_MS", "HOST_STEP_S", "PLACEMENTS", "STALENESS", "compare", "episode_stream", "print_report", "report", "step_times"]
+__all__ = ["BATCHES", "BUILT", "HOST_CHUNK_MS", "HOST_STEP_S",
+           "PLACEMENTS", "STALENESS", "compare", "episode_stream", "print_report", "report", "step_times"]
