@@ -178,11 +178,11 @@ def report(results: list[dict]) -> list[str]:
             continue
         r = res["tokens"] / res["seconds"]
         lines.append(f"{res['peer']:8s} {res['version']:10s} {res['tokens']} tokens in {res['seconds']:6.2f} s = "
-                     f"{r:8.1f} tok/s, {r / rate:5.2f}x ours ({len(res['all_seconds'])} timed, "
+                     f"{r:8.1f} tok/s, {r / rate:.3g}x ours ({len(res['all_seconds'])} timed, "
                      f"untimed warm-up {res['warmup_seconds']:.1f} s; "
                      f"same ids as ours {same_ids(ours, res)}; multi-turn: {res['multi_turn']})")
         if res is not ours:
-            ratios.append(f"{res['peer']} {r / rate:.2f}x")
+            ratios.append(f"{res['peer']} {r / rate:.3g}x")
     lines.append(f"peer samplers: ours {rate:.1f} tok/s; peer/ours tokens/s: " + ", ".join(ratios))
     return lines
 

@@ -67,6 +67,6 @@ def test_missing_peer_says_how_to_install_and_report_lists_it(weights, tmp_path)
             "multi_turn": "episodes", "ids": [[[1, 2]]]}
     peer = dict(ours, peer="p", seconds=1.0, ids=[[[1, 3]]])
     lines = ps.report([ours, peer, res])
-    assert "same ids as ours 0/1" in lines[1] and "2.00x ours" in lines[1]
+    assert "same ids as ours 0/1" in lines[1] and "2x ours" in lines[1]
     assert "tunix" in lines[2] and "cannot run (stage install)" in lines[2]
-    assert lines[-1].endswith("peer/ours tokens/s: p 2.00x, tunix n/a")
+    assert lines[-1].endswith("peer/ours tokens/s: p 2x, tunix n/a")
