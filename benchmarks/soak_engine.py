@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
-import os
 import random
 import threading
 import time
@@ -33,6 +32,7 @@ from lopd_jax.programs.policy import load_policy
 from lopd_jax.rollout.engine import Engine
 from lopd_jax.rollout.episodes import CLOSE_WORKERS, FINISH_ENV_ERROR, rollout
 from lopd_jax.settings.sections import EngineConfig, RolloutConfig, SamplingParams
+from lopd_jax.io.startup import host_rss_mb
 
 # fault kind -> its share of episodes (the rest run clean)
 FAULTS = {"reset_raise": 0.02, "reset_garbage": 0.02, "step_raise": 0.03, "step_garbage": 0.02,
@@ -112,11 +112,6 @@ class SoakEnv(Environment):
         self.released.set()
         if self.fault == "close_raise":
             raise RuntimeError("injected close fault")
-
-
-def _rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
 
 
 def _threads() -> int:
@@ -203,13 +198,13 @@ def soak(episodes: int = 2000, batch: int = 64, timeout: float = 1.0, rss_from: 
                 log(f"unexpected: {task.task_id} fault={fault} finish={traj.finish_reason} error={traj.error!r}")
         out["episodes"] += n
         if start + n >= min(rss_from, episodes):
-            rss.append((start + n, _rss_mb()))
+            rss.append((start + n, host_rss_mb()))
     engine.close()  # its environment threads exit: none may be left behind
     deadline = time.monotonic() + 3 * timeout + 2  # abandoned threads end once their step returns
     while _threads() > threads0 and time.monotonic() < deadline:
         time.sleep(0.05)
     out["leaked_threads"] = max(0, _threads() - threads0)
-    rss = rss or [(out["episodes"], _rss_mb())]  # every batch escaped
+    rss = rss or [(out["episodes"], host_rss_mb())]  # every batch escaped
     (out["rss_from_episode"], out["rss_warm_mb"]), (_, out["rss_end_mb"]) = rss[0], rss[-1]
     out["rss_growth"] = rss[-1][1] / rss[0][1] - 1
     half = next(mb for n, mb in rss if n >= (rss[0][0] + rss[-1][0]) / 2)  # no upward trend over the last half

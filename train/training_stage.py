@@ -22,6 +22,7 @@ import jax
 import numpy as np
 
 from lopd_jax.io.files import AppendFile, join
+from lopd_jax.io.startup import host_rss_mb
 from train import distributed, mesh as mesh_lib
 from train.async_rollouts import PIPELINE_COUNTS, RolloutPipeline, copy_params, staleness_metrics
 from train.partial_rollouts import PartialRolloutPipeline
@@ -64,13 +65,15 @@ def _engine_times(local: dict) -> dict:
 def training_step_record(ctx: RunContext, writer, label: str, step: int, metrics: dict, rollout_info: dict,
                          policy_params: Callable[[], Any], engine_lock=None) -> dict:
     """What a training stage adds to step ``step``'s record: its rollout information with
-    ``rollouts_per_minute`` (rollout phase only); runs and writes the periodic held-out
+    ``rollouts_per_minute`` (rollout phase only) and the host's resident memory
+    (``host_rss_mb``); runs and writes the periodic held-out
     evaluation (``stages.eval_every``) of ``policy_params()``, holding ``engine_lock`` (the
     asynchronous rollouts' engine, if any) meanwhile. Drops ``mean_reward`` from ``metrics``
     (the rollout information carries the reward)."""
     cfg = ctx.cfg
     extra = dict(rollout_info)
     extra["rollouts_per_minute"] = 60.0 * extra["rollouts"] / max(extra["rollout_seconds"], 1e-9)
+    extra["host_rss_mb"] = host_rss_mb()  # host memory over a long run
     metrics.pop("mean_reward", None)
     done = step + 1
     if cfg.stages.eval_every and done % cfg.stages.eval_every == 0 and done < cfg.stages.lopd_steps:

@@ -85,3 +85,20 @@ def describe_devices() -> str:
 
 
 __all__ = ["tpu_visible", "gpu_visible", "configure_platform", "prepare_topology", "describe_devices"]
+
+
+def host_rss_mb() -> float | None:
+    """This process's resident memory in MB (``/proc/self/statm``; on a system without it,
+    the peak resident size from ``getrusage``; None where neither exists). Runs record it
+    with every training step, so a long run shows whether host memory creeps."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import resource  # noqa: PLC0415  (not on every platform)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak / (2**20 if sys.platform == "darwin" else 2**10)
+    except (ImportError, OSError):
+        return None

@@ -107,7 +107,7 @@ def test_bank_passes_offer_each_task_again_and_keep_the_first_pass(shared, tmp_p
     assert ids[n:] != ids[:n]
 
 
-VOLATILE = ("time", "elapsed", "batch_seconds", "batch_host_seconds", "train_seconds", "rollout_seconds", "rollouts_per_minute")
+VOLATILE = ("time", "elapsed", "host_rss_mb", "batch_seconds", "batch_host_seconds", "train_seconds", "rollout_seconds", "rollouts_per_minute")
 
 
 @pytest.mark.parametrize("arm", ["lopd", "grpo", "opsd"])

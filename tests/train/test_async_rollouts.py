@@ -14,7 +14,7 @@ from lopd_jax.settings.errors import ConfigError
 from lopd_jax.settings.overrides import apply_overrides
 from tests.train.test_arms_run import SHORT
 
-TIMING = ("seconds", "per_minute")  # wall-clock fields differ between runs
+TIMING = ("seconds", "per_minute", "rss_mb")  # wall-clock and host-memory fields differ between runs
 ASYNC_ONLY = ("sampler_wait_seconds", "trainer_wait_seconds", "rollouts_resampled_on_resume", "partial_rollouts",
               "out_of_step_rollouts", "rollouts_restarted")
 STEPS: dict = {}  # arm -> its jitted update, shared by this module's runs

@@ -42,7 +42,7 @@ SHORT = ["stages.warmup_steps=2", "stages.warmup_batch=8", "stages.cold_start_st
          "rollout.max_env_steps=2", "rollout.max_turn_tokens=32", "rollout.log_rollouts=true",
          # tiny rows are ~300-480 tokens: packed passes of rows of 384 and of the 512 cap, in every stage
          "lengths.buckets=384", "lengths.packing=true"]
-VOLATILE = ("time", "elapsed", "batch_seconds", "batch_host_seconds", "train_seconds", "rollout_seconds", "rollouts_per_minute",
+VOLATILE = ("time", "elapsed", "host_rss_mb", "batch_seconds", "batch_host_seconds", "train_seconds", "rollout_seconds", "rollouts_per_minute",
             "eval_seconds", "sampler_wait_seconds", "trainer_wait_seconds")
 TIMEOUT = 2400  # generous: a shared 2-core box; on an idle one a run takes a few minutes
 

@@ -25,7 +25,7 @@ SHORT = ["stages.warmup_steps=3", "stages.warmup_batch=4", "stages.cold_start_st
          "env.kwargs.n_train_per_family=1", "env.kwargs.n_heldout_per_family=1", "bank.min_reward=0.0",
          "checkpoint.every_steps=1", "composer.max_experience_tokens=64", "rollout.max_env_steps=2",
          "rollout.max_turn_tokens=32"]
-VOLATILE = ("time", "elapsed", "batch_seconds", "batch_host_seconds", "train_seconds", "rollout_seconds", "rollouts_per_minute")
+VOLATILE = ("time", "elapsed", "host_rss_mb", "batch_seconds", "batch_host_seconds", "train_seconds", "rollout_seconds", "rollouts_per_minute")
 
 
 def _env():
