@@ -12,6 +12,7 @@ import pytest
 from lopd_jax.settings.arm_config import ARMS
 from configs import load_config
 from lopd_jax.settings.overrides import apply_overrides
+from tests.train.records import volatile
 
 SHORT = ["stages.warmup_steps=0", "stages.cold_start_steps=1", "stages.lopd_steps=1", "stages.eval_tasks=1",
          "stages.eval_every=0", "env.tasks_per_step=8", "env.kwargs.n_train_per_family=1",
@@ -107,7 +108,6 @@ def test_bank_passes_offer_each_task_again_and_keep_the_first_pass(shared, tmp_p
     assert ids[n:] != ids[:n]
 
 
-VOLATILE = ("time", "elapsed", "host_rss_mb", "batch_seconds", "batch_host_seconds", "train_seconds", "rollout_seconds", "rollouts_per_minute")
 
 
 @pytest.mark.parametrize("arm", ["lopd", "grpo", "opsd"])
@@ -121,7 +121,7 @@ def test_packed_training_stage_equals_padded(shared, arm):
     packed_state, packed = _train(shared, arm, packing=True)
     assert set(packed) == set(padded), set(padded) ^ set(packed)
     for k, v in packed.items():
-        if k in VOLATILE:
+        if volatile(k):
             continue
         if k in SHARE_KEYS:  # ratios of gradient norms, the distillation term's a remainder
             assert v == pytest.approx(padded[k], abs=1e-3), (k, v, padded[k])

@@ -34,6 +34,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from tests.paths import ROOT
+from tests.train.records import volatile
 
 SHORT = ["stages.warmup_steps=2", "stages.warmup_batch=8", "stages.cold_start_steps=2", "stages.cold_start_batch=4",
          "stages.lopd_steps=3", "stages.eval_tasks=4", "stages.eval_every=0", "env.tasks_per_step=8",
@@ -42,8 +43,6 @@ SHORT = ["stages.warmup_steps=2", "stages.warmup_batch=8", "stages.cold_start_st
          "rollout.max_env_steps=2", "rollout.max_turn_tokens=32", "rollout.log_rollouts=true",
          # tiny rows are ~300-480 tokens: packed passes of rows of 384 and of the 512 cap, in every stage
          "lengths.buckets=384", "lengths.packing=true"]
-VOLATILE = ("time", "elapsed", "host_rss_mb", "batch_seconds", "batch_host_seconds", "train_seconds", "rollout_seconds", "rollouts_per_minute",
-            "eval_seconds", "sampler_wait_seconds", "trainer_wait_seconds")
 TIMEOUT = 2400  # generous: a shared 2-core box; on an idle one a run takes a few minutes
 
 
@@ -115,7 +114,7 @@ def records(workdir: str, name: str = "metrics.jsonl") -> list[dict]:
 
 def metrics(workdir: str) -> dict:
     """{(stage, step): record without wall-clock fields}; the last record of a key wins."""
-    return {(r["stage"], r["step"]): {k: v for k, v in r.items() if k not in VOLATILE} for r in records(workdir)}
+    return {(r["stage"], r["step"]): {k: v for k, v in r.items() if not volatile(k)} for r in records(workdir)}
 
 
 def rollouts(workdir: str) -> dict:

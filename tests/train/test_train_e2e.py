@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 from tests.paths import ROOT
+from tests.train.records import volatile
 
 
 SHORT = ["stages.warmup_steps=3", "stages.warmup_batch=4", "stages.cold_start_steps=2", "stages.cold_start_batch=2",
@@ -25,7 +26,6 @@ SHORT = ["stages.warmup_steps=3", "stages.warmup_batch=4", "stages.cold_start_st
          "env.kwargs.n_train_per_family=1", "env.kwargs.n_heldout_per_family=1", "bank.min_reward=0.0",
          "checkpoint.every_steps=1", "composer.max_experience_tokens=64", "rollout.max_env_steps=2",
          "rollout.max_turn_tokens=32"]
-VOLATILE = ("time", "elapsed", "host_rss_mb", "batch_seconds", "batch_host_seconds", "train_seconds", "rollout_seconds", "rollouts_per_minute")
 
 
 def _env():
@@ -53,7 +53,7 @@ def _records(workdir, stage):
 def _final(workdir, stage="lopd"):
     by_step = {r["step"]: r for r in _records(workdir, stage)}
     last = by_step[max(by_step)]
-    return {k: v for k, v in last.items() if k not in VOLATILE}
+    return {k: v for k, v in last.items() if not volatile(k)}
 
 
 def ensure_full_run(tmp_path_factory):
