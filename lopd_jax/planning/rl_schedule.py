@@ -94,85 +94,86 @@ class RLSchedule:
             raise ValueError(f"max_staleness={self.max_staleness}, stale={self.stale!r}: k >= 0, drop|keep")
 
 
-def simulate_rl(episodes: Iterator[Episode], sched: RLSchedule, times: RLStepTimes, steps: int,
-                warmup_steps: int = 2) -> dict:
-    """Simulate ``steps`` RL steps of one host (hosts are alike); figures after ``warmup_steps``.
+class _RLSimulation:
+    """One host's RL run in progress, for :func:`simulate_rl`: the episodes in flight, the
+    decode slots, the environments' queue, the policy version and the clock, with one method
+    per move of the schedule (admit groups, drop stale episodes, take a batch, bump the
+    version, decode one chunk) and the figures of the run at the end."""
 
-    Episodes come from ``episodes`` in order, ``group_size`` at a time (one task's group).
-    Returns seconds per step, the sampler's busy rows per decode step, the share of wall
-    time the chips compute nothing, staleness (versions, per trained episode: mean, p95,
-    max) and the episodes and tokens dropped per step.
-    """
-    split = sched.placement == "split"
-    share = sched.sampler_share if split else 1.0
-    batch = int(round(sched.batch / share)) if split else sched.batch  # a sampler host's quota
-    batch = max(sched.group_size, batch - batch % sched.group_size)
-    train_s = (times.train_s / (1 - share) if split else times.train_s) + times.host_step_s
-    g = sched.group_size
-    k = 0 if sched.mode == "sync" else sched.max_staleness
-    cap = batch if k == 0 else max(sched.in_flight or 2 * sched.slots, batch)  # k = 0: a batch at a time
-    live: dict[int, list] = {}  # id -> [episode, group, version of its oldest token, context tokens]
-    finished: set[int] = set()  # finished, not yet trained on
-    group_left: dict[int, int] = {}  # members of a group not finished
-    members: dict[int, list[int]] = collections.defaultdict(list)
-    ready_groups: collections.deque = collections.deque()  # groups whose members all finished
-    ready: collections.deque = collections.deque()  # (id, turn) waiting for a slot
-    env: list = []  # heap of (ready time, id, next turn)
-    slot: list = [None] * sched.slots  # (id, turn, tokens left)
-    t = decode_time = compute_time = 0.0
-    version = groups = next_id = dropped = dropped_tokens = 0
-    trainer_free, new_weights = 0.0, None  # split: the trainer's current step, the weights it made
-    step_ends: list[float] = []
-    staleness: list[int] = []
-    busy_rows: list[int] = []
+    def __init__(self, episodes: Iterator[Episode], sched: RLSchedule, times: RLStepTimes):
+        self.episodes, self.sched, self.times = episodes, sched, times
+        self.split = sched.placement == "split"
+        self.share = sched.sampler_share if self.split else 1.0
+        batch = int(round(sched.batch / self.share)) if self.split else sched.batch  # a sampler host's quota
+        self.batch = max(sched.group_size, batch - batch % sched.group_size)
+        self.train_s = (times.train_s / (1 - self.share) if self.split else times.train_s) + times.host_step_s
+        self.g = sched.group_size
+        self.k = 0 if sched.mode == "sync" else sched.max_staleness
+        # k = 0: a batch at a time
+        self.cap = self.batch if self.k == 0 else max(sched.in_flight or 2 * sched.slots, self.batch)
+        self.live: dict[int, list] = {}  # id -> [episode, group, version of its oldest token, context tokens]
+        self.finished: set[int] = set()  # finished, not yet trained on
+        self.group_left: dict[int, int] = {}  # members of a group not finished
+        self.members: dict[int, list[int]] = collections.defaultdict(list)
+        self.ready_groups: collections.deque = collections.deque()  # groups whose members all finished
+        self.ready: collections.deque = collections.deque()  # (id, turn) waiting for a slot
+        self.env: list = []  # heap of (ready time, id, next turn)
+        self.slot: list = [None] * sched.slots  # (id, turn, tokens left)
+        self.t = self.decode_time = self.compute_time = 0.0
+        self.version = self.groups = self.next_id = self.dropped = self.dropped_tokens = 0
+        self.trainer_free, self.new_weights = 0.0, None  # split: the trainer's current step, the weights it made
+        self.step_ends: list[float] = []
+        self.staleness: list[int] = []
+        self.busy_rows: list[int] = []
 
-    def start(gid: int) -> None:
-        nonlocal next_id
-        ep = next(episodes)
-        live[next_id] = [ep, gid, version, ep.prompt]
-        members[gid].append(next_id)
-        ready.append((next_id, 0))
-        next_id += 1
+    def start(self, gid: int) -> None:
+        """Start the next episode of ``episodes`` as a member of group ``gid``."""
+        ep = next(self.episodes)
+        self.live[self.next_id] = [ep, gid, self.version, ep.prompt]
+        self.members[gid].append(self.next_id)
+        self.ready.append((self.next_id, 0))
+        self.next_id += 1
 
-    def admit() -> None:
+    def admit(self) -> None:
         """Start whole groups while in flight stays under the cap and started episodes under
         (version + k + 1) batches (no episode can then be more than k versions old when
         its batch is taken, unless it outlives later ones)."""
-        nonlocal groups
-        while len(live) + g <= cap and (groups + 1) * g <= (version + k + 1) * batch:
-            group_left[groups] = g
+        g = self.g
+        while len(self.live) + g <= self.cap and (self.groups + 1) * g <= (self.version + self.k + 1) * self.batch:
+            self.group_left[self.groups] = g
             for _ in range(g):
-                start(groups)
-            groups += 1
+                self.start(self.groups)
+            self.groups += 1
 
-    def drop_stale() -> None:
+    def drop_stale(self) -> None:
         """``drop``: restart every untrained episode whose oldest token is more than k behind."""
-        nonlocal dropped, dropped_tokens
-        for eid in [e for e, x in live.items() if version - x[2] > k]:
+        live, slot = self.live, self.slot
+        for eid in [e for e, x in live.items() if self.version - x[2] > self.k]:
             ep, gid, _, ctx = live.pop(eid)
-            dropped += 1
-            dropped_tokens += ctx - ep.prompt  # its generated tokens and observations so far
+            self.dropped += 1
+            self.dropped_tokens += ctx - ep.prompt  # its generated tokens and observations so far
             for s, x in enumerate(slot):
                 if x is not None and x[0] == eid:
                     slot[s] = None
-            members[gid].remove(eid)
-            if eid in finished:
-                finished.discard(eid)
-                group_left[gid] += 1
-                if gid in ready_groups:
-                    ready_groups.remove(gid)
-            start(gid)
-        kept = [x for x in ready if x[0] in live]
-        ready.clear()
-        ready.extend(kept)
-        env[:] = [x for x in env if x[1] in live]
-        heapq.heapify(env)
+            self.members[gid].remove(eid)
+            if eid in self.finished:
+                self.finished.discard(eid)
+                self.group_left[gid] += 1
+                if gid in self.ready_groups:
+                    self.ready_groups.remove(gid)
+            self.start(gid)
+        kept = [x for x in self.ready if x[0] in live]
+        self.ready.clear()
+        self.ready.extend(kept)
+        self.env[:] = [x for x in self.env if x[1] in live]
+        heapq.heapify(self.env)
 
-    def due_batch() -> list[int] | None:
+    def due_batch(self) -> list[int] | None:
         """``due``: the groups due soonest (started under version a: due by a + k) as far as
         later steps need, then the first to finish (ready_groups is in finish order)."""
-        q, done = batch // g, list(ready_groups)
-        start_version = {gid: live[ids[0]][2] for gid, ids in members.items()}
+        version, k = self.version, self.k
+        q, done = self.batch // self.g, list(self.ready_groups)
+        start_version = {gid: self.live[ids[0]][2] for gid, ids in self.members.items()}
         chosen: list[int] = []
         for t in range(version, version + k + 1):
             pool = [gid for gid, v in start_version.items() if v + k <= t]
@@ -186,17 +187,18 @@ def simulate_rl(episodes: Iterator[Episode], sched: RLSchedule, times: RLStepTim
         chosen += [gid for gid in done if gid not in chosen][:q - len(chosen)]
         return chosen if len(chosen) == q else None
 
-    def take_batch() -> bool:
+    def take_batch(self) -> bool:
         """Train on the oldest ready groups if they make a batch (``step``: on the next step's
         groups once all are ready); their episodes leave."""
-        if sched.batches == "step":
-            need = list(range(version * (batch // g), (version + 1) * (batch // g)))
+        batch, g, ready_groups = self.batch, self.g, self.ready_groups
+        if self.sched.batches == "step":
+            need = list(range(self.version * (batch // g), (self.version + 1) * (batch // g)))
             if not set(need) <= set(ready_groups):
                 return False
             for gid in need:
                 ready_groups.remove(gid)
-        elif sched.batches == "due":
-            need = due_batch()
+        elif self.sched.batches == "due":
+            need = self.due_batch()
             if need is None:
                 return False
             for gid in need:
@@ -206,60 +208,78 @@ def simulate_rl(episodes: Iterator[Episode], sched: RLSchedule, times: RLStepTim
         else:
             need = [ready_groups.popleft() for _ in range(batch // g)]
         for gid in need:
-            for eid in members.pop(gid):
-                staleness.append(version - live.pop(eid)[2])
-                finished.discard(eid)
+            for eid in self.members.pop(gid):
+                self.staleness.append(self.version - self.live.pop(eid)[2])
+                self.finished.discard(eid)
         return True
 
-    def bump(at: float) -> None:
-        nonlocal version
-        version += 1
-        step_ends.append(at)
-        if sched.stale == "drop" and k > 0:
-            drop_stale()
-        admit()
+    def bump(self, at: float) -> None:
+        """A new policy version reaches the sampler at ``at``: the step ends there; drop what
+        is now too stale (``drop``) and admit the groups the new version allows."""
+        self.version += 1
+        self.step_ends.append(at)
+        if self.sched.stale == "drop" and self.k > 0:
+            self.drop_stale()
+        self.admit()
 
-    admit()
-    while len(step_ends) < steps:
-        if split:
-            if new_weights is not None and t >= new_weights:  # the sampler takes the new weights
-                t = new_weights + times.sync_s
-                new_weights = None
-                bump(t)
-                continue
-            if new_weights is None and t >= trainer_free and take_batch():
-                trainer_free = new_weights = t + train_s
-        elif take_batch():  # the same chips: decoding pauses for the step and the reshard
-            t += train_s + times.sync_s
-            compute_time += train_s - times.host_step_s + times.sync_s
-            bump(t)
-            continue
-        while env and env[0][0] <= t:
+    def train_or_sync(self) -> bool:
+        """The trainer's move at the current time; True when a new version was taken (the
+        step ended), so the loop starts over. Split: the sampler takes finished weights, or
+        the free trainer starts on a batch; colocated: a batch pauses decoding for the step
+        and the reshard."""
+        times = self.times
+        if self.split:
+            if self.new_weights is not None and self.t >= self.new_weights:  # the sampler takes the new weights
+                self.t = self.new_weights + times.sync_s
+                self.new_weights = None
+                self.bump(self.t)
+                return True
+            if self.new_weights is None and self.t >= self.trainer_free and self.take_batch():
+                self.trainer_free = self.new_weights = self.t + self.train_s
+        elif self.take_batch():  # the same chips: decoding pauses for the step and the reshard
+            self.t += self.train_s + times.sync_s
+            self.compute_time += self.train_s - times.host_step_s + times.sync_s
+            self.bump(self.t)
+            return True
+        return False
+
+    def fill_slots(self) -> list[tuple]:
+        """Queue the turns whose environments have answered, seat waiting turns in free
+        slots, and return the occupied slots."""
+        env, ready, slot = self.env, self.ready, self.slot
+        while env and env[0][0] <= self.t:
             _, eid, turn = heapq.heappop(env)
             ready.append((eid, turn))
-        for s in range(sched.slots):
+        for s in range(self.sched.slots):
             if slot[s] is None and ready:
                 eid, turn = ready.popleft()
-                slot[s] = (eid, turn, live[eid][0].turns[turn])
-        rows = [x for x in slot if x is not None]
-        if not rows:  # nothing to decode: wait for an environment, the trainer or new weights
-            nxt = [env[0][0]] if env else []
-            nxt += [new_weights] if new_weights is not None else []
-            nxt += [trainer_free] if split and trainer_free > t and len(ready_groups) * g >= batch else []
-            if not nxt:
-                raise RuntimeError("the schedule stalled: in_flight holds less than one batch, or a bug")
-            t = max(t, min(nxt))
-            continue
-        context = sum(live[x[0]][3] for x in rows)
+                slot[s] = (eid, turn, self.live[eid][0].turns[turn])
+        return [x for x in slot if x is not None]
+
+    def wait(self) -> None:
+        """Nothing to decode: advance the clock to the next environment, trainer or new weights."""
+        nxt = [self.env[0][0]] if self.env else []
+        nxt += [self.new_weights] if self.new_weights is not None else []
+        nxt += ([self.trainer_free] if self.split and self.trainer_free > self.t
+                and len(self.ready_groups) * self.g >= self.batch else [])
+        if not nxt:
+            raise RuntimeError("the schedule stalled: in_flight holds less than one batch, or a bug")
+        self.t = max(self.t, min(nxt))
+
+    def decode_chunk(self, rows: list[tuple]) -> None:
+        """Decode one chunk over ``rows`` (the occupied slots): turns that end go to their
+        environment or finish their episode (and maybe their group); the clock advances."""
+        sched, times, slot = self.sched, self.times, self.slot
+        context = sum(self.live[x[0]][3] for x in rows)
         on_chips = sched.chunk * (times.decode_weights_s + context * times.decode_kv_s_per_token)
         dt = on_chips + times.host_chunk_s
-        busy_rows.append(len(rows))
-        decode_time += on_chips
+        self.busy_rows.append(len(rows))
+        self.decode_time += on_chips
         for s in range(sched.slots):
             if slot[s] is None:
                 continue
             eid, turn, left = slot[s]
-            x = live[eid]
+            x = self.live[eid]
             n = min(sched.chunk, left)
             x[3] += n
             if n < left:
@@ -269,28 +289,61 @@ def simulate_rl(episodes: Iterator[Episode], sched: RLSchedule, times: RLStepTim
             ep = x[0]
             if turn + 1 < len(ep.turns):
                 x[3] += ep.obs[turn]
-                heapq.heappush(env, (t + dt + times.env_s, eid, turn + 1))
+                heapq.heappush(self.env, (self.t + dt + times.env_s, eid, turn + 1))
             else:
-                finished.add(eid)
-                group_left[x[1]] -= 1
-                if group_left[x[1]] == 0:
-                    ready_groups.append(x[1])
-        t += dt
-        admit()
-    ends = np.asarray(step_ends)
-    w = min(warmup_steps, steps - 2)
-    per_step = float(np.diff(ends[w:]).mean()) if steps > 1 else float(ends[-1])
-    st = np.asarray(staleness[w * batch:] or [0])
-    wall = float(ends[-1])
-    if split:  # idle is what neither side does, weighted by its share of the chips
-        idle = share * (1 - decode_time / wall) + (1 - share) * (1 - min(1.0, steps * (train_s - times.host_step_s)
-                                                                          / wall))
-    else:
-        idle = max(0.0, 1 - (compute_time + decode_time) / wall)
-    return {"seconds_per_step": per_step, "busy_rows": float(np.mean(busy_rows)) if busy_rows else 0.0,
-            "chips_idle": idle, "staleness_mean": float(st.mean()), "staleness_p95": float(np.percentile(st, 95)),
-            "staleness_max": int(st.max()), "dropped_per_step": dropped / steps,
-            "dropped_tokens_per_step": dropped_tokens / steps, "steps": steps, "wall_s": wall}
+                self.finished.add(eid)
+                self.group_left[x[1]] -= 1
+                if self.group_left[x[1]] == 0:
+                    self.ready_groups.append(x[1])
+        self.t += dt
+
+    def run(self, steps: int) -> None:
+        """Advance the schedule until ``steps`` steps have ended."""
+        self.admit()
+        while len(self.step_ends) < steps:
+            if self.train_or_sync():
+                continue
+            rows = self.fill_slots()
+            if not rows:
+                self.wait()
+                continue
+            self.decode_chunk(rows)
+            self.admit()
+
+    def summary(self, steps: int, warmup_steps: int) -> dict:
+        """The figures of :func:`simulate_rl` for a finished run of ``steps`` steps."""
+        times = self.times
+        ends = np.asarray(self.step_ends)
+        w = min(warmup_steps, steps - 2)
+        per_step = float(np.diff(ends[w:]).mean()) if steps > 1 else float(ends[-1])
+        st = np.asarray(self.staleness[w * self.batch:] or [0])
+        wall = float(ends[-1])
+        if self.split:  # idle is what neither side does, weighted by its share of the chips
+            share = self.share
+            idle = share * (1 - self.decode_time / wall) + (1 - share) * (
+                1 - min(1.0, steps * (self.train_s - times.host_step_s) / wall))
+        else:
+            idle = max(0.0, 1 - (self.compute_time + self.decode_time) / wall)
+        busy_rows = self.busy_rows
+        return {"seconds_per_step": per_step, "busy_rows": float(np.mean(busy_rows)) if busy_rows else 0.0,
+                "chips_idle": idle, "staleness_mean": float(st.mean()),
+                "staleness_p95": float(np.percentile(st, 95)), "staleness_max": int(st.max()),
+                "dropped_per_step": self.dropped / steps, "dropped_tokens_per_step": self.dropped_tokens / steps,
+                "steps": steps, "wall_s": wall}
+
+
+def simulate_rl(episodes: Iterator[Episode], sched: RLSchedule, times: RLStepTimes, steps: int,
+                warmup_steps: int = 2) -> dict:
+    """Simulate ``steps`` RL steps of one host (hosts are alike); figures after ``warmup_steps``.
+
+    Episodes come from ``episodes`` in order, ``group_size`` at a time (one task's group).
+    Returns seconds per step, the sampler's busy rows per decode step, the share of wall
+    time the chips compute nothing, staleness (versions, per trained episode: mean, p95,
+    max) and the episodes and tokens dropped per step.
+    """
+    sim = _RLSimulation(episodes, sched, times)
+    sim.run(steps)
+    return sim.summary(steps, warmup_steps)
 
 
 def steps_per_hour(result: dict) -> float:
