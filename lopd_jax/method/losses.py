@@ -221,38 +221,49 @@ def lopd_loss_from_stats(
     n_tok, n_roll, n_elem = tot.get("tokens"), tot.get("rollouts"), tot.get("anchor_elements")
     kl, is_metrics = importance.weighted_kl(stats["kl"], stats["student_logp"], old_logp, mask, loss, n_tok, n_roll)
     distill = masked_token_mean(kl, mask, n_tok)
-    big_delta, delta_i, n = privilege_delta(
-        stats["teacher_logp"], stats["student_logp"], mask, advantages, n_tok
-    )
+    big_delta, delta_i, n = privilege_delta(stats["teacher_logp"], stats["student_logp"], mask, advantages, n_tok)
     anchor = jnp.float32(0.0) if latents is None else anchor_loss(latents, latents0, n_elem)
     beta = jax.lax.stop_gradient(jnp.asarray(beta, jnp.float32))
     m_const = loss.margin if totals is None else 0.0  # a share: add_margin_constant adds it once to the sum
-    if loss.composer_margin_weighting == "rollout_mean":
+    margin_delta = _margin_delta(loss.composer_margin_weighting, big_delta, delta_i, n, n_roll)
+    value = distill + beta * (m_const - margin_delta) + loss.anchor_weight * anchor
+    terms = {"kl": kl, "distill": distill, "delta": big_delta, "delta_i": delta_i, "n": n, "anchor": anchor,
+             "beta": beta, "m_const": m_const, "margin_delta": margin_delta, "value": value}
+    return value, _lopd_metrics(stats, mask, advantages, loss, terms, is_metrics, reference_logp, n_tok, n_roll)
+
+
+def _margin_delta(composer_margin_weighting, big_delta, delta_i, n, n_roll):
+    """The Delta of the loss's margin term: the mean of delta_i over rollouts with supervised
+    tokens (``rollout_mean``; ``n_roll`` replaces their count) or the token-weighted Delta."""
+    if composer_margin_weighting == "rollout_mean":
         has = (n > 0).astype(jnp.float32)
         n_delta_rollouts = jnp.sum(has) if n_roll is None else n_roll
-        margin_delta = jnp.sum(delta_i * has) / jnp.maximum(n_delta_rollouts, 1.0)
-    else:
-        margin_delta = big_delta
-    value = distill + beta * (m_const - margin_delta) + loss.anchor_weight * anchor
+        return jnp.sum(delta_i * has) / jnp.maximum(n_delta_rollouts, 1.0)
+    return big_delta
 
+
+def _lopd_metrics(stats, mask, advantages, loss, terms, is_metrics, reference_logp, n_tok, n_roll):
+    """The metrics of :func:`lopd_loss_from_stats` from its ``terms`` (stop-gradient, but for
+    the differentiable ``loss_terms``)."""
     sg = jax.lax.stop_gradient
+    kl, distill, big_delta, n = terms["kl"], terms["distill"], terms["delta"], terms["n"]
     if loss.composer_kl_weighting == "rollout_mean":
         composer_kl = rollout_mean(sg(kl), mask, n_roll)
     else:
         composer_kl = sg(distill)
     gap = masked_token_mean(sg(stats["teacher_logp"] - stats["student_logp"]), mask, n_tok)
     metrics = {
-        "loss": sg(value),
+        "loss": sg(terms["value"]),
         "distill_kl": sg(distill),
         "composer_kl": composer_kl,
         "delta": sg(big_delta),
-        "margin_gap": sg(m_const - big_delta),
-        "beta": beta,
-        "anchor": sg(anchor),
+        "margin_gap": sg(terms["m_const"] - big_delta),
+        "beta": terms["beta"],
+        "anchor": sg(terms["anchor"]),
         "teacher_student_logp_gap": gap,
         "supervised_tokens": jnp.sum(n),
         "supervised_rollouts": jnp.sum((n > 0).astype(jnp.float32)),
-        "delta_per_rollout": sg(delta_i),
+        "delta_per_rollout": sg(terms["delta_i"]),
         **is_metrics,
     }
     if "teacher_topm_mass" in stats:
@@ -261,8 +272,9 @@ def lopd_loss_from_stats(
         metrics["delta_vs_plain_teacher"] = sg(privilege_delta(stats["teacher_logp"], reference_logp, mask,
                                                                advantages, n_tok)[0])
     # without the constant beta * m: shares of micro-batches and passes then sum to the whole batch's
-    metrics["loss_terms"] = jnp.stack([distill, -beta * margin_delta, loss.anchor_weight * anchor])
-    return value, metrics
+    beta = terms["beta"]
+    metrics["loss_terms"] = jnp.stack([distill, -beta * terms["margin_delta"], loss.anchor_weight * terms["anchor"]])
+    return metrics
 
 
 def add_margin_constant(summed: dict[str, jax.Array], margin: float) -> dict[str, jax.Array]:
@@ -340,13 +352,29 @@ def lopd_objective(
     Returns:
       ``(loss, metrics)``; metrics are stop-gradient scalars (plus ``delta_per_rollout``).
     """
+    scale, mask_u = _teacher_kl_grad_scale(mask, loss.composer_kl_weighting, totals, unpack_index)
+    stats = _distill_stats(student_hidden, student_head, teacher_hidden, teacher_head, targets, loss,
+                           compute_dtype, scale)
+    if unpack_index is not None:
+        stats, mask, reference_logp, old_logp = _unpack_rows(stats, mask_u, reference_logp, old_logp, unpack_index)
+    return lopd_loss_from_stats(stats, mask, advantages, beta, latents, latents0, loss=loss, totals=totals,
+                                reference_logp=reference_logp, old_logp=old_logp)
+
+
+def _teacher_kl_grad_scale(mask, composer_kl_weighting, totals, unpack_index):
+    """``(scale, per-trajectory mask)``: :func:`composer_kl_grad_scale` on the rows the LM head
+    sees -- for packed rows computed per trajectory and scattered back (mask None if unpacked)."""
     if unpack_index is None:
-        scale = composer_kl_grad_scale(mask, loss.composer_kl_weighting, totals)
-    else:
-        mask_u = packing.unpack(mask, unpack_index)
-        scale = composer_kl_grad_scale(mask_u, loss.composer_kl_weighting, totals)
-        scale = None if scale is None else packing.scatter(scale, unpack_index, mask.shape[1])
-    stats = chunked_distill_stats(
+        return composer_kl_grad_scale(mask, composer_kl_weighting, totals), None
+    mask_u = packing.unpack(mask, unpack_index)
+    scale = composer_kl_grad_scale(mask_u, composer_kl_weighting, totals)
+    scale = None if scale is None else packing.scatter(scale, unpack_index, mask.shape[1])
+    return scale, mask_u
+
+
+def _distill_stats(student_hidden, student_head, teacher_hidden, teacher_head, targets, loss, compute_dtype, scale):
+    """The per-token LM-head statistics (:func:`chunked_distill_stats`) with ``loss``'s settings."""
+    return chunked_distill_stats(
         student_hidden,
         student_head,
         teacher_hidden,
@@ -358,13 +386,14 @@ def lopd_objective(
         teacher_kl_grad_scale=scale,
         logits_dtype=loss.logits_jnp_dtype(compute_dtype),
     )
-    if unpack_index is not None:
-        stats = {k: packing.unpack(v, unpack_index) for k, v in stats.items()}
-        mask = mask_u
-        reference_logp, old_logp = (None if x is None else packing.unpack(x, unpack_index)
-                                    for x in (reference_logp, old_logp))
-    return lopd_loss_from_stats(stats, mask, advantages, beta, latents, latents0, loss=loss, totals=totals,
-                                reference_logp=reference_logp, old_logp=old_logp)
+
+
+def _unpack_rows(stats, mask_u, reference_logp, old_logp, unpack_index):
+    """Packed rows' stats and optional log-probs in their per-trajectory view, with ``mask_u``."""
+    stats = {k: packing.unpack(v, unpack_index) for k, v in stats.items()}
+    reference_logp, old_logp = (None if x is None else packing.unpack(x, unpack_index)
+                                for x in (reference_logp, old_logp))
+    return stats, mask_u, reference_logp, old_logp
 
 
 def group_advantages(
