@@ -26,7 +26,7 @@ running() {  # prints "PID PROGRAM" of the program started here while it runs; s
   [[ -f "$pidfile" ]] || return 1
   local pid prog
   read -r pid prog < "$pidfile" || true
-  if [[ -n "${pid:-}" ]] && ps -o args= -p "$pid" 2>/dev/null | grep -q "lopd_jax\."; then
+  if [[ -n "${pid:-}" ]] && ps -ww -o args= -p "$pid" 2>/dev/null | grep -q "lopd_jax\."; then
     echo "$pid $prog"
     return 0
   fi

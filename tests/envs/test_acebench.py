@@ -15,6 +15,7 @@ from lopd_jax.envs.acebench import env as acebench
 from lopd_jax.envs.acebench.env import (NORMAL_CATEGORIES, SPECIAL_CATEGORIES, ACEBenchTaskSource,
                                     AnswerFormatError, decode_calls, grade, load_category)
 from lopd_jax.core.types import AssistantTurn, ToolCall
+from tests.paths import FIXTURES
 
 TIME = "The current time is 2024-06-11 16:00."
 
@@ -333,7 +334,7 @@ def _oracle_roll(answer):
     return roll
 
 
-AGENT_FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "acebench")
+AGENT_FIXTURES = os.path.join(FIXTURES, "acebench")
 
 
 def test_suite_row(tmp_path):

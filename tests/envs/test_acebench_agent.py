@@ -20,8 +20,9 @@ from lopd_jax.envs.acebench.agent import (MAX_MESSAGES, ACEBenchAgentEnvironment
                                           load_agent_category, parse_agent_calls, process_accuracy)
 from lopd_jax.envs.acebench.scenarios import build_instances, end_state, execute
 from lopd_jax.core.types import AssistantTurn, ToolCall
+from tests.paths import FIXTURES as PATHS_FIXTURES
 
-FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "acebench")
+FIXTURES = os.path.join(PATHS_FIXTURES, "acebench")
 
 
 def _turn(text):
