@@ -4,6 +4,7 @@ mode on a terminal that reports width 0, and following a child process."""
 import fcntl
 import io
 import os
+import select
 import struct
 import sys
 import termios
@@ -59,6 +60,17 @@ def _pty(columns: int):
     return master, os.fdopen(slave, "w")
 
 
+def _read_all(master: int) -> str:
+    """Everything written to the terminal so far (a pty hands it over in pieces)."""
+    chunks = []
+    while select.select([master], [], [], 0.5)[0]:
+        chunk = os.read(master, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).decode(errors="replace")
+
+
 def test_bar_mode_of_a_terminal_without_a_width_and_of_a_file():
     assert bar_mode(io.StringIO()) == "lines"
     master, tty = _pty(0)
@@ -80,7 +92,7 @@ def test_training_progress_shows_on_a_terminal_of_width_0():
             for _ in range(4):
                 p.update(1, reward=0.5)
         tty.flush()
-        shown = os.read(master, 65536).decode(errors="replace")
+        shown = _read_all(master)
     finally:
         tty.close()
         os.close(master)
