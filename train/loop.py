@@ -138,101 +138,137 @@ def run(cfg, resumed: bool = False) -> str | dict:
     """
 
     cfg = resolve_arm(cfg)
-    workdir = cfg.workdir
+    ledger = _open_ledger(cfg.workdir, resumed)
+    ctx = _build_context(cfg)
+    writer = MetricsWriter(cfg.workdir, console=False)
+    try:
+        return _run_stages(ctx, ledger, writer)
+    finally:
+        writer.close()
+
+
+def _open_ledger(workdir: str, resumed: bool) -> StageLedger:
+    """Install the SIGTERM handler and open the run's ledger, logging the stages already done."""
     install_preemption_handler()
     ledger = StageLedger(workdir)
     log(f"{'resuming' if resumed else 'starting'} run in {workdir}; done: "
         f"{[s for s in ledger.data if ledger.done(s)]}")
+    return ledger
+
+
+def _build_context(cfg) -> RunContext:
+    """The run's :class:`RunContext` (model and system), logging how long it took to build."""
     t_build = time.perf_counter()
     ctx = RunContext(cfg)
     log(f"built the model and system in {time.perf_counter() - t_build:.1f}s on {jax.device_count()} device(s)")
-    writer = MetricsWriter(workdir, console=False)
-    times: dict[str, float] = {}
-    try:
-        # 1. warm-up (tiny random-init models)
-        t0 = time.perf_counter()
-        if cfg.stages.warmup_steps > 0:
-            theta, preempted = warmup_stage(ctx, writer)
-            if preempted:
-                return PREEMPTED
-            ctx.set_theta0(theta)
-            if not ledger.done("warmup"):
-                ledger.mark("warmup", seconds=time.perf_counter() - t0)
-        times["warmup"] = ledger.result("warmup").get("seconds", 0.0)
-        frozen, lora0, _ = ctx.system.initial_params()
-        theta_params = {**frozen, **lora0}  # the starting student (theta0) in either student mode
+    return ctx
 
-        # 2. held-out evaluation before
-        if not ledger.done("eval_before"):
-            t0 = time.perf_counter()
-            ev = evaluate_policy(ctx, theta_params)
-            writer.write(0, "eval_before", ev)
-            writer.flush()  # before the ledger says done: a gs:// metrics object then has it
-            ledger.mark("eval_before", seconds=time.perf_counter() - t0, **ev)
-        before = ledger.result("eval_before")["reward_mean"]
-        if jax.process_index() == 0:
-            print(f"held-out reward before: {before:.4f}{_eval_note(ledger.result('eval_before'))}", flush=True)
 
-        # 3. experience bank
-        if not ledger.done("bank"):
-            t0 = time.perf_counter()
-            bank, info = build_bank(ctx, theta_params, workdir)
-            ledger.mark("bank", seconds=time.perf_counter() - t0, **info)
-            log(f"bank: {info}")
-        bank_path = ledger.result("bank")["path"]
-        bank = load_bank(ctx, bank_path)
+def _run_stages(ctx: RunContext, ledger: StageLedger, writer) -> str | dict:
+    """Stages 1-8 in order, those the ledger has done skipped; the summary or :data:`PREEMPTED`."""
+    if _run_warmup(ctx, ledger, writer):
+        return PREEMPTED
+    frozen, lora0, _ = ctx.system.initial_params()
+    theta_params = {**frozen, **lora0}  # the starting student (theta0) in either student mode
+    before = _evaluate(ctx, ledger, writer, "eval_before", theta_params, step=0)
+    if jax.process_index() == 0:
+        print(f"held-out reward before: {before:.4f}{_eval_note(ledger.result('eval_before'))}", flush=True)
+    bank_path = _ensure_bank(ctx, ledger, theta_params)
+    bank = load_bank(ctx, bank_path)
+    composer0, preempted = _run_cold_start(ctx, ledger, bank, writer)
+    if preempted:
+        return PREEMPTED
+    t0 = time.perf_counter()
+    state, preempted = ArmStage(ctx, bank, bank_path, composer0, writer).run()  # LOPD or the arm's (train.arms)
+    if preempted:
+        return PREEMPTED
+    _mark_once(ledger, "lopd", t0)
+    student = ctx.policy_params(state["student"], frozen)
+    after = _evaluate(ctx, ledger, writer, "eval_after", student, step=ctx.cfg.stages.lopd_steps)
+    _export_and_plot(ctx, ledger, writer, state["student"], frozen)
+    return _summary(ledger, before, after)
 
-        # 4. cold start of the composer
-        t0 = time.perf_counter()
-        if cfg.stages.cold_start_steps > 0 and uses_composer(cfg):
-            composer0, preempted = cold_start_stage(ctx, bank, writer)
-            if preempted:
-                return PREEMPTED
-            if not ledger.done("cold_start"):
-                ledger.mark("cold_start", seconds=time.perf_counter() - t0)
-        else:
-            _, lora0, comp0 = ctx.system.initial_params()
-            composer0 = {"lora": lora0, "compressor": comp0}
 
-        # 5. LOPD (or the arm's training stage: train.arms)
-        t0 = time.perf_counter()
-        state, preempted = ArmStage(ctx, bank, bank_path, composer0, writer).run()
+def _mark_once(ledger: StageLedger, stage: str, t0: float) -> None:
+    """Record ``stage`` as done, with the seconds since ``t0``, unless a previous run did."""
+    if not ledger.done(stage):
+        ledger.mark(stage, seconds=time.perf_counter() - t0)
+
+
+def _run_warmup(ctx: RunContext, ledger: StageLedger, writer) -> bool:
+    """1. The warm-up (tiny random-init models), when it has steps; True when preempted."""
+    t0 = time.perf_counter()
+    if ctx.cfg.stages.warmup_steps > 0:
+        theta, preempted = warmup_stage(ctx, writer)
         if preempted:
-            return PREEMPTED
-        if not ledger.done("lopd"):
-            ledger.mark("lopd", seconds=time.perf_counter() - t0)
-        student = ctx.policy_params(state["student"], frozen)
+            return True
+        ctx.set_theta0(theta)
+        _mark_once(ledger, "warmup", t0)
+    return False
 
-        # 6. held-out evaluation after
-        if not ledger.done("eval_after"):
-            t0 = time.perf_counter()
-            ev = evaluate_policy(ctx, student, step=cfg.stages.lopd_steps)
-            writer.write(cfg.stages.lopd_steps, "eval_after", ev)
-            writer.flush()  # before the ledger says done: a gs:// metrics object then has it
-            ledger.mark("eval_after", seconds=time.perf_counter() - t0, **ev)
-        after = ledger.result("eval_after")["reward_mean"]
 
-        # 7. export + 8. plot
-        if not ledger.done("export"):
-            t0 = time.perf_counter()
-            export_student(ctx, state["student"], frozen, files.join(workdir, EXPORT_DIR))
-            ledger.mark("export", seconds=time.perf_counter() - t0, path=files.join(workdir, EXPORT_DIR))
-        writer.flush()
-        if jax.process_index() == 0 and cfg.stages.lopd_steps > 0:  # nothing to plot without training steps
-            plot_run(files.join(workdir, "metrics.jsonl"), files.join(workdir, PLOT_FILE),
-                     margin=cfg.steps.loss.margin)
-        if jax.process_index() == 0:
-            print(f"held-out reward after: {after:.4f} (before {before:.4f})"
-                  f"{_eval_note(ledger.result('eval_after'))}", flush=True)
-        summary = {"before": before, "after": after,
-                   "success_before": ledger.result("eval_before").get("success_rate"),
-                   "success_after": ledger.result("eval_after").get("success_rate"),
-                   "no_tool_baseline": ledger.result("eval_before").get("no_tool_baseline"),
-                   "seconds": {s: ledger.result(s).get("seconds") for s in ledger.data}}
-        log(f"done: {summary}")
-        return summary
-    finally:
-        writer.close()
+def _evaluate(ctx: RunContext, ledger: StageLedger, writer, stage: str, params, step: int) -> float:
+    """The held-out evaluation ``stage`` (2. ``eval_before``, 6. ``eval_after``) of ``params``
+    after ``step`` training steps, unless done; returns its mean reward."""
+    if not ledger.done(stage):
+        t0 = time.perf_counter()
+        ev = evaluate_policy(ctx, params, step=step)
+        writer.write(step, stage, ev)
+        writer.flush()  # before the ledger says done: a gs:// metrics object then has it
+        ledger.mark(stage, seconds=time.perf_counter() - t0, **ev)
+    return ledger.result(stage)["reward_mean"]
+
+
+def _ensure_bank(ctx: RunContext, ledger: StageLedger, theta_params) -> str:
+    """3. The experience bank, built unless done; returns its path."""
+    if not ledger.done("bank"):
+        t0 = time.perf_counter()
+        _, info = build_bank(ctx, theta_params, ctx.cfg.workdir)
+        ledger.mark("bank", seconds=time.perf_counter() - t0, **info)
+        log(f"bank: {info}")
+    return ledger.result("bank")["path"]
+
+
+def _run_cold_start(ctx: RunContext, ledger: StageLedger, bank, writer):
+    """4. The composer's cold start, or the initial composer when the run has none;
+    ``(composer0, preempted)``."""
+    cfg = ctx.cfg
+    t0 = time.perf_counter()
+    if cfg.stages.cold_start_steps > 0 and uses_composer(cfg):
+        composer0, preempted = cold_start_stage(ctx, bank, writer)
+        if preempted:
+            return composer0, True
+        _mark_once(ledger, "cold_start", t0)
+        return composer0, False
+    _, lora0, comp0 = ctx.system.initial_params()
+    return {"lora": lora0, "compressor": comp0}, False
+
+
+def _export_and_plot(ctx: RunContext, ledger: StageLedger, writer, student, frozen) -> None:
+    """7. The export, unless done, and 8. the plot (process 0, when the run has training steps)."""
+    cfg, workdir = ctx.cfg, ctx.cfg.workdir
+    if not ledger.done("export"):
+        t0 = time.perf_counter()
+        export_student(ctx, student, frozen, files.join(workdir, EXPORT_DIR))
+        ledger.mark("export", seconds=time.perf_counter() - t0, path=files.join(workdir, EXPORT_DIR))
+    writer.flush()
+    if jax.process_index() == 0 and cfg.stages.lopd_steps > 0:  # nothing to plot without training steps
+        plot_run(files.join(workdir, "metrics.jsonl"), files.join(workdir, PLOT_FILE),
+                 margin=cfg.steps.loss.margin)
+
+
+def _summary(ledger: StageLedger, before: float, after: float) -> dict:
+    """Print the before/after line (process 0), log and return the run's summary."""
+    if jax.process_index() == 0:
+        print(f"held-out reward after: {after:.4f} (before {before:.4f})"
+              f"{_eval_note(ledger.result('eval_after'))}", flush=True)
+    summary = {"before": before, "after": after,
+               "success_before": ledger.result("eval_before").get("success_rate"),
+               "success_after": ledger.result("eval_after").get("success_rate"),
+               "no_tool_baseline": ledger.result("eval_before").get("no_tool_baseline"),
+               "seconds": {s: ledger.result(s).get("seconds") for s in ledger.data}}
+    log(f"done: {summary}")
+    return summary
 
 
 def export_student(ctx: RunContext, student, frozen, out_dir: str, dtype: str | None = None) -> list[str]:

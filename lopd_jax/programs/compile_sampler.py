@@ -103,64 +103,20 @@ def build(args, cfg, devices, size: dict, hbm: float | None = None):
     step is its decode call (:func:`lopd_jax.rollout.engine_calls.decode`, ``decode_chunk`` steps) and
     the reshard the collective its :meth:`~lopd_jax.rollout.engine.Engine.local_params` runs on FSDP
     params spanning processes (:func:`lopd_jax.rollout.layout.global_merge`)."""
-    mcfg = cfg.model_config()
-    if args.layers:
-        mcfg = mcfg.replace(num_layers=args.layers, layer_types=mcfg.layer_types[:args.layers])
-    ecfg = dataclasses.replace(cfg.engine, tensor=args.tensor) if args.tensor else cfg.engine
-    host = [d for d in devices if d.process_index == devices[0].process_index]
-    abstract_model = nnx.eval_shape(lambda: Decoder(mcfg, rngs=nnx.Rngs(0)))
-    engine = Engine(abstract_model, stop_ids=(0,), config=ecfg, lora=mcfg.lora is not None, devices=host)
+    mcfg, ecfg, host, engine = _abstract_engine(args, cfg, devices)
     mesh, tensor, dtype = engine.mesh, engine.mesh.shape["tensor"], jnp.dtype(ecfg.dtype)
-    data = mesh.shape["data"]
-    processes = size["processes"]
-    slots = ecfg.slots
+    data, processes, slots = mesh.shape["data"], size["processes"], ecfg.slots
     pages = -(-size["pages"] // processes)
     width = 1 << max(0, math.ceil(math.log2(-(-size["max_total_tokens"] // size["page_size"]))))
-    est = estimate_gib(mcfg, pages, size["page_size"], tensor, len(devices), hbm or 95.0, dtype.itemsize)
-    if hbm is not None and est["total"] > hbm:  # no compile needed to know
-        raise DoesNotFit(f"the engine's pool and weights alone need {est['total']:.1f} GiB per chip of {hbm:.0f} "
-                         f"(pool {est['pool']:.1f}, {ecfg.dtype} weights {est['weights']:.1f}, trainer's fp32 params "
-                         f"{est['trainer']:.1f}); fewer slots or a smaller pool: about {est['max_pages']:,} pages "
-                         f"of {size['page_size']} per process fit (engine.num_pages)")
-
-    # the trainer's params (fp32, FSDP over the slice, LoRA) -> each process's engine
-    train_mesh = mesh_lib.make_mesh(cfg.mesh, devices)
-    rules = mesh_lib.rules_for(train_mesh, cfg.mesh)
-    _, (tabs,), (taxes,) = split_state(nnx.eval_shape(lambda: Decoder(mcfg, rngs=nnx.Rngs(0), rules=rules)))
-    train_sh = tree_shardings(tabs, taxes, rules)
-    reshard, grid = global_merge(engine.train_cfg, train_mesh.devices.flat, tensor, engine.shardings, ecfg.dtype)
-    abstract = lambda tree, sh: jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, sh)
-    t0 = time.time()
-    reshard_c = _compile_or_does_not_fit(reshard.lower(abstract(tabs, train_sh)))
-    reshard_s = time.time() - t0
-
-    params = abstract(inference_shardings(mcfg, mesh, ecfg.dtype)[1], engine.shardings)
+    _check_estimate(mcfg, ecfg, size, pages, tensor, len(devices), hbm)
+    reshard_c, grid, reshard_s = _compile_reshard(cfg, mcfg, ecfg, engine, devices, tensor)
+    params, rows, key, sampling = _decode_inputs(cfg, mcfg, ecfg, engine, width)
     pool_shape = (pages, size["page_size"], 2 * mcfg.num_kv_heads, mcfg.head_dim)
-    rep = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=NamedSharding(mesh, P()))  # noqa: E731
-    rows = [rep((slots,), t) for t in (jnp.int32, jnp.int32, jnp.bool_, jnp.int32)]
-    key, scalar = rep((), jax.random.key(0).dtype), rep((), jnp.float32)
-    sampling = jax.tree.map(lambda _: scalar, cfg.rollout.sampling)  # traced leaves, static top_k / greedy
     t0 = time.time()
-    if args.layers_impl == "scan":  # one stacked pool [L, P, ...] (not the engine's call)
-        pools = jax.ShapeDtypeStruct((mcfg.num_layers, *pool_shape), dtype,
-                                     sharding=NamedSharding(mesh, P(None, None, None, "tensor", None)))
-
-        def step(params, pools, prev, lengths, live, table, keys, sp):
-            model = nnx.merge(engine.graphdef, params)
-            h, pools = paged_forward_scan(model, prev[:, None], lengths[:, None], live[:, None], lengths + live,
-                                          pools, table, width, backend=args.backend, mesh=attention_mesh(mesh))
-            logits = jnp.dot(h[:, 0].astype(jnp.float32), model.lm_head_kernel().astype(jnp.float32))
-            one = lambda l, k: tuple(x[0] for x in sample_logits(  # noqa: E731
-                l[None], k, sp.temperature, sp.top_p, sp.top_k))
-            return (*jax.vmap(one)(logits, keys), pools)
-        lowered = jax.jit(step, donate_argnums=(1,)).lower(params, pools, *rows[:3], rep((slots, width), jnp.int32),
-                                                            rep((slots,), key.dtype), sampling)
-    else:  # the engine's decode call, as Engine.run makes it
-        if args.backend != "auto":
-            raise ValueError("--backend applies to --layers_impl=scan; the engine's call picks its backend itself")
-        pools = (jax.ShapeDtypeStruct(pool_shape, dtype, sharding=pool_sharding(mesh)),) * mcfg.num_layers
-        call_rows = engine_calls.DecodeRows(*rows, rep((slots, width), jnp.int32), rep((slots,), jnp.int32))
-        lowered = engine_calls.decode.lower(engine.program, params, pools, call_rows, sampling, key)
+    if args.layers_impl == "scan":
+        lowered = _lower_scan_step(args, mcfg, engine, pool_shape, dtype, width, params, rows, key, sampling)
+    else:
+        lowered = _lower_engine_decode(args, mcfg, engine, pool_shape, dtype, params, rows, key, sampling)
     step_c = _compile_or_does_not_fit(lowered)
     step_s = time.time() - t0
     kernels = step_c.as_text().count('custom_call_target="tpu_custom_call"')
@@ -174,6 +130,99 @@ def build(args, cfg, devices, size: dict, hbm: float | None = None):
             "kv_bytes_per_token": 2 * mcfg.num_layers * mcfg.num_kv_heads * mcfg.head_dim * dtype.itemsize,
             "mcfg": mcfg}
     return step_c, reshard_c, info
+
+
+def _abstract(tree, shardings):
+    """``tree``'s arrays as :class:`jax.ShapeDtypeStruct` placed by ``shardings`` (a matching tree)."""
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+def _replicated(mesh, shape, dtype) -> jax.ShapeDtypeStruct:
+    """An abstract array of ``shape`` and ``dtype`` replicated over ``mesh``."""
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, P()))
+
+
+def _abstract_engine(args, cfg, devices):
+    """``(mcfg, ecfg, host, engine)``: the model config (``--layers`` applied), the ``engine``
+    section (``--tensor`` applied), the first process's devices and the
+    :class:`~lopd_jax.rollout.engine.Engine` those build on them from an abstract model."""
+    mcfg = cfg.model_config()
+    if args.layers:
+        mcfg = mcfg.replace(num_layers=args.layers, layer_types=mcfg.layer_types[:args.layers])
+    ecfg = dataclasses.replace(cfg.engine, tensor=args.tensor) if args.tensor else cfg.engine
+    host = [d for d in devices if d.process_index == devices[0].process_index]
+    abstract_model = nnx.eval_shape(lambda: Decoder(mcfg, rngs=nnx.Rngs(0)))
+    engine = Engine(abstract_model, stop_ids=(0,), config=ecfg, lora=mcfg.lora is not None, devices=host)
+    return mcfg, ecfg, host, engine
+
+
+def _check_estimate(mcfg, ecfg, size: dict, pages: int, tensor: int, chips: int, hbm: float | None) -> None:
+    """Raise :class:`DoesNotFit` when :func:`estimate_gib`'s pool and weights of ``pages`` per
+    process alone exceed ``hbm`` GiB per chip (no compile needed to know)."""
+    est = estimate_gib(mcfg, pages, size["page_size"], tensor, chips, hbm or 95.0, jnp.dtype(ecfg.dtype).itemsize)
+    if hbm is not None and est["total"] > hbm:
+        raise DoesNotFit(f"the engine's pool and weights alone need {est['total']:.1f} GiB per chip of {hbm:.0f} "
+                         f"(pool {est['pool']:.1f}, {ecfg.dtype} weights {est['weights']:.1f}, trainer's fp32 params "
+                         f"{est['trainer']:.1f}); fewer slots or a smaller pool: about {est['max_pages']:,} pages "
+                         f"of {size['page_size']} per process fit (engine.num_pages)")
+
+
+def _compile_reshard(cfg, mcfg, ecfg, engine, devices, tensor: int):
+    """Compile the reshard of the trainer's params (fp32, FSDP over the slice, LoRA) to each
+    process's engine; ``(compiled, grid, seconds)``, ``grid`` None when its output is replicated."""
+    train_mesh = mesh_lib.make_mesh(cfg.mesh, devices)
+    rules = mesh_lib.rules_for(train_mesh, cfg.mesh)
+    _, (tabs,), (taxes,) = split_state(nnx.eval_shape(lambda: Decoder(mcfg, rngs=nnx.Rngs(0), rules=rules)))
+    train_sh = tree_shardings(tabs, taxes, rules)
+    reshard, grid = global_merge(engine.train_cfg, train_mesh.devices.flat, tensor, engine.shardings, ecfg.dtype)
+    t0 = time.time()
+    compiled = _compile_or_does_not_fit(reshard.lower(_abstract(tabs, train_sh)))
+    return compiled, grid, time.time() - t0
+
+
+def _decode_inputs(cfg, mcfg, ecfg, engine, width: int):
+    """The decode step's abstract inputs other than the pools, ``(params, rows, key,
+    sampling)``: the engine's weights in its layout, a
+    :class:`~lopd_jax.rollout.engine_rows.DecodeRows` of ``ecfg.slots`` rows with a page table
+    ``width`` pages wide, the call's key and the sampling parameters."""
+    mesh, slots = engine.mesh, ecfg.slots
+    params = _abstract(inference_shardings(mcfg, mesh, ecfg.dtype)[1], engine.shardings)
+    prev, lengths, live, remaining = (_replicated(mesh, (slots,), t) for t in (jnp.int32, jnp.int32, jnp.bool_,
+                                                                               jnp.int32))
+    rows = engine_calls.DecodeRows(prev, lengths, live, remaining, _replicated(mesh, (slots, width), jnp.int32),
+                                   _replicated(mesh, (slots,), jnp.int32))
+    key, scalar = _replicated(mesh, (), jax.random.key(0).dtype), _replicated(mesh, (), jnp.float32)
+    sampling = jax.tree.map(lambda _: scalar, cfg.rollout.sampling)  # traced leaves, static top_k / greedy
+    return params, rows, key, sampling
+
+
+def _lower_scan_step(args, mcfg, engine, pool_shape, dtype, width: int, params, rows, key, sampling):
+    """``--layers_impl=scan``: one decode step scanning the layers over one stacked pool
+    [L, P, ...] (not the engine's call), lowered on the abstract inputs."""
+    mesh = engine.mesh
+    pools = jax.ShapeDtypeStruct((mcfg.num_layers, *pool_shape), dtype,
+                                 sharding=NamedSharding(mesh, P(None, None, None, "tensor", None)))
+
+    def step(params, pools, prev, lengths, live, table, keys, sp):
+        model = nnx.merge(engine.graphdef, params)
+        h, pools = paged_forward_scan(model, prev[:, None], lengths[:, None], live[:, None], lengths + live,
+                                      pools, table, width, backend=args.backend, mesh=attention_mesh(mesh))
+        logits = jnp.dot(h[:, 0].astype(jnp.float32), model.lm_head_kernel().astype(jnp.float32))
+        one = lambda l, k: tuple(x[0] for x in sample_logits(  # noqa: E731
+            l[None], k, sp.temperature, sp.top_p, sp.top_k))
+        return (*jax.vmap(one)(logits, keys), pools)
+    keys = _replicated(mesh, rows.prev.shape, key.dtype)  # a key per row
+    return jax.jit(step, donate_argnums=(1,)).lower(params, pools, rows.prev, rows.lengths, rows.live,
+                                                    rows.page_table, keys, sampling)
+
+
+def _lower_engine_decode(args, mcfg, engine, pool_shape, dtype, params, rows, key, sampling):
+    """The engine's decode call (per-layer pools), as :meth:`~lopd_jax.rollout.engine.Engine.run`
+    makes it, lowered on the abstract inputs; ``--backend`` must be ``auto``."""
+    if args.backend != "auto":
+        raise ValueError("--backend applies to --layers_impl=scan; the engine's call picks its backend itself")
+    pools = (jax.ShapeDtypeStruct(pool_shape, dtype, sharding=pool_sharding(engine.mesh)),) * mcfg.num_layers
+    return engine_calls.decode.lower(engine.program, params, pools, rows, sampling, key)
 
 
 def _compile_or_does_not_fit(lowered):
