@@ -160,58 +160,68 @@ class Decoder(nnx.Module):
             splash / causal_plain run blockwise / plain as above. Not with ``cache``.
         """
         cfg = self.cfg
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("pass exactly one of input_ids or inputs_embeds")
-        if lora and cfg.lora is None:
-            raise ValueError("lora=True but the model has no LoRA adapters (set cfg.lora).")
+        self._check_call_args(input_ids, inputs_embeds, lora)
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds.astype(cfg.jnp_dtype)
         B, S = x.shape[:2]
         if attention_mask is None:
             attention_mask = jnp.ones((B, S), bool)
         attention_mask = attention_mask.astype(bool)
-        if segment_ids is not None and cache is not None:
-            raise ValueError("segment_ids (packed rows) work only without a KV cache; decode each sequence in "
-                             "its own row instead.")
         default_positions = positions is None and cache is None
-        if segment_ids is not None:
-            if segment_ids.shape != (B, S):
-                raise ValueError(f"segment_ids has shape {segment_ids.shape}; it must be [batch, seq] = {(B, S)} "
-                                 "like the inputs.")
-            segment_ids = segment_ids.astype(jnp.int32)
-            if positions is None:
-                positions = segment_positions(segment_ids)
-        if positions is None:
-            positions = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S))
-            if cache is not None:
-                positions = positions + cache.lengths[:, None]
-        positions = positions.astype(jnp.int32)
+        segment_ids = _packed_segment_ids(segment_ids, cache, (B, S))
+        positions = _token_positions(positions, segment_ids, cache, B, S)
 
         windows, rope_index, _, _ = layer_tables(cfg)
         cos, sin = rope_tables(cfg, positions)  # [n_types, B, S, hd]
-
-        if cache is not None:
-            T = cache.k.shape[2]
-            written = jnp.max(jnp.where(attention_mask, positions + 1, 0), axis=1)
-            new_lengths = jnp.maximum(cache.lengths, written)
-            k_pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-            k_valid = k_pos < new_lengths[:, None]
-
+        cache_keys = None if cache is None else _cache_key_slots(cache, positions, attention_mask, B)
         xs = {"p": stacked_weights(self, lora), "window": jnp.asarray(windows), "rope": jnp.asarray(rope_index),
               "idx": jnp.arange(cfg.num_layers)}
+
+        attend_for = self._attention_for_layer(positions, attention_mask, segment_ids, default_positions,
+                                               cache_keys)
+        body = self._layer_body(attend_for, cos, sin, lora, dropout_rng)
+        x, ck_all, cv_all = self._run_layers(body, x, xs, cache)
+
+        h = self.final_hidden(x)
+        out = h if return_hidden else constrain(self.logits(h), ("act_batch", "act_seq", "act_vocab"), self.rules)
+        if cache is None:
+            return out
+        return out, KVCache(ck_all, cv_all, cache_keys.new_lengths)
+
+    def _check_call_args(self, input_ids, inputs_embeds, lora: bool) -> None:
+        """Raise ValueError unless exactly one input is given and LoRA is available when asked for."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids or inputs_embeds")
+        if lora and self.cfg.lora is None:
+            raise ValueError("lora=True but the model has no LoRA adapters (set cfg.lora).")
+
+    def _attention_for_layer(self, positions, attention_mask, segment_ids, default_positions: bool,
+                             cache_keys: _CacheKeySlots | None):
+        """``attend_for(layer, ck_all, cv_all)``: one scanned layer's attention, over the call's
+        own tokens (``ck_all`` None) or over that layer's slice of the full cache."""
+        cfg = self.cfg
+
+        def attend_for(layer, ck_all, cv_all):
+            if ck_all is None:
+                return sequence_attention(cfg, positions, attention_mask, layer["window"],
+                                          default_positions=default_positions, rules=self.rules,
+                                          segment_ids=segment_ids)
+            ck = jax.lax.dynamic_index_in_dim(ck_all, layer["idx"], 0, keepdims=False)
+            cv = jax.lax.dynamic_index_in_dim(cv_all, layer["idx"], 0, keepdims=False)
+            return dense_cache_attention(ck, cv, positions, cache_keys.k_pos, cache_keys.k_valid,
+                                         layer["window"])
+
+        return attend_for
+
+    def _layer_body(self, attend_for, cos, sin, lora: bool, dropout_rng):
+        """The scan body ``(h, ck_all, cv_all), layer -> (carry, None)`` running one decoder layer."""
+        cfg = self.cfg
 
         def body(carry, layer):
             # The whole cache rides in the carry and each layer's slice is updated in place:
             # passing it as scanned input/output would copy the full cache every step.
             h, ck_all, cv_all = carry
             rng = None if dropout_rng is None else jax.random.fold_in(dropout_rng, layer["idx"])
-            if ck_all is None:
-                attend = sequence_attention(cfg, positions, attention_mask, layer["window"],
-                                            default_positions=default_positions, rules=self.rules,
-                                            segment_ids=segment_ids)
-            else:
-                ck = jax.lax.dynamic_index_in_dim(ck_all, layer["idx"], 0, keepdims=False)
-                cv = jax.lax.dynamic_index_in_dim(cv_all, layer["idx"], 0, keepdims=False)
-                attend = dense_cache_attention(ck, cv, positions, k_pos, k_valid, layer["window"])
+            attend = attend_for(layer, ck_all, cv_all)
             h, kv = decoder_layer(cfg, h, layer["p"], cos[layer["rope"]], sin[layer["rope"]], attend, lora=lora,
                                   rng=rng, rules=self.rules, flat=self.rules is None)
             if ck_all is not None:
@@ -219,6 +229,12 @@ class Decoder(nnx.Module):
                 cv_all = jax.lax.dynamic_update_index_in_dim(cv_all, kv[1], layer["idx"], 0)
             return (h, ck_all, cv_all), None
 
+        return body
+
+    def _run_layers(self, body, x, xs, cache: KVCache | None):
+        """Run ``body`` over the stacked layers ``xs`` (scanned or unrolled, rematerialized when
+        configured and uncached); returns the final carry ``(h, ck_all, cv_all)``."""
+        cfg = self.cfg
         if cfg.remat_policy != "none" and cache is None:
             body = jax.checkpoint(body, policy=_REMAT[cfg.remat_policy], prevent_cse=not cfg.scan_layers)
         carry = (x, None, None) if cache is None else (x, cache.k, cache.v)
@@ -227,10 +243,47 @@ class Decoder(nnx.Module):
         else:
             for i in range(cfg.num_layers):
                 carry, _ = body(carry, jax.tree.map(lambda a: a[i], xs))
-        x, ck_all, cv_all = carry
+        return carry
 
-        h = self.final_hidden(x)
-        out = h if return_hidden else constrain(self.logits(h), ("act_batch", "act_seq", "act_vocab"), self.rules)
-        if cache is None:
-            return out
-        return out, KVCache(ck_all, cv_all, new_lengths)
+
+class _CacheKeySlots(NamedTuple):
+    """A cached call's key slots: the new filled lengths [B], slot indices and validity [B, T]."""
+
+    new_lengths: jax.Array
+    k_pos: jax.Array
+    k_valid: jax.Array
+
+
+def _packed_segment_ids(segment_ids, cache: KVCache | None, shape: tuple[int, int]):
+    """``segment_ids`` checked against the call (no cache, shape [B, S]) as int32; None stays None."""
+    if segment_ids is None:
+        return None
+    if cache is not None:
+        raise ValueError("segment_ids (packed rows) work only without a KV cache; decode each sequence in "
+                         "its own row instead.")
+    if segment_ids.shape != shape:
+        raise ValueError(f"segment_ids has shape {segment_ids.shape}; it must be [batch, seq] = {shape} "
+                         "like the inputs.")
+    return segment_ids.astype(jnp.int32)
+
+
+def _token_positions(positions, segment_ids, cache: KVCache | None, B: int, S: int) -> jax.Array:
+    """RoPE positions [B, S] int32: as given, else restarting per segment, else 0..S-1 (after
+    the filled length with a cache)."""
+    if positions is None and segment_ids is not None:
+        positions = segment_positions(segment_ids)
+    if positions is None:
+        positions = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S))
+        if cache is not None:
+            positions = positions + cache.lengths[:, None]
+    return positions.astype(jnp.int32)
+
+
+def _cache_key_slots(cache: KVCache, positions, attention_mask, B: int) -> _CacheKeySlots:
+    """The cache's lengths after writing the unmasked ``positions`` and its key slots [B, T]."""
+    T = cache.k.shape[2]
+    written = jnp.max(jnp.where(attention_mask, positions + 1, 0), axis=1)
+    new_lengths = jnp.maximum(cache.lengths, written)
+    k_pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    k_valid = k_pos < new_lengths[:, None]
+    return _CacheKeySlots(new_lengths, k_pos, k_valid)

@@ -268,73 +268,116 @@ def run_python(code: str, stdin: str = "", config: SandboxConfig | None = None) 
     start = time.monotonic()
     proc = None
     try:
-        with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8") as f:
-            f.write(code)
-        stdin_path = os.path.join(workdir, ".stdin")
-        with open(stdin_path, "w", encoding="utf-8") as f:
-            f.write(stdin)
-        cpu = cfg.cpu_time_s if cfg.cpu_time_s is not None else cfg.timeout_s
-        launch = {
-            "workdir": workdir, "python": cfg.python or sys.executable,
-            "cpu_s": max(1, int(-(-cpu // 1))), "memory": cfg.memory_bytes,
-            "nproc": cfg.max_processes, "fsize": cfg.max_file_bytes,
-            "namespaces": cfg.isolation == "auto", "cgroup": cgroup, "report_fd": report_w,
-            "memory_cgroup": mem_path,
-            "hidden": [os.path.realpath(p) for p in cfg.hidden_paths],
-        }
-        env = {"HOME": workdir, "TMPDIR": workdir, "PATH": "/usr/local/bin:/usr/bin:/bin",
-               "LANG": "C.UTF-8", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
-               "MKL_NUM_THREADS": "1"}
-        with open(stdin_path, "rb") as stdin_f:
-            proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-B", _LAUNCHER,
-                 json.dumps(launch)],
-                stdin=stdin_f, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                cwd=workdir, env=env, pass_fds=(report_w,), start_new_session=True)
+        stdin_path = _write_program(workdir, code, stdin)
+        launch = _launch_spec(cfg, workdir, cgroup, mem_path, report_w)
+        proc = _start_launcher(workdir, stdin_path, launch, report_w)
         os.close(report_w)
         report_w = -1
-        out, err, timed_out, over_cap = _read_streams(
-            proc, start + cfg.timeout_s, cfg.max_output_bytes)
-        if not (timed_out or over_cap):
-            try:
-                proc.wait(timeout=max(0.0, start + cfg.timeout_s - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                timed_out = True
+        out, err, timed_out, over_cap = _await_program(proc, start, cfg)
         _kill_everything(proc, cgroup, mem_path)
         wall = time.monotonic() - start
-        os.set_blocking(report_r, False)
-        try:
-            raw = os.read(report_r, 1 << 16)
-        except BlockingIOError:
-            raw = b""
-        report = _parse_report(raw)
+        report = _parse_report(_read_pending(report_r))
         stdout = out.decode("utf-8", "replace")
         stderr = err.decode("utf-8", "replace")
         result = _classify(report, stdout, stderr, wall, timed_out, over_cap, cgroup)
-        result.enforced["cgroup_memory"] = bool(mem_path and result.enforced.pop(
-            "memory_cgroup_joined", False))
-        result.enforced.pop("memory_cgroup_joined", None)
-        if oom_killed(memory) and result.status in ("error", "ok"):
-            result.status = "memory"
-        if cfg.hidden_paths and not result.enforced.get("hidden_paths") and not _WARNED_HIDDEN:
-            _WARNED_HIDDEN.append(True)
-            warnings.warn("sandbox: hidden_paths could not be covered (no mount namespace: "
-                          f"{result.enforced}); the program can read the task data on disk",
-                          RuntimeWarning, stacklevel=2)
+        _apply_memory_cgroup(result, memory, mem_path)
+        _warn_hidden_paths_uncovered(cfg, result)
         return result
     finally:
-        if proc is not None:
-            for stream in (proc.stdout, proc.stderr):
-                if stream:
-                    stream.close()
-            if proc.returncode is None:
-                _kill_everything(proc, cgroup, mem_path)
-        for fd in (report_r, report_w):
-            if fd >= 0:
-                os.close(fd)
-        remove_cgroup(cgroup)
-        remove_cgroup(mem_path)
-        shutil.rmtree(workdir, ignore_errors=True)
+        _clean_up(proc, cgroup, mem_path, (report_r, report_w), workdir)
+
+
+def _write_program(workdir: str, code: str, stdin: str) -> str:
+    """Write ``main.py`` and the stdin file into ``workdir``; return the stdin file's path."""
+    with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8") as f:
+        f.write(code)
+    stdin_path = os.path.join(workdir, ".stdin")
+    with open(stdin_path, "w", encoding="utf-8") as f:
+        f.write(stdin)
+    return stdin_path
+
+
+def _launch_spec(cfg: SandboxConfig, workdir: str, cgroup: str | None, mem_path: str | None,
+                 report_w: int) -> dict:
+    """The launcher's JSON argument: limits, isolation, cgroups, report fd and hidden paths."""
+    cpu = cfg.cpu_time_s if cfg.cpu_time_s is not None else cfg.timeout_s
+    return {
+        "workdir": workdir, "python": cfg.python or sys.executable,
+        "cpu_s": max(1, int(-(-cpu // 1))), "memory": cfg.memory_bytes,
+        "nproc": cfg.max_processes, "fsize": cfg.max_file_bytes,
+        "namespaces": cfg.isolation == "auto", "cgroup": cgroup, "report_fd": report_w,
+        "memory_cgroup": mem_path,
+        "hidden": [os.path.realpath(p) for p in cfg.hidden_paths],
+    }
+
+
+def _start_launcher(workdir: str, stdin_path: str, launch: dict, report_w: int) -> subprocess.Popen:
+    """Start the launcher in its own session with a minimal environment, stdin from ``stdin_path``."""
+    env = {"HOME": workdir, "TMPDIR": workdir, "PATH": "/usr/local/bin:/usr/bin:/bin",
+           "LANG": "C.UTF-8", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+           "MKL_NUM_THREADS": "1"}
+    with open(stdin_path, "rb") as stdin_f:
+        return subprocess.Popen(
+            [sys.executable, "-I", "-S", "-B", _LAUNCHER,
+             json.dumps(launch)],
+            stdin=stdin_f, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            cwd=workdir, env=env, pass_fds=(report_w,), start_new_session=True)
+
+
+def _await_program(proc, start: float, cfg: SandboxConfig) -> tuple[bytes, bytes, bool, bool]:
+    """Read the output until exit, the deadline or the cap; (stdout, stderr, timed_out, over_cap)."""
+    out, err, timed_out, over_cap = _read_streams(
+        proc, start + cfg.timeout_s, cfg.max_output_bytes)
+    if not (timed_out or over_cap):
+        try:
+            proc.wait(timeout=max(0.0, start + cfg.timeout_s - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+    return out, err, timed_out, over_cap
+
+
+def _read_pending(fd: int) -> bytes:
+    """Whatever is already in the pipe ``fd`` (up to 64 KiB), without blocking."""
+    os.set_blocking(fd, False)
+    try:
+        return os.read(fd, 1 << 16)
+    except BlockingIOError:
+        return b""
+
+
+def _apply_memory_cgroup(result: SandboxResult, memory, mem_path: str | None) -> None:
+    """Record whether the memory cgroup was in force and report its OOM kill as ``memory``."""
+    result.enforced["cgroup_memory"] = bool(mem_path and result.enforced.pop(
+        "memory_cgroup_joined", False))
+    result.enforced.pop("memory_cgroup_joined", None)
+    if oom_killed(memory) and result.status in ("error", "ok"):
+        result.status = "memory"
+
+
+def _warn_hidden_paths_uncovered(cfg: SandboxConfig, result: SandboxResult) -> None:
+    """Warn once per process when ``hidden_paths`` were asked for but could not be covered."""
+    if cfg.hidden_paths and not result.enforced.get("hidden_paths") and not _WARNED_HIDDEN:
+        _WARNED_HIDDEN.append(True)
+        # stacklevel 3: point at run_python's caller, as when this lived in run_python.
+        warnings.warn("sandbox: hidden_paths could not be covered (no mount namespace: "
+                      f"{result.enforced}); the program can read the task data on disk",
+                      RuntimeWarning, stacklevel=3)
+
+
+def _clean_up(proc, cgroup: str | None, mem_path: str | None, fds: tuple[int, int], workdir: str) -> None:
+    """Close the pipes, kill whatever is left, remove both cgroups and the work directory."""
+    if proc is not None:
+        for stream in (proc.stdout, proc.stderr):
+            if stream:
+                stream.close()
+        if proc.returncode is None:
+            _kill_everything(proc, cgroup, mem_path)
+    for fd in fds:
+        if fd >= 0:
+            os.close(fd)
+    remove_cgroup(cgroup)
+    remove_cgroup(mem_path)
+    shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _classify(report: dict, stdout: str, stderr: str, wall: float, timed_out: bool,
