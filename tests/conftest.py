@@ -42,9 +42,13 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
     if not os.environ.get("LOPD_TEST_CACHE_DIR"):
         atexit.register(shutil.rmtree, _cache, True)
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+# Only programs that took a second or more to compile are written: those are what the cache
+# saves (with every program written, 4,654 entries saved 42 s in the pytest processes), and each
+# write serialises the executable -- where a pytest worker crashed on CI (a fatal signal in
+# jaxlib's executable.serialize()).
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")
 jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 # How many programs the run compiled and how many the cache served, summed over the pytest
