@@ -108,8 +108,6 @@ def test_bank_passes_offer_each_task_again_and_keep_the_first_pass(shared, tmp_p
     assert ids[n:] != ids[:n]
 
 
-
-
 @pytest.mark.parametrize("arm", ["lopd", "grpo", "opsd"])
 def test_packed_training_stage_equals_padded(shared, arm):
     """``lengths.packing=true`` through the stage (``RunContext.bucketed`` -> packed passes,

@@ -347,9 +347,8 @@ def _read_pending(fd: int) -> bytes:
 
 def _apply_memory_cgroup(result: SandboxResult, memory, mem_path: str | None) -> None:
     """Record whether the memory cgroup was in force and report its OOM kill as ``memory``."""
-    result.enforced["cgroup_memory"] = bool(mem_path and result.enforced.pop(
-        "memory_cgroup_joined", False))
-    result.enforced.pop("memory_cgroup_joined", None)
+    joined = result.enforced.pop("memory_cgroup_joined", False)
+    result.enforced["cgroup_memory"] = bool(mem_path and joined)
     if oom_killed(memory) and result.status in ("error", "ok"):
         result.status = "memory"
 
